@@ -1,0 +1,185 @@
+//! PostgresSaver tables (`langgraph-checkpoint-postgres` 3.2, migrations v0–v9).
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures::stream::{BoxStream, StreamExt};
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+
+use super::{Channel, CheckpointDoc, Scanned, SkippedThread, StoreError, classify, redact_dsn};
+
+/// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
+/// warning since every migration so far only added tables, indexes and columns.
+pub const KNOWN_MIGRATION: i32 = 9;
+/// Lowest version whose tables (checkpoints, checkpoint_blobs, checkpoint_writes) we query.
+const REQUIRED_MIGRATION: i32 = 3;
+
+/// One statement finds the latest root checkpoint per thread (an index-only scan of the primary
+/// key grouped by thread), keeps those with a pending interrupt or an `update_state` edit, and
+/// fetches the requested channels' blobs by primary key. Why this shape and not `DISTINCT ON`:
+/// the anti-join form degrades quadratically (see BENCHMARKS.md / the perf baseline notes).
+const PARKED_SQL: &str = r#"
+WITH latest AS (
+    SELECT thread_id, max(checkpoint_id) AS checkpoint_id
+    FROM checkpoints
+    WHERE checkpoint_ns = ''
+    GROUP BY thread_id
+)
+SELECT l.thread_id, l.checkpoint_id, c.checkpoint, c.metadata,
+       (p.task_id IS NOT NULL) AS pending_interrupt,
+       bl.channels, bl.types, bl.blobs
+FROM latest l
+CROSS JOIN LATERAL (
+    SELECT x.checkpoint, x.metadata FROM checkpoints x
+    WHERE x.thread_id = l.thread_id AND x.checkpoint_ns = '' AND x.checkpoint_id = l.checkpoint_id
+) c
+LEFT JOIN LATERAL (
+    SELECT w.task_id FROM checkpoint_writes w
+    WHERE w.thread_id = l.thread_id AND w.checkpoint_ns = '' AND w.checkpoint_id = l.checkpoint_id
+    GROUP BY w.task_id
+    HAVING bool_or(w.channel = '__interrupt__')
+       AND NOT bool_or(w.channel NOT IN ('__interrupt__', '__resume__', '__error__', '__error_source_node__'))
+    LIMIT 1
+) p ON true
+LEFT JOIN LATERAL (
+    SELECT array_agg(b.channel) AS channels, array_agg(b.type) AS types, array_agg(b.blob) AS blobs
+    FROM unnest($1::text[]) AS ch(name)
+    JOIN checkpoint_blobs b
+      ON b.thread_id = l.thread_id AND b.checkpoint_ns = '' AND b.channel = ch.name
+     AND b.version = c.checkpoint -> 'channel_versions' ->> ch.name
+) bl ON true
+WHERE p.task_id IS NOT NULL OR c.metadata ->> 'source' = 'update'
+ORDER BY l.thread_id
+"#;
+
+/// A read-only pool on a PostgresSaver database.
+pub struct Reader {
+    pool: PgPool,
+}
+
+impl Reader {
+    pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
+        let shown = redact_dsn(dsn);
+        let options = PgConnectOptions::from_str(dsn)
+            .map_err(|e| StoreError::Dsn {
+                backend: "postgres",
+                dsn: shown.clone(),
+                reason: strip_dsn(&e.to_string(), dsn),
+            })?
+            .application_name("custody")
+            // The reader must never write: the server enforces it for every statement.
+            .options([("default_transaction_read_only", "on")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await
+            .map_err(|source| StoreError::Connect {
+                dsn: shown.clone(),
+                source,
+            })?;
+        let version: Result<Option<i32>, sqlx::Error> =
+            sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
+                .fetch_one(&pool)
+                .await;
+        match version {
+            Ok(Some(v)) if v >= REQUIRED_MIGRATION => {
+                if v > KNOWN_MIGRATION {
+                    tracing::warn!(
+                        migration = v,
+                        known = KNOWN_MIGRATION,
+                        "checkpoint schema is newer than custody knows; reading anyway"
+                    );
+                }
+                Ok(Self { pool })
+            }
+            Ok(v) => Err(StoreError::Schema(format!(
+                "{shown}: LangGraph checkpoint migration {v:?} is older than {REQUIRED_MIGRATION}; run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x"
+            ))),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                Err(StoreError::Schema(format!(
+                    "{shown}: no LangGraph checkpoint tables (checkpoint_migrations is missing); is this the PostgresSaver database?"
+                )))
+            }
+            Err(e) => Err(StoreError::Query(e)),
+        }
+    }
+
+    pub(super) fn parked_threads<'a>(
+        &'a self,
+        channels: &'a [String],
+    ) -> BoxStream<'a, Result<Scanned, StoreError>> {
+        sqlx::query(PARKED_SQL)
+            .bind(channels.to_vec())
+            .fetch(&self.pool)
+            .filter_map(move |row| async move {
+                match row {
+                    Ok(row) => decode_row(&row, channels).transpose(),
+                    Err(e) => Some(Err(StoreError::Query(e))),
+                }
+            })
+            .boxed()
+    }
+}
+
+/// sqlx echoes the offending DSN in some parse errors; never let the password through.
+fn strip_dsn(message: &str, dsn: &str) -> String {
+    message.replace(dsn, &redact_dsn(dsn))
+}
+
+fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, StoreError> {
+    let thread_id: String = row.try_get("thread_id")?;
+    let checkpoint_id: String = row.try_get("checkpoint_id")?;
+    let checkpoint: Value = row.try_get("checkpoint")?;
+    let metadata: Value = row.try_get("metadata")?;
+    let pending: bool = row.try_get("pending_interrupt")?;
+    let names: Option<Vec<String>> = row.try_get("channels")?;
+    let types: Option<Vec<String>> = row.try_get("types")?;
+    let blobs: Option<Vec<Option<Vec<u8>>>> = row.try_get("blobs")?;
+
+    let skip = |reason: String| {
+        Ok(Some(Scanned::Skipped(SkippedThread {
+            thread_id: thread_id.clone(),
+            checkpoint_id: checkpoint_id.clone(),
+            reason,
+        })))
+    };
+    let doc = match CheckpointDoc::from_json(&checkpoint) {
+        Ok(doc) => doc,
+        Err(e) => return skip(e.0),
+    };
+    let Value::Object(metadata) = metadata else {
+        return skip("checkpoint metadata is not a JSON object".into());
+    };
+
+    let mut channels = BTreeMap::new();
+    let inline = checkpoint.get("channel_values").and_then(Value::as_object);
+    for ((name, type_), blob) in names
+        .unwrap_or_default()
+        .into_iter()
+        .zip(types.unwrap_or_default())
+        .zip(blobs.unwrap_or_default())
+    {
+        let state = match super::serde::decode_typed(&type_, blob.as_deref()) {
+            Ok(Some(v)) => Channel::Value(v),
+            Ok(None) => Channel::Empty,
+            Err(e) => Channel::Undecodable(e.0),
+        };
+        channels.insert(name, state);
+    }
+    // Primitives (None, str, int, float, bool) stay inline in channel_values and get no blob.
+    for name in requested {
+        if channels.contains_key(name) {
+            continue;
+        }
+        if let Some(v) = inline.and_then(|m| m.get(name)) {
+            channels.insert(name.clone(), Channel::Value(v.clone()));
+        } else if doc.channel_versions.contains_key(name) {
+            channels.insert(name.clone(), Channel::Empty);
+        }
+    }
+    Ok(classify(thread_id, doc, metadata, pending, channels).map(Scanned::Parked))
+}

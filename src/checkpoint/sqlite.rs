@@ -1,0 +1,135 @@
+//! SqliteSaver tables (`langgraph-checkpoint-sqlite` 3.1): `checkpoints` holds the whole
+//! checkpoint, channel values included, as one msgpack document; `writes` holds pending writes.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use futures::stream::{BoxStream, StreamExt};
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
+
+use super::{CheckpointDoc, Scanned, SkippedThread, StoreError, classify, serde};
+
+/// Latest root checkpoint per thread, kept when an interrupt is pending or an `update_state` edit
+/// wrote it. Metadata is JSON text stored as a BLOB; the `CASE` keeps a malformed row from
+/// failing the whole statement (it is returned and reported instead).
+const PARKED_SQL: &str = r#"
+SELECT * FROM (
+    SELECT c.thread_id, c.checkpoint_id, c.type, c.checkpoint, c.metadata,
+           EXISTS (
+               SELECT 1 FROM writes w
+               WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
+                 AND w.channel = '__interrupt__'
+                 AND NOT EXISTS (
+                     SELECT 1 FROM writes o
+                     WHERE o.thread_id = w.thread_id AND o.checkpoint_ns = w.checkpoint_ns
+                       AND o.checkpoint_id = w.checkpoint_id AND o.task_id = w.task_id
+                       AND o.channel NOT IN ('__interrupt__', '__resume__', '__error__', '__error_source_node__'))
+           ) AS pending_interrupt
+    FROM (SELECT thread_id, max(checkpoint_id) AS checkpoint_id
+          FROM checkpoints WHERE checkpoint_ns = '' GROUP BY thread_id) l
+    JOIN checkpoints c
+      ON c.thread_id = l.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = l.checkpoint_id
+) t
+WHERE t.pending_interrupt
+   OR NOT json_valid(CAST(t.metadata AS TEXT))
+   OR CASE WHEN json_valid(CAST(t.metadata AS TEXT))
+           THEN json_extract(CAST(t.metadata AS TEXT), '$.source') = 'update' END
+ORDER BY t.thread_id
+"#;
+
+/// A read-only pool on a SqliteSaver file.
+pub struct Reader {
+    pool: SqlitePool,
+}
+
+impl Reader {
+    pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
+        let options = if dsn.starts_with("sqlite:") {
+            SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
+                backend: "sqlite",
+                dsn: dsn.to_owned(),
+                reason: e.to_string(),
+            })?
+        } else {
+            SqliteConnectOptions::new().filename(dsn)
+        }
+        .read_only(true)
+        .create_if_missing(false)
+        .busy_timeout(Duration::from_secs(5));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(|source| StoreError::Connect {
+                dsn: dsn.to_owned(),
+                source,
+            })?;
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        if tables != 2 {
+            return Err(StoreError::Schema(format!(
+                "{dsn}: no LangGraph SqliteSaver tables (expected checkpoints and writes); is this the SqliteSaver database?"
+            )));
+        }
+        Ok(Self { pool })
+    }
+
+    pub(super) fn parked_threads<'a>(
+        &'a self,
+        channels: &'a [String],
+    ) -> BoxStream<'a, Result<Scanned, StoreError>> {
+        sqlx::query(PARKED_SQL)
+            .fetch(&self.pool)
+            .filter_map(move |row| async move {
+                match row {
+                    Ok(row) => decode_row(&row, channels).transpose(),
+                    Err(e) => Some(Err(StoreError::Query(e))),
+                }
+            })
+            .boxed()
+    }
+}
+
+fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, StoreError> {
+    let thread_id: String = row.try_get("thread_id")?;
+    let checkpoint_id: String = row.try_get("checkpoint_id")?;
+    let type_: Option<String> = row.try_get("type")?;
+    let checkpoint: Option<Vec<u8>> = row.try_get("checkpoint")?;
+    let metadata: Option<Vec<u8>> = row.try_get("metadata")?;
+    let pending: bool = row.try_get("pending_interrupt")?;
+
+    let skip = |reason: String| {
+        Ok(Some(Scanned::Skipped(SkippedThread {
+            thread_id: thread_id.clone(),
+            checkpoint_id: checkpoint_id.clone(),
+            reason,
+        })))
+    };
+    let metadata = match serde_json::from_slice::<Value>(metadata.as_deref().unwrap_or(b"{}")) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return skip("checkpoint metadata is not a JSON object".into()),
+        Err(e) => return skip(format!("checkpoint metadata is not JSON: {e}")),
+    };
+    let Some(bytes) = checkpoint else {
+        return skip("checkpoint column is NULL".into());
+    };
+    let decoded = match type_.as_deref() {
+        Some("msgpack") => {
+            serde::read(&bytes).and_then(|doc| CheckpointDoc::from_msgpack(&doc, channels))
+        }
+        other => Err(serde::DecodeError(format!(
+            "checkpoint serialized as {other:?}; only msgpack (LangGraph 1.x) is supported"
+        ))),
+    };
+    match decoded {
+        Ok((doc, found)) => {
+            Ok(classify(thread_id, doc, metadata, pending, found).map(Scanned::Parked))
+        }
+        Err(e) => skip(e.0),
+    }
+}

@@ -1,0 +1,110 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::SecretKeyRef;
+
+/// A LangGraph checkpoint database to sweep (PostgresSaver or SqliteSaver tables).
+///
+/// custody reads LangGraph's tables and never migrates them.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "custody.dev",
+    version = "v1alpha1",
+    kind = "CheckpointStore",
+    plural = "checkpointstores",
+    shortname = "cks",
+    category = "custody",
+    namespaced,
+    status = "CheckpointStoreStatus",
+    printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.backend"}"#,
+    printcolumn = r#"{"name":"Reachable","type":"string","jsonPath":".status.conditions[?(@.type==\"Reachable\")].status"}"#,
+    printcolumn = r#"{"name":"Last Sweep","type":"date","jsonPath":".status.lastSweep.finishedAt"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("has(self.dsn) != has(self.dsnFrom)").message("set exactly one of dsn and dsnFrom"))]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointStoreSpec {
+    /// Which LangGraph saver wrote the tables.
+    pub backend: Backend,
+
+    /// Literal connection string, for local mode (`sqlite://path` or `postgres://…`). In a
+    /// cluster use `dsnFrom`: a literal DSN is visible to anyone who can read this resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsn: Option<String>,
+
+    /// Connection string read from a Secret key in this namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsn_from: Option<SecretKeyRef>,
+
+    /// Checkpoint-metadata key holding the principal the thread currently runs for. LangGraph
+    /// copies scalar `config["configurable"]` entries into checkpoint metadata, so a graph run
+    /// with `configurable.principal` has it under `principal`. Default `principal`.
+    #[serde(default = "default_principal_key")]
+    pub principal_key: String,
+
+    /// A thread counts as parked only once its latest checkpoint is at least this old, in
+    /// seconds, so a run still in flight is left alone. Default 0.
+    #[serde(default)]
+    pub min_parked_seconds: u64,
+
+    /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
+    /// selects all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle_class_selector: Option<LabelSelector>,
+}
+
+fn default_principal_key() -> String {
+    "principal".into()
+}
+
+/// LangGraph checkpoint saver backends custody reads (LangGraph 1.2: langgraph-checkpoint-postgres
+/// 3.x, langgraph-checkpoint-sqlite 3.x).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// `PostgresSaver`: tables `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
+    Postgres,
+    /// `SqliteSaver`: tables `checkpoints`, `writes`.
+    Sqlite,
+}
+
+/// Observed state of a CheckpointStore.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointStoreStatus {
+    /// `Reachable` and `SchemaCompatible`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Summary of the most recent sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sweep: Option<SweepSummary>,
+}
+
+/// What one sweep found, by verdict.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepSummary {
+    /// Parked threads examined.
+    pub parked_threads: u64,
+    /// Threads whose rows did not decode, reported and skipped.
+    pub skipped_threads: u64,
+    /// Handles whose verdict is `ok`.
+    pub ok: u64,
+    /// Handles whose verdict is `gone`.
+    pub gone: u64,
+    /// Threads that need a handle and hold none.
+    pub absent: u64,
+    /// Handles whose probe could not be completed.
+    pub unknown: u64,
+    /// Probe calls sent (one per distinct handle and server).
+    pub probes: u64,
+    /// Wall time of the sweep in milliseconds.
+    pub duration_ms: u64,
+    /// RFC 3339 time the sweep finished.
+    pub finished_at: String,
+}

@@ -1,0 +1,204 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// A kind of handle: which tool mints it, where graph state keeps it, how to probe it and what to
+/// do when it is gone.
+///
+/// The handle record in graph state follows the `HandleRecord` of the handle-custody design
+/// (`value`, `server`, `tool`, `principal`, `minted_at`, `assumed_ttl_s`); `record` maps those
+/// names when a graph uses others.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "custody.dev",
+    version = "v1alpha1",
+    kind = "HandleClass",
+    plural = "handleclasses",
+    shortname = "hc",
+    category = "custody",
+    namespaced,
+    status = "HandleClassStatus",
+    printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.serverRef"}"#,
+    printcolumn = r#"{"name":"State Path","type":"string","jsonPath":".spec.statePath"}"#,
+    printcolumn = r#"{"name":"Probe","type":"string","jsonPath":".spec.probe.tool"}"#,
+    printcolumn = r#"{"name":"On Gone","type":"string","jsonPath":".spec.onGone"}"#,
+    printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[x_kube(validation = Rule::new("self.onGone != 'remint' || has(self.mint)").message("onGone: remint requires mint"))]
+#[serde(rename_all = "camelCase")]
+pub struct HandleClassSpec {
+    /// Name of the MCPServer (same namespace) that mints and answers for these handles.
+    #[x_kube(validation = Rule::new("self != ''").message("serverRef must name an MCPServer"))]
+    pub server_ref: String,
+
+    /// Where the handle record lives in graph state: a channel name, optionally followed by
+    /// `.`-separated keys into its value, e.g. `basket` or `order.basket`.
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("statePath must be dot-separated non-empty keys, e.g. basket or order.basket"))]
+    pub state_path: String,
+
+    /// Field names of the handle record, when they differ from the defaults.
+    #[serde(default)]
+    pub record: RecordFields,
+
+    /// The tool that mints these handles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mint: Option<MintSpec>,
+
+    /// The read-only tool that tells whether a handle is still alive.
+    pub probe: ProbeSpec,
+
+    /// Seconds a handle is known to live after minting; while that has not elapsed the handle
+    /// counts as `ok` without a probe. A record's own `assumed_ttl_s` applies too; the shorter
+    /// one wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared_ttl_seconds: Option<u64>,
+
+    /// What to do with a handle that is gone. Acting on it is not implemented yet: sweeps only
+    /// report verdicts.
+    #[serde(default)]
+    pub on_gone: OnGone,
+}
+
+/// Field names inside the handle record. Defaults follow the handle-custody `HandleRecord`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordFields {
+    /// The handle string itself. Default `value`.
+    #[serde(default = "d_value")]
+    pub value: String,
+    /// Name of the server that minted it. Default `server`.
+    #[serde(default = "d_server")]
+    pub server: String,
+    /// Tool that minted it. Default `tool`.
+    #[serde(default = "d_tool")]
+    pub tool: String,
+    /// Principal the handle was minted for. Default `principal`.
+    #[serde(default = "d_principal")]
+    pub principal: String,
+    /// ISO-8601 mint time. Default `minted_at`.
+    #[serde(default = "d_minted_at")]
+    pub minted_at: String,
+    /// Assumed lifetime in seconds, or null. Default `assumed_ttl_s`.
+    #[serde(default = "d_assumed_ttl")]
+    pub assumed_ttl_seconds: String,
+}
+
+fn d_value() -> String {
+    "value".into()
+}
+fn d_server() -> String {
+    "server".into()
+}
+fn d_tool() -> String {
+    "tool".into()
+}
+fn d_principal() -> String {
+    "principal".into()
+}
+fn d_minted_at() -> String {
+    "minted_at".into()
+}
+fn d_assumed_ttl() -> String {
+    "assumed_ttl_s".into()
+}
+
+impl Default for RecordFields {
+    fn default() -> Self {
+        Self {
+            value: d_value(),
+            server: d_server(),
+            tool: d_tool(),
+            principal: d_principal(),
+            minted_at: d_minted_at(),
+            assumed_ttl_seconds: d_assumed_ttl(),
+        }
+    }
+}
+
+/// The minting tool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MintSpec {
+    /// Tool name on the server, e.g. `create_basket`.
+    pub tool: String,
+    /// Field of the result's `structuredContent` that carries the new handle, e.g. `basket_id`.
+    pub handle_field: String,
+}
+
+/// The probe: a read-only tool call that places the handle in its arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeSpec {
+    /// Tool name on the server, e.g. `get_basket`. It must not change server state.
+    pub tool: String,
+    /// Argument template. String values may hold placeholders: `{{handle}}`, `{{thread_id}}`,
+    /// `{{principal}}` and `{{record.<field>}}`. A string that is exactly one placeholder takes
+    /// the value's JSON type. Values substituted in are never expanded again.
+    #[schemars(schema_with = "super::schema::any_object")]
+    pub arguments: BTreeMap<String, serde_json::Value>,
+    /// What in the probe's answer means the handle is gone.
+    #[serde(default)]
+    pub gone_when: GoneWhen,
+}
+
+/// Which probe answers mean "gone". Anything else that is an error means `unknown`, never gone.
+///
+/// With no narrowing, every `isError: true` result is gone. With `errorTextPrefixes` or
+/// `errorTextRegex`, only an error whose text matches is gone; other errors are unknown. A
+/// `structuredContent` rule makes a successful result gone when the field matches.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GoneWhen {
+    /// Error text (the text content of an `isError` result) starting with one of these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_text_prefixes: Vec<String>,
+    /// Error text matching this regular expression (Rust `regex` syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_text_regex: Option<String>,
+    /// A field of a successful result's `structuredContent` that says the handle is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_content: Option<StructuredMatch>,
+}
+
+/// A `structuredContent` field compared with a list of values.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StructuredMatch {
+    /// `.`-separated path into `structuredContent`, e.g. `status`.
+    pub path: String,
+    /// The handle is gone when the field equals one of these. Strings compare as written, other
+    /// JSON values by their compact JSON text (`true`, `0`).
+    pub equals: Vec<String>,
+}
+
+/// What custody does with a handle that is gone (handle-custody: re-mint and replay, escalate,
+/// or fail loudly).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OnGone {
+    /// Mint a new handle and replay the recorded work.
+    Remint,
+    /// Route the thread to a human.
+    #[default]
+    Escalate,
+    /// End the thread loudly.
+    Fail,
+}
+
+/// Observed state of a HandleClass.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HandleClassStatus {
+    /// `Valid`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

@@ -1,0 +1,55 @@
+//! The custom resources of group `custody.dev`, version `v1alpha1`.
+//!
+//! One file per kind. Every kind is namespaced, has a status subresource, printer columns, a short
+//! name and the category `custody`, so `kubectl get custody` lists them all. `custody crd` prints
+//! [`all`]; the committed `crds/` directory must equal that output (a test checks it).
+
+mod checkpoint_store;
+mod handle_class;
+mod mcp_server;
+mod schema;
+pub mod validate;
+
+pub use checkpoint_store::*;
+pub use handle_class::*;
+pub use mcp_server::*;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde::{Deserialize, Serialize};
+
+/// API group of every custody resource.
+pub const GROUP: &str = "custody.dev";
+/// API version of every custody resource.
+pub const VERSION: &str = "v1alpha1";
+
+/// Every CRD custody defines, in a stable order (the order of `crds/`).
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![MCPServer::crd(), HandleClass::crd(), CheckpointStore::crd()]
+}
+
+/// Renders CRDs as one multi-document YAML stream, the format of `custody crd` and `crds/`.
+///
+/// # Errors
+/// Only if serde_yaml cannot serialize a CRD, which would be a bug in the types.
+pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_yaml::Error> {
+    let mut out = String::new();
+    for crd in crds {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(crd)?);
+    }
+    Ok(out)
+}
+
+/// A reference to one key of a Secret in the referring resource's own namespace.
+///
+/// Cross-namespace references are deliberately impossible: the field has no namespace, so a
+/// resource can only read Secrets its author could already read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret, in the same namespace as the referring resource.
+    pub name: String,
+    /// Key within the Secret's `data` (or `stringData` in local mode).
+    pub key: String,
+}

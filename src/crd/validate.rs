@@ -1,0 +1,199 @@
+//! Checks the API server's schema cannot express (or that local mode must make without one).
+//!
+//! Each check returns a [`FieldError`] naming the field by its path in the resource (e.g.
+//! `spec.probe.arguments.basket_id`), which local mode prints with the file and the controller
+//! puts in a condition message.
+
+use std::fmt;
+
+use super::{CheckpointStoreSpec, HandleClassSpec, MCPServerSpec, OnGone};
+use crate::domain::template::{Template, TemplateError};
+use crate::domain::verdict::GoneRule;
+
+/// A field and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldError {
+    /// Path of the field, e.g. `spec.url`.
+    pub field: String,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for FieldError {}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Validates an MCPServer spec.
+///
+/// # Errors
+/// The first problem found: a URL that is not absolute `http`/`https`, a timeout outside
+/// 1–300 s, an invalid header name.
+pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
+    let url = url::Url::parse(&spec.url).map_err(|e| err("spec.url", format!("not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(err(
+            "spec.url",
+            format!(
+                "scheme {:?} is not allowed; MCP streamable HTTP needs http or https",
+                url.scheme()
+            ),
+        ));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(err("spec.url", "URL has no host"));
+    }
+    if !(1..=300).contains(&spec.timeout_seconds) {
+        return Err(err("spec.timeoutSeconds", "must be between 1 and 300"));
+    }
+    for name in spec.headers.keys() {
+        header_name(name).map_err(|m| err(format!("spec.headers.{name}"), m))?;
+    }
+    for (i, h) in spec.headers_from.iter().enumerate() {
+        header_name(&h.name).map_err(|m| err(format!("spec.headersFrom[{i}].name"), m))?;
+    }
+    Ok(())
+}
+
+fn header_name(name: &str) -> Result<(), String> {
+    http::HeaderName::try_from(name)
+        .map(|_| ())
+        .map_err(|_| format!("{name:?} is not a valid HTTP header name"))
+}
+
+/// Validates a HandleClass spec and compiles its probe template and gone rule.
+///
+/// # Errors
+/// An empty state path segment, a template placeholder that does not exist, a regex that does
+/// not compile, `onGone: remint` without `mint`.
+pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), FieldError> {
+    if spec.server_ref.is_empty() {
+        return Err(err("spec.serverRef", "must name an MCPServer"));
+    }
+    if spec.state_path.split('.').any(str::is_empty) {
+        return Err(err(
+            "spec.statePath",
+            "must be dot-separated non-empty keys, e.g. basket or order.basket",
+        ));
+    }
+    if spec.probe.tool.is_empty() {
+        return Err(err("spec.probe.tool", "must name a read-only tool"));
+    }
+    let template = Template::parse(&spec.probe.arguments).map_err(|e| match e {
+        TemplateError::Syntax { path, reason } => {
+            err(format!("spec.probe.arguments.{path}"), reason)
+        }
+        other => err("spec.probe.arguments", other.to_string()),
+    })?;
+    let rule = GoneRule::new(&spec.probe.gone_when).map_err(|e| {
+        err(
+            "spec.probe.goneWhen.errorTextRegex",
+            format!("does not compile: {e}"),
+        )
+    })?;
+    if spec.on_gone == OnGone::Remint && spec.mint.is_none() {
+        return Err(err("spec.mint", "onGone: remint requires mint"));
+    }
+    Ok((template, rule))
+}
+
+/// Validates a CheckpointStore spec.
+///
+/// # Errors
+/// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`.
+pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
+    match (&spec.dsn, &spec.dsn_from) {
+        (Some(_), Some(_)) => {
+            return Err(err("spec.dsnFrom", "set exactly one of dsn and dsnFrom"));
+        }
+        (None, None) => return Err(err("spec.dsn", "set exactly one of dsn and dsnFrom")),
+        _ => {}
+    }
+    if spec.principal_key.is_empty() {
+        return Err(err("spec.principalKey", "must not be empty"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ProbeSpec, ProtocolMode};
+
+    fn server(url: &str) -> MCPServerSpec {
+        MCPServerSpec {
+            url: url.into(),
+            headers: Default::default(),
+            headers_from: vec![],
+            timeout_seconds: 10,
+            mode: ProtocolMode::Auto,
+            tool_allowlist: vec![],
+            required: false,
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert!(mcp_server(&server("http://127.0.0.1:1/mcp")).is_ok());
+        assert!(mcp_server(&server("https://mcp.example.com/mcp")).is_ok());
+        for bad in [
+            "ftp://x/mcp",
+            "file:///etc/passwd",
+            "stdio",
+            "billing",
+            "http://",
+        ] {
+            let e = mcp_server(&server(bad)).unwrap_err();
+            assert_eq!(e.field, "spec.url", "{bad}");
+        }
+        let mut s = server("http://x/mcp");
+        s.timeout_seconds = 0;
+        assert_eq!(mcp_server(&s).unwrap_err().field, "spec.timeoutSeconds");
+        s.timeout_seconds = 10;
+        s.headers.insert("bad header".into(), "v".into());
+        assert_eq!(mcp_server(&s).unwrap_err().field, "spec.headers.bad header");
+    }
+
+    #[test]
+    fn handle_classes() {
+        let mut spec = HandleClassSpec {
+            server_ref: "basket".into(),
+            state_path: "basket".into(),
+            record: Default::default(),
+            mint: None,
+            probe: ProbeSpec {
+                tool: "get_basket".into(),
+                arguments: [("basket_id".to_owned(), serde_json::json!("{{handle}}"))].into(),
+                gone_when: Default::default(),
+            },
+            declared_ttl_seconds: None,
+            on_gone: OnGone::Escalate,
+        };
+        assert!(handle_class(&spec).is_ok());
+        spec.probe
+            .arguments
+            .insert("basket_id".into(), serde_json::json!("{{handel}}"));
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.probe.arguments.basket_id"
+        );
+        spec.probe
+            .arguments
+            .insert("basket_id".into(), serde_json::json!("{{handle}}"));
+        spec.state_path = "order..basket".into();
+        assert_eq!(handle_class(&spec).unwrap_err().field, "spec.statePath");
+        spec.state_path = "basket".into();
+        spec.on_gone = OnGone::Remint;
+        assert_eq!(handle_class(&spec).unwrap_err().field, "spec.mint");
+    }
+}

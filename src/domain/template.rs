@@ -1,0 +1,314 @@
+//! Argument templates for probe (and later mint and replay) calls.
+//!
+//! A template is the JSON `arguments` object of a `tools/call`, written by the operator, whose
+//! string values may hold placeholders:
+//!
+//! | placeholder | value |
+//! |---|---|
+//! | `{{handle}}` | the handle string |
+//! | `{{thread_id}}` | the LangGraph thread id |
+//! | `{{principal}}` | the principal the handle was minted for |
+//! | `{{record.<field>}}` | a field of the stored handle record |
+//!
+//! A string that is exactly one placeholder takes the value's JSON type; a placeholder inside a
+//! longer string is interpolated as text. Substituted values are data: they are never scanned
+//! for placeholders again, so a handle or a tool's output cannot inject template syntax.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::Value;
+
+/// A placeholder the template refers to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Var {
+    Handle,
+    ThreadId,
+    Principal,
+    Record(String),
+}
+
+impl fmt::Display for Var {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Handle => f.write_str("handle"),
+            Self::ThreadId => f.write_str("thread_id"),
+            Self::Principal => f.write_str("principal"),
+            Self::Record(field) => write!(f, "record.{field}"),
+        }
+    }
+}
+
+/// One piece of a template string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Var(Var),
+}
+
+/// A template node, parsed once at validation time.
+#[derive(Clone, Debug, PartialEq)]
+enum Node {
+    Literal(Value),
+    String(Vec<Piece>),
+    Array(Vec<Node>),
+    Object(Vec<(String, Node)>),
+}
+
+/// A parsed, validated argument template.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Template(Node);
+
+/// Template problems, naming the argument path (e.g. `basket_id`, `filter.ids[0]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    /// Bad placeholder syntax or name; found when the resource is validated.
+    #[error("argument {path}: {reason}")]
+    Syntax {
+        /// Where in the arguments.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A placeholder has no value for this thread (no principal recorded, missing record field).
+    #[error("argument {path}: no value for {{{{{var}}}}}")]
+    Missing {
+        /// Where in the arguments.
+        path: String,
+        /// The placeholder.
+        var: String,
+    },
+}
+
+/// The values placeholders resolve to for one call.
+#[derive(Clone, Copy, Debug)]
+pub struct Context<'a> {
+    /// The handle string.
+    pub handle: &'a str,
+    /// The thread id.
+    pub thread_id: &'a str,
+    /// The principal the handle was minted for, if recorded.
+    pub principal: Option<&'a str>,
+    /// The stored handle record.
+    pub record: &'a Value,
+}
+
+impl Template {
+    /// Parses and validates `arguments`.
+    ///
+    /// # Errors
+    /// [`TemplateError::Syntax`] for an unclosed `{{`, an empty or unknown placeholder.
+    pub fn parse(arguments: &BTreeMap<String, Value>) -> Result<Self, TemplateError> {
+        let object = arguments
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), parse_node(v, k)?)))
+            .collect::<Result<_, TemplateError>>()?;
+        Ok(Self(Node::Object(object)))
+    }
+
+    /// Fills in the placeholders and returns the `arguments` object.
+    ///
+    /// # Errors
+    /// [`TemplateError::Missing`] when a placeholder has no value here.
+    pub fn render(
+        &self,
+        ctx: &Context<'_>,
+    ) -> Result<serde_json::Map<String, Value>, TemplateError> {
+        match render_node(&self.0, ctx, "")? {
+            Value::Object(map) => Ok(map),
+            _ => unreachable!("a template root is always an object"),
+        }
+    }
+}
+
+fn parse_node(v: &Value, path: &str) -> Result<Node, TemplateError> {
+    Ok(match v {
+        Value::String(s) => Node::String(parse_string(s, path)?),
+        Value::Array(items) => Node::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| parse_node(v, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Node::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), parse_node(v, &format!("{path}.{k}"))?)))
+                .collect::<Result<_, TemplateError>>()?,
+        ),
+        other => Node::Literal(other.clone()),
+    })
+}
+
+fn parse_string(s: &str, path: &str) -> Result<Vec<Piece>, TemplateError> {
+    let syntax = |reason: String| TemplateError::Syntax {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut pieces = Vec::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("{{") {
+        if start > 0 {
+            pieces.push(Piece::Text(rest[..start].to_owned()));
+        }
+        let after = &rest[start + 2..];
+        let end = after
+            .find("}}")
+            .ok_or_else(|| syntax(format!("unclosed {{{{ in {s:?}")))?;
+        let name = after[..end].trim();
+        let var = match name {
+            "handle" => Var::Handle,
+            "thread_id" => Var::ThreadId,
+            "principal" => Var::Principal,
+            _ => match name.strip_prefix("record.") {
+                Some(field) if !field.is_empty() => Var::Record(field.to_owned()),
+                _ => {
+                    return Err(syntax(format!(
+                        "unknown placeholder {{{{{name}}}}}; use handle, thread_id, principal or record.<field>"
+                    )));
+                }
+            },
+        };
+        pieces.push(Piece::Var(var));
+        rest = &after[end + 2..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest.to_owned()));
+    }
+    Ok(pieces)
+}
+
+fn render_node(node: &Node, ctx: &Context<'_>, path: &str) -> Result<Value, TemplateError> {
+    Ok(match node {
+        Node::Literal(v) => v.clone(),
+        Node::String(pieces) => match pieces.as_slice() {
+            [Piece::Var(var)] => lookup(var, ctx, path)?,
+            pieces => {
+                let mut out = String::new();
+                for piece in pieces {
+                    match piece {
+                        Piece::Text(t) => out.push_str(t),
+                        Piece::Var(var) => match lookup(var, ctx, path)? {
+                            Value::String(s) => out.push_str(&s),
+                            other => out.push_str(&other.to_string()),
+                        },
+                    }
+                }
+                Value::String(out)
+            }
+        },
+        Node::Array(items) => Value::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| render_node(n, ctx, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+        Node::Object(entries) => Value::Object(
+            entries
+                .iter()
+                .map(|(k, n)| {
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    Ok((k.clone(), render_node(n, ctx, &child)?))
+                })
+                .collect::<Result<_, TemplateError>>()?,
+        ),
+    })
+}
+
+fn lookup(var: &Var, ctx: &Context<'_>, path: &str) -> Result<Value, TemplateError> {
+    let missing = || TemplateError::Missing {
+        path: path.to_owned(),
+        var: var.to_string(),
+    };
+    match var {
+        Var::Handle => Ok(Value::String(ctx.handle.to_owned())),
+        Var::ThreadId => Ok(Value::String(ctx.thread_id.to_owned())),
+        Var::Principal => ctx
+            .principal
+            .map(|p| Value::String(p.to_owned()))
+            .ok_or_else(missing),
+        Var::Record(field) => ctx.record.get(field).cloned().ok_or_else(missing),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(v: Value) -> BTreeMap<String, Value> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn ctx(record: &Value) -> Context<'_> {
+        Context {
+            handle: "bsk_1",
+            thread_id: "t-1",
+            principal: Some("user-1"),
+            record,
+        }
+    }
+
+    #[test]
+    fn renders_typed_and_interpolated() {
+        let record = json!({"value": "bsk_1", "qty": 3});
+        let t = Template::parse(&args(json!({
+            "basket_id": "{{handle}}",
+            "note": "thread {{thread_id}} for {{ principal }}",
+            "qty": "{{record.qty}}",
+            "label": "q={{record.qty}}",
+            "nested": {"ids": ["{{handle}}", 7, null]},
+            "fixed": true
+        })))
+        .unwrap();
+        assert_eq!(
+            Value::Object(t.render(&ctx(&record)).unwrap()),
+            json!({"basket_id": "bsk_1", "note": "thread t-1 for user-1", "qty": 3, "label": "q=3",
+                   "nested": {"ids": ["bsk_1", 7, null]}, "fixed": true})
+        );
+    }
+
+    #[test]
+    fn substituted_values_are_not_expanded_again() {
+        let record = json!({});
+        let t = Template::parse(&args(json!({"id": "{{handle}}"}))).unwrap();
+        let c = Context {
+            handle: "{{principal}}",
+            ..ctx(&record)
+        };
+        assert_eq!(t.render(&c).unwrap()["id"], json!("{{principal}}"));
+    }
+
+    #[test]
+    fn syntax_errors_name_the_argument() {
+        let e = Template::parse(&args(json!({"a": {"b": ["{{handel}}"]}}))).unwrap_err();
+        assert!(
+            matches!(&e, TemplateError::Syntax { path, .. } if path == "a.b[0]"),
+            "{e}"
+        );
+        assert!(Template::parse(&args(json!({"a": "{{handle"}))).is_err());
+        assert!(Template::parse(&args(json!({"a": "{{record.}}"}))).is_err());
+    }
+
+    #[test]
+    fn missing_values_name_the_placeholder() {
+        let record = json!({});
+        let t = Template::parse(&args(
+            json!({"who": "{{principal}}", "x": "{{record.nope}}"}),
+        ))
+        .unwrap();
+        let c = Context {
+            principal: None,
+            ..ctx(&record)
+        };
+        assert_eq!(
+            t.render(&c).unwrap_err().to_string(),
+            "argument who: no value for {{principal}}"
+        );
+    }
+}

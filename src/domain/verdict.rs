@@ -1,0 +1,514 @@
+//! The verdict on one handle, after handle-custody's `confirm_handle`:
+//!
+//! 1. no handle → `absent` (a node that needs a handle and has none is as stuck as one holding a
+//!    dead handle);
+//! 2. minted for another principal than the thread now runs for → `gone`, without a round trip;
+//! 3. a declared lifetime that has not elapsed → `ok`, without a round trip;
+//! 4. otherwise the probe decides: an answer that says unknown/expired → `gone`, a success → `ok`,
+//!    and a probe that could not be completed → `unknown`. A probe that *raised* is never `gone`.
+
+use chrono::{DateTime, Utc};
+use regex::Regex;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::handle::{HandleRecord, Holding};
+use crate::crd::GoneWhen;
+
+/// The verdict on one (thread, handle class).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// The handle is alive, or presumed alive within its declared lifetime.
+    Ok,
+    /// The server no longer honours the handle for this thread.
+    Gone,
+    /// The thread needs a handle and holds none.
+    Absent,
+    /// It could not be decided; nothing may be done on its basis.
+    Unknown,
+}
+
+impl Verdict {
+    /// Lower-case name, as printed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Gone => "gone",
+            Self::Absent => "absent",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// A verdict with the reason a person reads at 3 a.m.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+impl Decision {
+    fn new(verdict: Verdict, reason: impl Into<String>) -> Self {
+        Self {
+            verdict,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The outcome of the steps that need no round trip.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Precheck {
+    /// Decided without the server.
+    Decided(Decision),
+    /// Only the probe can tell.
+    Probe,
+}
+
+/// Steps 1–3: decides what can be decided without the server.
+///
+/// `thread_principal` is the principal in the thread's latest checkpoint metadata; when either
+/// side has none, the principal check is skipped (there is nothing to compare). The lifetime is
+/// the shorter of the class's `declared_ttl` and the record's own `assumed_ttl_s`.
+pub fn precheck(
+    holding: &Holding,
+    thread_principal: Option<&str>,
+    declared_ttl: Option<u64>,
+    now: DateTime<Utc>,
+) -> Precheck {
+    let record = match holding {
+        Holding::NotApplicable | Holding::Absent => {
+            return Precheck::Decided(Decision::new(Verdict::Absent, "the thread holds no handle"));
+        }
+        Holding::Malformed(reason) => {
+            return Precheck::Decided(Decision::new(Verdict::Unknown, reason.clone()));
+        }
+        Holding::Record(r) => r,
+    };
+    if let (Some(minted_for), Some(current)) = (record.principal.as_deref(), thread_principal)
+        && minted_for != current
+    {
+        return Precheck::Decided(Decision::new(
+            Verdict::Gone,
+            format!("minted for principal {minted_for}, thread now runs as {current}"),
+        ));
+    }
+    if let Some(decision) = fresh(record, declared_ttl, now) {
+        return Precheck::Decided(decision);
+    }
+    Precheck::Probe
+}
+
+fn fresh(record: &HandleRecord, declared_ttl: Option<u64>, now: DateTime<Utc>) -> Option<Decision> {
+    let ttl = match (declared_ttl, record.assumed_ttl_seconds) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    let age = now.signed_duration_since(record.minted_at?).num_seconds();
+    // A mint time in the future (clock skew) proves nothing; probe instead.
+    (age >= 0 && (age as u64) < ttl).then(|| {
+        Decision::new(
+            Verdict::Ok,
+            format!("within its declared lifetime ({age}s of {ttl}s); not probed"),
+        )
+    })
+}
+
+/// What a probe call came back with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeOutcome {
+    /// The server answered the `tools/call` with a result.
+    Answered {
+        /// The result's `isError`.
+        is_error: bool,
+        /// The text content blocks, joined by newlines.
+        text: String,
+        /// The result's `structuredContent`.
+        structured: Option<Value>,
+    },
+    /// No result: refused, timed out, 5xx, a JSON-RPC error, a malformed reply.
+    Failed(String),
+}
+
+/// [`GoneWhen`] with its regular expression compiled.
+#[derive(Clone, Debug)]
+pub struct GoneRule {
+    prefixes: Vec<String>,
+    regex: Option<Regex>,
+    structured: Option<(Vec<String>, Vec<String>)>,
+}
+
+impl GoneRule {
+    /// Compiles the rule.
+    ///
+    /// # Errors
+    /// The regular expression does not compile; the message is the regex crate's.
+    pub fn new(spec: &GoneWhen) -> Result<Self, regex::Error> {
+        Ok(Self {
+            prefixes: spec.error_text_prefixes.clone(),
+            regex: spec
+                .error_text_regex
+                .as_deref()
+                .map(Regex::new)
+                .transpose()?,
+            structured: spec.structured_content.as_ref().map(|m| {
+                (
+                    m.path.split('.').map(str::to_owned).collect(),
+                    m.equals.clone(),
+                )
+            }),
+        })
+    }
+}
+
+/// Step 4: the verdict from a probe's outcome.
+pub fn judge(outcome: &ProbeOutcome, rule: &GoneRule) -> Decision {
+    match outcome {
+        ProbeOutcome::Failed(reason) => {
+            Decision::new(Verdict::Unknown, format!("probe failed: {reason}"))
+        }
+        ProbeOutcome::Answered {
+            is_error: true,
+            text,
+            ..
+        } => {
+            let narrowed = !rule.prefixes.is_empty() || rule.regex.is_some();
+            let matched = rule.prefixes.iter().any(|p| text.starts_with(p.as_str()))
+                || rule.regex.as_ref().is_some_and(|r| r.is_match(text));
+            if !narrowed || matched {
+                Decision::new(
+                    Verdict::Gone,
+                    format!("probe answered isError: {}", first_line(text)),
+                )
+            } else {
+                Decision::new(
+                    Verdict::Unknown,
+                    format!(
+                        "probe answered an error not recognised as gone: {}",
+                        first_line(text)
+                    ),
+                )
+            }
+        }
+        ProbeOutcome::Answered {
+            is_error: false,
+            structured,
+            ..
+        } => {
+            if let (Some((path, equals)), Some(structured)) = (&rule.structured, structured) {
+                let field = path.iter().try_fold(structured, |v, k| v.get(k));
+                if let Some(field) = field {
+                    let text = match field {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    if equals.contains(&text) {
+                        return Decision::new(
+                            Verdict::Gone,
+                            format!("probe answered {}={text}", path.join(".")),
+                        );
+                    }
+                }
+            }
+            Decision::new(Verdict::Ok, "probe answered success")
+        }
+    }
+}
+
+/// Error texts can be long and multi-line; a table cell needs the first line, bounded.
+fn first_line(text: &str) -> String {
+    const MAX: usize = 160;
+    let line = text.lines().next().unwrap_or_default();
+    match line.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::StructuredMatch;
+    use chrono::TimeZone;
+    use serde_json::json;
+
+    fn record(principal: Option<&str>, minted_secs_ago: Option<i64>, ttl: Option<u64>) -> Holding {
+        let now = now();
+        Holding::Record(HandleRecord {
+            value: "bsk_1".into(),
+            principal: principal.map(str::to_owned),
+            minted_at: minted_secs_ago.map(|s| now - chrono::Duration::seconds(s)),
+            assumed_ttl_seconds: ttl,
+            raw: json!({}),
+        })
+    }
+
+    fn now() -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap()
+    }
+
+    fn verdict(p: Precheck) -> Option<Verdict> {
+        match p {
+            Precheck::Decided(d) => Some(d.verdict),
+            Precheck::Probe => None,
+        }
+    }
+
+    /// (case, holding, thread principal, declared ttl, expected verdict or None for "probe").
+    type Case = (
+        &'static str,
+        Holding,
+        Option<&'static str>,
+        Option<u64>,
+        Option<Verdict>,
+    );
+
+    #[test]
+    fn precheck_table() {
+        use Verdict::*;
+        let cases: Vec<Case> = vec![
+            ("no handle", Holding::Absent, Some("u1"), None, Some(Absent)),
+            (
+                "not applicable counts as absent",
+                Holding::NotApplicable,
+                None,
+                None,
+                Some(Absent),
+            ),
+            (
+                "malformed is unknown, never gone",
+                Holding::Malformed("x".into()),
+                None,
+                None,
+                Some(Unknown),
+            ),
+            (
+                "other principal",
+                record(Some("u1"), Some(10), None),
+                Some("u2"),
+                None,
+                Some(Gone),
+            ),
+            (
+                "other principal beats a fresh ttl",
+                record(Some("u1"), Some(10), Some(3600)),
+                Some("u2"),
+                Some(3600),
+                Some(Gone),
+            ),
+            (
+                "same principal, no ttl → probe",
+                record(Some("u1"), Some(10), None),
+                Some("u1"),
+                None,
+                None,
+            ),
+            (
+                "no thread principal → no comparison",
+                record(Some("u1"), Some(10), None),
+                None,
+                None,
+                None,
+            ),
+            (
+                "record ttl not elapsed",
+                record(Some("u1"), Some(10), Some(60)),
+                Some("u1"),
+                None,
+                Some(Ok),
+            ),
+            (
+                "record ttl elapsed → probe",
+                record(Some("u1"), Some(100), Some(60)),
+                Some("u1"),
+                None,
+                None,
+            ),
+            (
+                "declared ttl not elapsed",
+                record(None, Some(10), None),
+                None,
+                Some(60),
+                Some(Ok),
+            ),
+            (
+                "shorter ttl wins",
+                record(None, Some(100), Some(3600)),
+                None,
+                Some(60),
+                None,
+            ),
+            (
+                "no mint time → probe",
+                record(None, None, Some(60)),
+                None,
+                Some(60),
+                None,
+            ),
+            (
+                "mint time in the future → probe",
+                record(None, Some(-100), Some(60)),
+                None,
+                None,
+                None,
+            ),
+        ];
+        for (name, holding, principal, ttl, want) in cases {
+            assert_eq!(
+                verdict(precheck(&holding, principal, ttl, now())),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn principal_reason_names_both() {
+        let Precheck::Decided(d) = precheck(
+            &record(Some("user-1"), None, None),
+            Some("user-2"),
+            None,
+            now(),
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            d.reason,
+            "minted for principal user-1, thread now runs as user-2"
+        );
+    }
+
+    fn answered(is_error: bool, text: &str, structured: Option<Value>) -> ProbeOutcome {
+        ProbeOutcome::Answered {
+            is_error,
+            text: text.into(),
+            structured,
+        }
+    }
+
+    #[test]
+    fn judge_table() {
+        use Verdict::*;
+        let plain = GoneRule::new(&GoneWhen::default()).unwrap();
+        let narrowed = GoneRule::new(&GoneWhen {
+            error_text_prefixes: vec!["BASKET_EXPIRED".into(), "BASKET_NOT_FOUND".into()],
+            ..GoneWhen::default()
+        })
+        .unwrap();
+        let regex = GoneRule::new(&GoneWhen {
+            error_text_regex: Some("(?i)expired|unknown".into()),
+            ..GoneWhen::default()
+        })
+        .unwrap();
+        let structured = GoneRule::new(&GoneWhen {
+            structured_content: Some(StructuredMatch {
+                path: "state.phase".into(),
+                equals: vec!["closed".into(), "false".into()],
+            }),
+            ..GoneWhen::default()
+        })
+        .unwrap();
+        let cases: Vec<(&str, ProbeOutcome, &GoneRule, Verdict)> = vec![
+            (
+                "timeout is unknown",
+                ProbeOutcome::Failed("timed out after 10s".into()),
+                &plain,
+                Unknown,
+            ),
+            (
+                "refused is unknown",
+                ProbeOutcome::Failed("connection refused".into()),
+                &narrowed,
+                Unknown,
+            ),
+            (
+                "success is ok",
+                answered(false, "{}", Some(json!({"items": []}))),
+                &plain,
+                Ok,
+            ),
+            (
+                "any isError is gone without narrowing",
+                answered(true, "whatever", None),
+                &plain,
+                Gone,
+            ),
+            (
+                "matching prefix is gone",
+                answered(true, "BASKET_EXPIRED: basket x expired", None),
+                &narrowed,
+                Gone,
+            ),
+            (
+                "other error is unknown when narrowed",
+                answered(true, "RATE_LIMITED: slow down", None),
+                &narrowed,
+                Unknown,
+            ),
+            (
+                "regex match is gone",
+                answered(true, "Handle Expired", None),
+                &regex,
+                Gone,
+            ),
+            (
+                "regex miss is unknown",
+                answered(true, "internal error", None),
+                &regex,
+                Unknown,
+            ),
+            (
+                "structured match is gone",
+                answered(false, "", Some(json!({"state": {"phase": "closed"}}))),
+                &structured,
+                Gone,
+            ),
+            (
+                "structured bool match",
+                answered(false, "", Some(json!({"state": {"phase": false}}))),
+                &structured,
+                Gone,
+            ),
+            (
+                "structured miss is ok",
+                answered(false, "", Some(json!({"state": {"phase": "open"}}))),
+                &structured,
+                Ok,
+            ),
+            (
+                "structured field absent is ok",
+                answered(false, "", Some(json!({}))),
+                &structured,
+                Ok,
+            ),
+        ];
+        for (name, outcome, rule, want) in cases {
+            assert_eq!(judge(&outcome, rule).verdict, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_regex_is_an_error() {
+        assert!(
+            GoneRule::new(&GoneWhen {
+                error_text_regex: Some("(".into()),
+                ..GoneWhen::default()
+            })
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn reasons_are_one_bounded_line() {
+        let long = format!("{}\nsecond line", "x".repeat(500));
+        let d = judge(
+            &answered(true, &long, None),
+            &GoneRule::new(&GoneWhen::default()).unwrap(),
+        );
+        assert!(!d.reason.contains('\n'));
+        assert!(d.reason.chars().count() < 200);
+    }
+}

@@ -1,0 +1,377 @@
+//! One sweep of one checkpoint store: scan → extract → precheck → probe → judge → report.
+//!
+//! The sweep is read-only for now: it decides verdicts and reports them. Probes are deduplicated:
+//! one handle on one server is probed once per sweep however many threads hold it, and each
+//! server gets one connection. Servers are probed concurrently; a server that hangs costs its own
+//! timeout only.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::checkpoint::{ParkedBy, Scanned, SkippedThread, Store, StoreError};
+use crate::crd::{Backend, RecordFields, SweepSummary};
+use crate::domain::handle::{self, Holding};
+use crate::domain::template::{Context, Template};
+use crate::domain::verdict::{self, Decision, GoneRule, Precheck, ProbeOutcome, Verdict};
+use crate::mcp::{Connection, ServerConfig};
+
+/// Probe calls in flight at once on one server. Bounded so a sweep over thousands of distinct
+/// handles does not hit a server with thousands of parallel requests (rate limits are shared
+/// with the agents themselves).
+pub const PROBES_PER_SERVER: usize = 8;
+/// Servers probed at once.
+pub const SERVERS_IN_PARALLEL: usize = 16;
+
+/// A checkpoint store, resolved and validated, ready to sweep.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `namespace/name` of the CheckpointStore.
+    pub store: String,
+    /// Which saver's tables.
+    pub backend: Backend,
+    /// Connection string (a secret: it may hold a password).
+    pub dsn: SecretString,
+    /// Metadata key of the thread's current principal.
+    pub principal_key: String,
+    /// Threads parked for less than this are left alone (a run may still be in flight).
+    pub min_parked: Duration,
+    /// Handle classes that apply to this store.
+    pub classes: Vec<ClassPlan>,
+}
+
+/// A HandleClass, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct ClassPlan {
+    /// HandleClass name.
+    pub name: String,
+    /// Where the record lives in state.
+    pub state_path: String,
+    /// Record field names.
+    pub fields: RecordFields,
+    /// The server that answers for these handles.
+    pub server: ServerConfig,
+    /// Probe tool.
+    pub probe_tool: String,
+    /// Probe argument template.
+    pub probe_arguments: Template,
+    /// What counts as gone.
+    pub gone: GoneRule,
+    /// Declared lifetime in seconds.
+    pub declared_ttl: Option<u64>,
+}
+
+/// The verdict on one (thread, handle class).
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// LangGraph thread id.
+    pub thread_id: String,
+    /// Checkpoint namespace (`""` for the root graph).
+    pub checkpoint_ns: String,
+    /// The checkpoint the verdict is about.
+    pub checkpoint_id: String,
+    /// Why the thread counts as parked.
+    pub parked_by: ParkedBy,
+    /// HandleClass name.
+    pub handle_class: String,
+    /// The handle, when there is one.
+    pub handle: Option<String>,
+    /// Seconds since the handle was minted, when recorded.
+    pub age_seconds: Option<i64>,
+    /// The principal the thread currently runs for.
+    pub principal: Option<String>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why.
+    pub reason: String,
+    /// Whether a probe call decided it.
+    pub probed: bool,
+}
+
+/// The result of sweeping one store.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// `namespace/name` of the CheckpointStore.
+    pub store: String,
+    /// One row per (parked thread, applicable handle class), ordered by thread.
+    pub rows: Vec<Row>,
+    /// Threads whose rows did not decode.
+    pub skipped: Vec<SkippedThread>,
+    /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
+    pub too_recent: u64,
+    /// The servers probed, with the protocol version each negotiated.
+    pub servers: Vec<ServerContact>,
+    /// Counts by verdict.
+    pub summary: SweepSummary,
+}
+
+/// How contacting one server went.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerContact {
+    /// MCPServer name.
+    pub server: String,
+    /// Negotiated protocol version, when connected.
+    pub protocol_version: Option<String>,
+    /// Connect and negotiation time in milliseconds, when connected.
+    pub connect_ms: Option<u64>,
+    /// Why connecting failed.
+    pub error: Option<String>,
+}
+
+/// Why a sweep could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// The checkpoint database could not be read.
+    #[error("store {store}: {source}")]
+    Store {
+        /// `namespace/name`.
+        store: String,
+        /// What failed.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// A probe to send, and the rows waiting for its answer.
+struct PendingProbe {
+    class: usize,
+    arguments: serde_json::Map<String, Value>,
+    rows: Vec<usize>,
+}
+
+/// Sweeps one store once.
+///
+/// # Errors
+/// [`SweepError::Store`] when the database cannot be reached or read; per-thread problems are
+/// reported in [`Report::skipped`] and per-handle problems as `unknown` rows instead.
+pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepError> {
+    let started = Instant::now();
+    let store_err = |source| SweepError::Store {
+        store: target.store.clone(),
+        source,
+    };
+    let store = Store::connect(target.backend, target.dsn.expose_secret())
+        .await
+        .map_err(store_err)?;
+    let channels: Vec<String> = target
+        .classes
+        .iter()
+        .map(|c| {
+            c.state_path
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let mut too_recent = 0;
+    let mut parked_threads = 0;
+    // Keyed by (class's server, probe tool, rendered arguments): the dedup unit.
+    let mut probes: BTreeMap<(String, String, String), PendingProbe> = BTreeMap::new();
+
+    let mut scan = store.parked_threads(&channels);
+    while let Some(item) = scan.try_next().await.map_err(store_err)? {
+        let thread = match item {
+            Scanned::Skipped(s) => {
+                tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, reason = %s.reason, "skipping thread");
+                skipped.push(s);
+                continue;
+            }
+            Scanned::Parked(t) => t,
+        };
+        if let Some(ts) = thread.checkpoint_ts
+            && now.signed_duration_since(ts).to_std().unwrap_or_default() < target.min_parked
+        {
+            too_recent += 1;
+            continue;
+        }
+        parked_threads += 1;
+        let principal = thread
+            .metadata
+            .get(&target.principal_key)
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        for (class_index, class) in target.classes.iter().enumerate() {
+            let holding = handle::extract(&thread.channels, &class.state_path, &class.fields);
+            if holding == Holding::NotApplicable {
+                continue;
+            }
+            let record = match &holding {
+                Holding::Record(r) => Some(r),
+                _ => None,
+            };
+            let mut row = Row {
+                thread_id: thread.thread_id.clone(),
+                checkpoint_ns: thread.checkpoint_ns.clone(),
+                checkpoint_id: thread.checkpoint_id.clone(),
+                parked_by: thread.parked_by,
+                handle_class: class.name.clone(),
+                handle: record.map(|r| r.value.clone()),
+                age_seconds: record
+                    .and_then(|r| r.minted_at)
+                    .map(|m| now.signed_duration_since(m).num_seconds()),
+                principal: principal.clone(),
+                verdict: Verdict::Unknown,
+                reason: String::new(),
+                probed: false,
+            };
+            match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
+                Precheck::Decided(d) => set(&mut row, d),
+                Precheck::Probe => {
+                    let record = record.expect("precheck asks for a probe only for a record");
+                    let ctx = Context {
+                        handle: &record.value,
+                        thread_id: &thread.thread_id,
+                        principal: record.principal.as_deref(),
+                        record: &record.raw,
+                    };
+                    match class.probe_arguments.render(&ctx) {
+                        Ok(arguments) => {
+                            let key = (
+                                class.server.name.clone(),
+                                class.probe_tool.clone(),
+                                Value::Object(arguments.clone()).to_string(),
+                            );
+                            probes
+                                .entry(key)
+                                .or_insert_with(|| PendingProbe {
+                                    class: class_index,
+                                    arguments,
+                                    rows: Vec::new(),
+                                })
+                                .rows
+                                .push(rows.len());
+                        }
+                        Err(e) => set(
+                            &mut row,
+                            Decision {
+                                verdict: Verdict::Unknown,
+                                reason: format!("cannot build probe: {e}"),
+                            },
+                        ),
+                    }
+                }
+            }
+            rows.push(row);
+        }
+    }
+    drop(scan);
+
+    let probe_count = probes.len() as u64;
+    let (outcomes, mut servers) = run_probes(target, probes.into_values().collect()).await;
+    servers.sort_by(|a, b| a.server.cmp(&b.server));
+    for (pending, outcome) in outcomes {
+        let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
+        for &i in &pending.rows {
+            set(&mut rows[i], decision.clone());
+            rows[i].probed = true;
+        }
+    }
+
+    let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count() as u64;
+    let summary = SweepSummary {
+        parked_threads,
+        skipped_threads: skipped.len() as u64,
+        ok: count(Verdict::Ok),
+        gone: count(Verdict::Gone),
+        absent: count(Verdict::Absent),
+        unknown: count(Verdict::Unknown),
+        probes: probe_count,
+        duration_ms: started.elapsed().as_millis() as u64,
+        finished_at: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    };
+    Ok(Report {
+        store: target.store.clone(),
+        rows,
+        skipped,
+        too_recent,
+        servers,
+        summary,
+    })
+}
+
+fn set(row: &mut Row, d: Decision) {
+    row.verdict = d.verdict;
+    row.reason = d.reason;
+}
+
+/// Sends every probe: one connection per server, servers in parallel, a bounded number of calls
+/// in flight per server. A server that cannot be reached fails all of its probes with that reason.
+async fn run_probes(
+    target: &Target,
+    probes: Vec<PendingProbe>,
+) -> (Vec<(PendingProbe, ProbeOutcome)>, Vec<ServerContact>) {
+    let mut by_server: HashMap<String, Vec<PendingProbe>> = HashMap::new();
+    for p in probes {
+        by_server
+            .entry(target.classes[p.class].server.name.clone())
+            .or_default()
+            .push(p);
+    }
+    let groups: Vec<(Vec<(PendingProbe, ProbeOutcome)>, ServerContact)> = futures::stream::iter(by_server.into_values())
+        .map(|group| async move {
+            let server = &target.classes[group[0].class].server;
+            match Connection::connect(server).await {
+                Err(e) => {
+                    tracing::warn!(server = %server.name, error = %e, "cannot reach server; its probes are unknown");
+                    let reason = e.to_string();
+                    let contact = ServerContact {
+                        server: server.name.clone(),
+                        protocol_version: None,
+                        connect_ms: None,
+                        error: Some(reason.clone()),
+                    };
+                    let failed = group.into_iter().map(|p| (p, ProbeOutcome::Failed(reason.clone()))).collect();
+                    (failed, contact)
+                }
+                Ok(conn) => {
+                    let contact = ServerContact {
+                        server: server.name.clone(),
+                        protocol_version: conn.protocol_version(),
+                        connect_ms: Some(conn.connect_latency.as_millis() as u64),
+                        error: None,
+                    };
+                    tracing::debug!(server = %server.name, protocol = ?contact.protocol_version, "connected");
+                    let out = probe_group(target, &conn, group).await;
+                    conn.close().await;
+                    (out, contact)
+                }
+            }
+        })
+        .buffer_unordered(SERVERS_IN_PARALLEL)
+        .collect()
+        .await;
+    let mut outcomes = Vec::new();
+    let mut contacts = Vec::new();
+    for (out, contact) in groups {
+        outcomes.extend(out);
+        contacts.push(contact);
+    }
+    (outcomes, contacts)
+}
+
+async fn probe_group(
+    target: &Target,
+    conn: &Connection,
+    group: Vec<PendingProbe>,
+) -> Vec<(PendingProbe, ProbeOutcome)> {
+    futures::stream::iter(group)
+        .map(|p| async move {
+            let tool = &target.classes[p.class].probe_tool;
+            let outcome = ProbeOutcome::from(conn.call_tool(tool, p.arguments.clone()).await);
+            (p, outcome)
+        })
+        .buffer_unordered(PROBES_PER_SERVER)
+        .collect()
+        .await
+}

@@ -1,0 +1,134 @@
+//! `custody` fails clearly, naming the file, field or store, when it cannot do its job.
+
+mod support;
+
+use std::path::Path;
+
+fn sweep_fails(dir: &Path) -> String {
+    let out = support::custody(&["sweep", "--once", "--dry-run", "-f", dir.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "expected failure, got:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn invalid_resource_names_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    support::basket_resources(
+        dir.path(),
+        "ftp://127.0.0.1/mcp",
+        "auto",
+        "sqlite",
+        "sqlite://x.sqlite",
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("server.yaml: document 1 (MCPServer default/basket): spec.url:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unreachable_database_is_an_error_without_the_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:1/mcp",
+        "auto",
+        "postgres",
+        &dsn,
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("store default/orders: cannot connect to postgres://custody:***@127.0.0.1"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn missing_sqlite_file_and_foreign_database_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.sqlite");
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:1/mcp",
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", missing.display()),
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("store default/orders: cannot connect"),
+        "{err}"
+    );
+
+    // A SQLite file that is not a LangGraph checkpoint database.
+    let other = dir.path().join("other.sqlite");
+    std::process::Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import sqlite3; sqlite3.connect({:?}).execute('create table t (x)')",
+                other.display().to_string()
+            ),
+        ])
+        .status()
+        .unwrap();
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:1/mcp",
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", other.display()),
+    );
+    let err = sweep_fails(dir.path());
+    assert!(err.contains("no LangGraph SqliteSaver tables"), "{err}");
+}
+
+#[test]
+fn missing_secret_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:1/mcp",
+        "auto",
+        "sqlite",
+        "sqlite://x.sqlite",
+    );
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec:\n  url: http://127.0.0.1:1/mcp\n  headersFrom:\n  - name: Authorization\n    secretKeyRef: {name: basket-token, key: token}\n",
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("MCPServer default/basket: spec.headersFrom[0].secretKeyRef: no Secret \"basket-token\" in namespace default"),
+        "{err}"
+    );
+    support::write_file(
+        dir.path(),
+        "secret.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: basket-token}\nstringData: {other: x}\n",
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("Secret \"basket-token\" has no key \"token\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn crd_prints_every_kind() {
+    let out = support::custody(&["crd"]);
+    assert!(out.status.success());
+    let yaml = String::from_utf8(out.stdout).unwrap();
+    for kind in ["MCPServer", "HandleClass", "CheckpointStore"] {
+        assert!(yaml.contains(&format!("kind: {kind}\n")), "{kind}");
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 for custody's tests.
+#
+#   tests/harness/pg.sh start DIR   initdb into DIR/data (if new), start on 127.0.0.1 on a free
+#                                   port, wait until it accepts connections, then print
+#                                   postgres://postgres@127.0.0.1:PORT/postgres on stdout
+#   tests/harness/pg.sh stop DIR    stop it (a no-op when it is not running)
+#
+# Trust auth, no Unix socket, fsync/synchronous_commit/full_page_writes off: test data only.
+# PostgreSQL refuses to run as root, so as root the server runs as the OS user
+# ${CUSTODY_PG_USER:-custody-pg} (created when missing) and DIR is chowned to it; as any other
+# user it runs as that user. Binaries from ${PG_BIN:-/usr/lib/postgresql/15/bin}.
+# The server log is DIR/postgres.log; progress goes to stderr.
+set -euo pipefail
+
+PG_BIN="${PG_BIN:-/usr/lib/postgresql/15/bin}"
+PG_OS_USER="${CUSTODY_PG_USER:-custody-pg}"
+
+die() { echo "pg.sh: $*" >&2; exit 1; }
+
+usage() { die "usage: pg.sh start DIR | pg.sh stop DIR"; }
+
+[[ $# -eq 2 ]] || usage
+command="$1"
+[[ -n "$2" ]] || usage
+mkdir -p "$2"
+dir="$(cd "$2" && pwd)"
+data="$dir/data"
+
+# Run a command as the database's OS user.
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        runuser -u "$PG_OS_USER" -- "$@"
+    else
+        "$@"
+    fi
+}
+
+ensure_os_user() {
+    [[ $EUID -eq 0 ]] || return 0
+    if ! id -u "$PG_OS_USER" >/dev/null 2>&1; then
+        echo "pg.sh: creating OS user $PG_OS_USER" >&2
+        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            --user-group "$PG_OS_USER"
+    fi
+    chown -R "$PG_OS_USER:" "$dir"
+    chmod 700 "$dir"
+    as_pg test -w "$dir" || die "$PG_OS_USER cannot write $dir (is a parent folder closed to other users?)"
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+start() {
+    [[ -x "$PG_BIN/postgres" ]] || die "no PostgreSQL at $PG_BIN (apt-get install postgresql-15)"
+    ensure_os_user
+    if [[ -f "$data/postmaster.pid" ]] && as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
+        die "a server is already running in $data (pg.sh stop $dir first)"
+    fi
+    if [[ ! -f "$data/PG_VERSION" ]]; then
+        echo "pg.sh: initdb $data" >&2
+        as_pg "$PG_BIN/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C \
+            --no-sync >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+    fi
+    local attempt port
+    for attempt in 1 2 3 4 5; do
+        port="$(free_port)"
+        echo "pg.sh: starting on 127.0.0.1:$port" >&2
+        if as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 -o "\
+-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories='' \
+-c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+-c max_connections=200 -c log_min_messages=warning" start >/dev/null; then
+            echo "$port" >"$dir/port"
+            # pg_ctl -w watches postmaster.pid; confirm a real TCP connection too.
+            local i
+            for i in $(seq 1 100); do
+                if "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres; then
+                    echo "postgres://postgres@127.0.0.1:$port/postgres"
+                    return 0
+                fi
+                sleep 0.1
+            done
+            tail -n 20 "$dir/postgres.log" >&2
+            die "server started but does not accept connections on 127.0.0.1:$port"
+        fi
+        tail -n 5 "$dir/postgres.log" >&2 || true
+        echo "pg.sh: start attempt $attempt failed" >&2
+    done
+    die "could not start PostgreSQL (see $dir/postgres.log)"
+}
+
+stop() {
+    if [[ ! -f "$data/postmaster.pid" ]]; then
+        echo "pg.sh: nothing running in $data" >&2
+        return 0
+    fi
+    echo "pg.sh: stopping $data" >&2
+    as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
+}
+
+case "$command" in
+    start) start ;;
+    stop) stop ;;
+    *) usage ;;
+esac

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# custody's test command (CI runs it through .ci/run, as root, on a fresh machine, CI=true).
+#
+# 1. the Python venv for the test servers and fixture writers   (tests/harness/venv.sh)
+# 2. the npm MCP peer @modelcontextprotocol/server-everything    (${CUSTODY_CACHE}/npm, npm ci)
+# 3. a throwaway PostgreSQL 15, stopped on exit                  (tests/harness/pg.sh)
+# 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets
+#
+# The tests find their peers through these variables:
+#   CUSTODY_TEST_PYTHON        the venv's python (runs tests/py/*.py)
+#   CUSTODY_TEST_PG_URL        postgres://postgres@127.0.0.1:PORT/postgres (trust auth; tests
+#                              create their own databases in it)
+#   CUSTODY_TEST_EVERYTHING    server-everything's dist/index.js; it binds every interface, so run
+#                              PORT=N node -r "$CUSTODY_TEST_NODE_LOOPBACK" "$CUSTODY_TEST_EVERYTHING" streamableHttp
+#   CUSTODY_TEST_NODE_LOOPBACK tests/harness/loopback.cjs (absolute): makes listen() bind 127.0.0.1
+#   CUSTODY_TEST_BASKET_SERVER tests/py/basket_server.py (absolute)
+#   CUSTODY_TEST_ORDER_GRAPH   tests/py/order_graph.py (absolute)
+# Caches live in ${CUSTODY_CACHE:-$HOME/.cache/custody}.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root="$(pwd)"
+
+export CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}"
+# A non-interactive shell may lack the login PATH additions for rustup and pyenv; put
+# them first so the venv is built by pyenv's Python (3.11.7), not Debian's.
+for extra in "$HOME/.pyenv/shims" "$HOME/.cargo/bin"; do
+    if [[ -d "$extra" && ":$PATH:" != *":$extra:"* ]]; then
+        PATH="$extra:$PATH"
+    fi
+done
+export PATH
+if [[ -z "${CUSTODY_PYTHON:-}" ]] && command -v python3.11 >/dev/null 2>&1; then
+    export CUSTODY_PYTHON=python3.11
+fi
+
+step() { printf '\n==> %s\n' "$*"; }
+started=$SECONDS
+
+step "python venv"
+venv="$(tests/harness/venv.sh)"
+echo "$venv"
+
+step "npm peers (@modelcontextprotocol/server-everything)"
+npm_dir="$CUSTODY_CACHE/npm"
+lock_hash="$(cat tests/npm/package.json tests/npm/package-lock.json | sha256sum | cut -c1-16)"
+everything="$npm_dir/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+if [[ "$(cat "$npm_dir/.custody-stamp" 2>/dev/null || true)" != "$lock_hash" || ! -f "$everything" ]]; then
+    mkdir -p "$npm_dir"
+    rm -f "$npm_dir/.custody-stamp"
+    cp tests/npm/package.json tests/npm/package-lock.json "$npm_dir/"
+    (cd "$npm_dir" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$lock_hash" >"$npm_dir/.custody-stamp"
+fi
+[[ -f "$everything" ]] || { echo "run.sh: $everything is missing after npm ci" >&2; exit 1; }
+echo "$everything"
+
+step "postgresql"
+pg_dir="$(mktemp -d -t custody-pg.XXXXXX)"
+cleanup() {
+    tests/harness/pg.sh stop "$pg_dir" || true
+    rm -rf "$pg_dir"
+}
+trap cleanup EXIT
+pg_url="$(tests/harness/pg.sh start "$pg_dir")"
+echo "$pg_url"
+
+export CUSTODY_TEST_PYTHON="$venv/bin/python"
+export CUSTODY_TEST_PG_URL="$pg_url"
+export CUSTODY_TEST_EVERYTHING="$everything"
+export CUSTODY_TEST_NODE_LOOPBACK="$root/tests/harness/loopback.cjs"
+export CUSTODY_TEST_BASKET_SERVER="$root/tests/py/basket_server.py"
+export CUSTODY_TEST_ORDER_GRAPH="$root/tests/py/order_graph.py"
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+
+step "cargo test --all-targets"
+cargo test --all-targets
+
+step "all checks passed in $((SECONDS - started))s"

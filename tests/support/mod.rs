@@ -1,0 +1,222 @@
+//! Real peers for integration tests: the basket MCP server (Python `mcp` SDK), LangGraph fixture
+//! writers, and fresh PostgreSQL databases. `tests/run.sh` installs and starts what these need
+//! and exports their locations; run the tests through it.
+
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// An environment variable `tests/run.sh` exports.
+pub fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the integration tests through tests/run.sh, which starts their peers")
+    })
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until something accepts connections on the port.
+pub fn wait_for_port(port: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing listens on 127.0.0.1:{port} after {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The Python basket server on its own port; killed when dropped.
+pub struct BasketServer {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl BasketServer {
+    /// Starts it with extra `BASKET_*` settings and waits until it accepts connections.
+    pub fn start(settings: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
+            .arg(var("CUSTODY_TEST_BASKET_SERVER"))
+            .env("BASKET_PORT", port.to_string())
+            .envs(settings.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start basket_server.py");
+        let server = Self { child, port };
+        wait_for_port(port, Duration::from_secs(30));
+        server
+    }
+
+    /// Its MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Stops it now (the port then refuses connections).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BasketServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Where LangGraph writes the fixture threads.
+pub enum Db<'a> {
+    /// A SqliteSaver file.
+    Sqlite(&'a Path),
+    /// A PostgresSaver database URL.
+    Postgres(&'a str),
+}
+
+/// Runs the real LangGraph order graph (tests/py/order_graph.py) against the server, writing
+/// the fixture threads, and waits until the short-lived basket has expired. Returns the manifest.
+pub fn write_fixtures(server_url: &str, db: Db<'_>) -> Value {
+    let mut cmd = Command::new(var("CUSTODY_TEST_PYTHON"));
+    cmd.arg(var("CUSTODY_TEST_ORDER_GRAPH")).args([
+        "write",
+        "--server",
+        server_url,
+        "--expire-wait",
+    ]);
+    match db {
+        Db::Sqlite(p) => cmd.arg("--sqlite").arg(p),
+        Db::Postgres(url) => cmd.args(["--postgres", url]),
+    };
+    let out = cmd.output().expect("run order_graph.py");
+    assert!(
+        out.status.success(),
+        "order_graph.py write failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("manifest JSON")
+}
+
+/// Creates a fresh, empty database on the test PostgreSQL and returns its URL.
+pub async fn fresh_pg_database(name: &str) -> String {
+    use sqlx::Connection;
+    let admin = var("CUSTODY_TEST_PG_URL");
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("connect to test PostgreSQL");
+    let db = format!("{name}_{}", std::process::id());
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (base, _) = admin.rsplit_once('/').unwrap();
+    format!("{base}/{db}")
+}
+
+/// Writes resource YAML into `dir/name`.
+pub fn write_file(dir: &Path, name: &str, yaml: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// The basket MCPServer, HandleClass and a CheckpointStore with a literal DSN, as local-mode files.
+pub fn basket_resources(dir: &Path, server_url: &str, mode: &str, backend: &str, dsn: &str) {
+    write_file(
+        dir,
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+             spec: {{url: \"{server_url}\", mode: {mode}, timeoutSeconds: 5}}\n"
+        ),
+    );
+    write_file(
+        dir,
+        "class.yaml",
+        r#"apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {name: basket}
+spec:
+  serverRef: basket
+  statePath: basket
+  mint: {tool: create_basket, handleField: basket_id}
+  probe:
+    tool: get_basket
+    arguments: {basket_id: "{{handle}}"}
+    goneWhen: {errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}
+"#,
+    );
+    write_file(
+        dir,
+        "store.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+             spec: {{backend: {backend}, dsn: \"{dsn}\"}}\n"
+        ),
+    );
+}
+
+/// Runs the custody binary.
+pub fn custody(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .output()
+        .expect("run custody")
+}
+
+/// Runs `custody sweep --once --dry-run -f DIR -o json` and returns the JSON, asserting success.
+pub fn sweep_json(dir: &Path) -> Value {
+    let out = custody(&[
+        "sweep",
+        "--once",
+        "--dry-run",
+        "-f",
+        dir.to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("sweep JSON")
+}
+
+/// thread id → (verdict, reason) of the first store's rows.
+pub fn verdicts(report: &Value) -> std::collections::BTreeMap<String, (String, String)> {
+    report["stores"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["thread_id"].as_str().unwrap().to_owned(),
+                (
+                    r["verdict"].as_str().unwrap().to_owned(),
+                    r["reason"].as_str().unwrap().to_owned(),
+                ),
+            )
+        })
+        .collect()
+}

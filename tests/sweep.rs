@@ -1,0 +1,224 @@
+//! `custody sweep` end to end: real LangGraph checkpoints (SQLite and PostgreSQL), a real MCP
+//! server in both protocol eras, the real binary.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use support::{BasketServer, Db};
+
+/// The verdicts every fixture thread must get (t-done is finished, so it is not reported).
+fn expected(manifest: &Value) -> BTreeMap<String, String> {
+    manifest["threads"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, t)| t["parked"] == Value::Bool(true))
+        .map(|(id, t)| (id.clone(), t["expected"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+fn assert_verdicts(report: &Value, manifest: &Value) {
+    let got = support::verdicts(report);
+    let want = expected(manifest);
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "parked threads"
+    );
+    for (thread, verdict) in &want {
+        assert_eq!(&got[thread].0, verdict, "{thread}: {:?}", got[thread]);
+    }
+    assert_eq!(
+        got["t-other-principal"].1,
+        "minted for principal user-1, thread now runs as user-2"
+    );
+    assert!(
+        got["t-expired"].1.contains("BASKET_EXPIRED"),
+        "{:?}",
+        got["t-expired"]
+    );
+    // t-updated was edited by update_state: the verdict is about its new handle, not the old one.
+    let updated = &report["stores"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["thread_id"] == "t-updated")
+        .unwrap();
+    assert_eq!(
+        updated["handle"],
+        manifest["threads"]["t-updated"]["handle"]
+    );
+    assert_eq!(updated["parked_by"], "edited");
+    // Probed: t-live, t-expired, t-updated. Not probed: principal mismatch, declared TTL, absent.
+    assert_eq!(report["stores"][0]["summary"]["probes"], 3);
+}
+
+fn protocol(report: &Value) -> String {
+    report["stores"][0]["servers"][0]["protocol_version"]
+        .as_str()
+        .unwrap_or("-")
+        .to_owned()
+}
+
+#[test]
+fn sqlite_checkpoints_in_both_protocol_eras() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    let manifest = support::write_fixtures(&server.url(), Db::Sqlite(&db));
+    let dsn = format!("sqlite://{}", db.display());
+
+    for (mode, era) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let res = tempfile::tempdir().unwrap();
+        support::basket_resources(res.path(), &server.url(), mode, "sqlite", &dsn);
+        let report = support::sweep_json(res.path());
+        assert_eq!(protocol(&report), era, "mode {mode}");
+        assert_verdicts(&report, &manifest);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_checkpoints_in_both_protocol_eras() {
+    let server = BasketServer::start(&[("BASKET_JSON_RESPONSE", "1")]);
+    let dsn = support::fresh_pg_database("sweep_eras").await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+
+    for (mode, era) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let res = tempfile::tempdir().unwrap();
+        support::basket_resources(res.path(), &server.url(), mode, "postgres", &dsn);
+        let report = support::sweep_json(res.path());
+        assert_eq!(protocol(&report), era, "mode {mode}");
+        assert_verdicts(&report, &manifest);
+    }
+}
+
+/// A probe that could not be completed is `unknown`, never `gone`: stop the server after the
+/// checkpoints are written and sweep again.
+#[test]
+fn server_down_is_unknown_never_gone() {
+    let mut server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    let manifest = support::write_fixtures(&server.url(), Db::Sqlite(&db));
+    support::basket_resources(
+        dir.path(),
+        &server.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    server.stop();
+
+    let report = support::sweep_json(dir.path());
+    let got = support::verdicts(&report);
+    for probed in ["t-live", "t-expired", "t-updated"] {
+        assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
+        assert!(
+            got[probed]
+                .1
+                .starts_with("probe failed: server basket: connect failed"),
+            "{:?}",
+            got[probed]
+        );
+    }
+    // What needs no round trip is still decided.
+    assert_eq!(got["t-other-principal"].0, "gone");
+    assert_eq!(got["t-ttl"].0, "ok");
+    assert_eq!(got["t-absent"].0, "absent");
+    assert_eq!(expected(&manifest).len(), got.len());
+    assert!(report["stores"][0]["servers"][0]["error"].is_string());
+}
+
+/// One handle held by many threads is probed once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shared_handle_is_probed_once() {
+    use sqlx::Connection;
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_fixtures(&server.url(), Db::Sqlite(&db));
+    // Fork t-live three times, as a graph copying a thread would: same state, same handle.
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    for copy in ["t-live-a", "t-live-b", "t-live-c"] {
+        for table in ["checkpoints", "writes"] {
+            let columns: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT name FROM pragma_table_info('{table}')"
+            )))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+            let select = columns
+                .iter()
+                .map(|c| {
+                    if c == "thread_id" {
+                        "?".to_owned()
+                    } else {
+                        c.clone()
+                    }
+                })
+                .collect::<Vec<_>>();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table} ({}) SELECT {} FROM {table} WHERE thread_id = 't-live'",
+                columns.join(", "),
+                select.join(", ")
+            )))
+            .bind(copy)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+    }
+    conn.close().await.unwrap();
+    support::basket_resources(
+        dir.path(),
+        &server.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let report = support::sweep_json(dir.path());
+    let got = support::verdicts(&report);
+    for t in ["t-live", "t-live-a", "t-live-b", "t-live-c"] {
+        assert_eq!(got[t].0, "ok", "{t}");
+    }
+    assert_eq!(
+        report["stores"][0]["summary"]["probes"], 3,
+        "four holders of one handle, one probe"
+    );
+}
+
+#[test]
+fn human_table_has_every_column_and_a_summary() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_fixtures(&server.url(), Db::Sqlite(&db));
+    support::basket_resources(
+        dir.path(),
+        &server.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let out = support::custody(&[
+        "sweep",
+        "--once",
+        "--dry-run",
+        "-f",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("THREAD") && text.contains("VERDICT") && text.contains("REASON"),
+        "{text}"
+    );
+    assert!(
+        text.contains("6 parked threads, 6 handles: 3 ok, 2 gone, 1 absent, 0 unknown; 3 probes"),
+        "{text}"
+    );
+}
