@@ -22,6 +22,32 @@ enum Command {
     Crd,
     /// Find parked threads, probe the handles they hold, and print a verdict for each.
     Sweep(SweepArgs),
+    /// List each MCPServer's tools and check its health.
+    Discover(DiscoverArgs),
+}
+
+#[derive(clap::Args)]
+struct DiscoverArgs {
+    /// Directory of resource YAML files (local mode): MCPServers and the Secrets they reference.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "DIR",
+        env = "CUSTODY_RESOURCES"
+    )]
+    dir: PathBuf,
+    /// Servers discovered at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Cap on tools/list pages per server.
+    #[arg(long, default_value_t = custody::mcp::discovery::DEFAULT_PAGE_CAP)]
+    page_cap: usize,
+    /// Cap on one response body or SSE event, in bytes.
+    #[arg(long, default_value_t = custody::mcp::DEFAULT_MAX_RESPONSE_BYTES)]
+    max_response_bytes: usize,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t)]
+    output: Format,
 }
 
 #[derive(clap::Args)]
@@ -73,7 +99,45 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Sweep(args) => sweep(args).await,
+        Command::Discover(args) => discover(args).await,
     }
+}
+
+async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
+    let resources = Resources::load(&args.dir)?;
+    let mut servers = resources.server_configs()?;
+    if servers.is_empty() {
+        anyhow::bail!("no MCPServer among the files in {}", args.dir.display());
+    }
+    for (cfg, _) in &mut servers {
+        cfg.max_response_bytes = args.max_response_bytes;
+    }
+    let results =
+        custody::mcp::discovery::discover_all(&servers, args.page_cap, args.concurrency).await;
+    let shown: Vec<report::Discovered<'_>> = servers
+        .iter()
+        .zip(&results)
+        .map(|((cfg, _), (catalog, health))| report::Discovered {
+            name: &cfg.name,
+            url: &cfg.url,
+            catalog,
+            health,
+            schedule: custody::mcp::discovery::Schedule::default(),
+        })
+        .collect();
+    let mut stdout = std::io::stdout().lock();
+    report::write_discovery(&mut stdout, &shown, args.output)?;
+    stdout.flush()?;
+    let failed: Vec<&str> = results
+        .iter()
+        .zip(&servers)
+        .filter(|((c, _), _)| c.is_err())
+        .map(|(_, (cfg, _))| cfg.name.as_str())
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!("discovery failed for {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 async fn sweep(args: SweepArgs) -> anyhow::Result<()> {

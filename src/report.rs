@@ -4,6 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::mcp::discovery::{Catalog, DiscoveryError, Health, Schedule};
 use crate::sweep::Report;
 
 /// Output format of CLI commands.
@@ -89,6 +90,140 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         s.duration_ms
     )?;
     writeln!(out)
+}
+
+/// One server's discovery outcome, as `custody discover` prints it.
+pub struct Discovered<'a> {
+    /// MCPServer name.
+    pub name: &'a str,
+    /// Endpoint.
+    pub url: &'a str,
+    /// The catalog, or why there is none.
+    pub catalog: &'a Result<Catalog, DiscoveryError>,
+    /// The health check.
+    pub health: &'a Health,
+    /// Re-discovery bounds.
+    pub schedule: Schedule,
+}
+
+/// Writes `custody discover` output.
+///
+/// # Errors
+/// Only I/O errors of `out`.
+pub fn write_discovery(
+    out: &mut dyn Write,
+    servers: &[Discovered<'_>],
+    format: Format,
+) -> std::io::Result<()> {
+    if format == Format::Json {
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Server<'a> {
+            name: &'a str,
+            url: &'a str,
+            catalog: Option<&'a Catalog>,
+            error: Option<String>,
+            health: &'a Health,
+            next_discovery_seconds: u64,
+        }
+        #[derive(Serialize)]
+        struct Doc<'a> {
+            servers: Vec<Server<'a>>,
+        }
+        let doc = Doc {
+            servers: servers
+                .iter()
+                .map(|d| Server {
+                    name: d.name,
+                    url: d.url,
+                    catalog: d.catalog.as_ref().ok(),
+                    error: d.catalog.as_ref().err().map(ToString::to_string),
+                    health: d.health,
+                    next_discovery_seconds: d
+                        .schedule
+                        .next(d.catalog.as_ref().ok().and_then(|c| c.ttl_ms))
+                        .as_secs(),
+                })
+                .collect(),
+        };
+        serde_json::to_writer_pretty(&mut *out, &doc)?;
+        return writeln!(out);
+    }
+    for d in servers {
+        let health = if d.health.healthy {
+            "healthy"
+        } else {
+            "unhealthy"
+        };
+        match d.catalog {
+            Err(e) => {
+                writeln!(out, "server {} ({})", d.name, d.url)?;
+                writeln!(out, "  discovery failed: {e}")?;
+            }
+            Ok(c) => {
+                writeln!(out, "server {} ({})", c.server, d.url)?;
+                writeln!(
+                    out,
+                    "  protocol {}  serverInfo {} {}  {} tools in {} page(s)  digest {}  {} ms",
+                    c.protocol_version.as_deref().unwrap_or("?"),
+                    c.server_name.as_deref().unwrap_or("?"),
+                    c.server_version.as_deref().unwrap_or("?"),
+                    c.tools.len(),
+                    c.pages,
+                    c.digest,
+                    c.latency_ms
+                )?;
+                let hints = match (c.ttl_ms, c.cache_scope) {
+                    (None, None) => "none (handshake era)".to_owned(),
+                    (ttl, scope) => format!(
+                        "ttlMs {} cacheScope {}",
+                        ttl.map_or("-".into(), |t| t.to_string()),
+                        scope.map_or(
+                            "-",
+                            |s| if s == crate::mcp::discovery::CacheScope::Private {
+                                "private"
+                            } else {
+                                "public"
+                            }
+                        )
+                    ),
+                };
+                writeln!(
+                    out,
+                    "  cache hints {hints}; next discovery in {}s",
+                    d.schedule.next(c.ttl_ms).as_secs()
+                )?;
+                let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
+                writeln!(
+                    tw,
+                    "  EXPOSED NAME\tTITLE\tREAD-ONLY\tDESTRUCTIVE\tIDEMPOTENT\tOPEN-WORLD\tINPUT\tOUTPUT"
+                )?;
+                for t in &c.tools {
+                    let a = t.annotations;
+                    writeln!(
+                        tw,
+                        "  {}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                        t.exposed_name,
+                        t.title.as_deref().unwrap_or("-"),
+                        a.read_only_hint,
+                        a.destructive_hint,
+                        a.idempotent_hint,
+                        a.open_world_hint,
+                        t.input_schema_digest,
+                        t.output_schema_digest.as_deref().unwrap_or("-"),
+                    )?;
+                }
+                tw.flush()?;
+            }
+        }
+        writeln!(
+            out,
+            "  health: {health} ({}, {} ms)",
+            d.health.reason, d.health.latency_ms
+        )?;
+        writeln!(out)?;
+    }
+    Ok(())
 }
 
 /// `42s`, `7m`, `3h`, `2d`: the largest whole unit, as kubectl prints ages.

@@ -224,6 +224,17 @@ impl Resources {
         })
     }
 
+    /// Every MCPServer with its Secrets resolved, and its `toolAllowlist`, in file order.
+    ///
+    /// # Errors
+    /// [`LoadError::Reference`] for a missing Secret or key.
+    pub fn server_configs(&self) -> Result<Vec<(ServerConfig, Vec<String>)>, LoadError> {
+        self.servers
+            .iter()
+            .map(|s| Ok((self.server_config(s)?, s.spec.tool_allowlist.clone())))
+            .collect()
+    }
+
     fn server_config(&self, server: &MCPServer) -> Result<ServerConfig, LoadError> {
         let ns = namespace(server);
         let mut headers: Vec<(String, SecretString)> = server

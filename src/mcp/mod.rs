@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, ProtocolVersion,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ClientRequest,
+    ContentBlock, Implementation, ListToolsResult, PaginatedRequestParams, PingRequest,
+    ProtocolVersion,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -31,6 +32,8 @@ use serde_json::{Map, Value};
 
 use crate::crd::ProtocolMode;
 use crate::domain::verdict::ProbeOutcome;
+
+pub mod discovery;
 
 /// Default cap on one JSON response or SSE event: 1 MiB, as the agent toolkit's
 /// `max_sse_event_size`.
@@ -163,7 +166,7 @@ impl Connection {
         })?
         .map_err(|e| McpError::Connect {
             server: cfg.name.clone(),
-            reason: e.to_string(),
+            reason: plain(&e),
         })?;
         Ok(Self {
             service,
@@ -179,6 +182,66 @@ impl Connection {
             .peer()
             .peer_info()
             .map(|i| i.protocol_version.to_string())
+    }
+
+    /// The server's name and version (`serverInfo`), when it sent them.
+    pub fn server_info(&self) -> Option<(String, String)> {
+        let info = self.service.peer().peer_info()?;
+        info.server_info
+            .as_ref()
+            .map(|i| (i.name.clone(), i.version.clone()))
+    }
+
+    /// Whether the negotiated era has the `initialize` handshake (and so `ping`).
+    pub fn is_handshake_era(&self) -> bool {
+        self.service
+            .peer()
+            .peer_info()
+            .is_some_and(|i| i.protocol_version.has_initialize())
+    }
+
+    /// One `tools/list` page, within the timeout.
+    ///
+    /// # Errors
+    /// [`McpError::Timeout`] or [`McpError::Request`].
+    pub async fn list_tools_page(
+        &self,
+        cursor: Option<String>,
+    ) -> Result<ListToolsResult, McpError> {
+        let params = PaginatedRequestParams::default().with_cursor(cursor);
+        tokio::time::timeout(self.timeout, self.service.peer().list_tools(Some(params)))
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: self.server.clone(),
+                step: "tools/list".into(),
+                after: self.timeout,
+            })?
+            .map_err(|e| McpError::Request {
+                server: self.server.clone(),
+                method: "tools/list".into(),
+                reason: plain(&e),
+            })
+    }
+
+    /// `ping` (handshake era only: 2026-07-28 removed it), within the timeout.
+    ///
+    /// # Errors
+    /// [`McpError::Timeout`] or [`McpError::Request`].
+    pub async fn ping(&self) -> Result<(), McpError> {
+        let request = ClientRequest::PingRequest(PingRequest::default());
+        tokio::time::timeout(self.timeout, self.service.peer().send_request(request))
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: self.server.clone(),
+                step: "ping".into(),
+                after: self.timeout,
+            })?
+            .map(|_| ())
+            .map_err(|e| McpError::Request {
+                server: self.server.clone(),
+                method: "ping".into(),
+                reason: plain(&e),
+            })
     }
 
     /// Calls a tool once (no MRTR rounds) within the timeout.
@@ -205,7 +268,7 @@ impl Connection {
                     step: format!("tools/call {tool}"),
                     after: self.timeout,
                 })?
-                .map_err(|e| request(e.to_string()))?;
+                .map_err(|e| request(plain(&e)))?;
         let CallToolResponse::Complete(result) = response else {
             return Err(request(
                 "the server asked for input or started a task; a probe must answer at once".into(),
@@ -254,6 +317,19 @@ impl From<Result<ToolResult, McpError>> for ProbeOutcome {
             },
             Err(e) => ProbeOutcome::Failed(e.to_string()),
         }
+    }
+}
+
+/// rmcp's transport errors embed the transport's full generic type name
+/// (`Transport [rmcp::transport::worker::WorkerTransport<…>] error: HTTP 500`); keep what a
+/// person needs, the part after it.
+fn plain(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    match (text.find("Transport ["), text.find("] error: ")) {
+        (Some(start), Some(end)) if start < end => {
+            format!("{}{}", &text[..start], &text[end + "] error: ".len()..])
+        }
+        _ => text,
     }
 }
 

@@ -220,3 +220,61 @@ pub fn verdicts(report: &Value) -> std::collections::BTreeMap<String, (String, S
         })
         .collect()
 }
+
+/// Any test server process on its own loopback port; killed when dropped.
+pub struct Peer {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl Peer {
+    /// `@modelcontextprotocol/server-everything` in streamable HTTP mode, bound to 127.0.0.1.
+    pub fn everything() -> Self {
+        let port = free_port();
+        let child = Command::new("node")
+            .args([
+                "-r",
+                &var("CUSTODY_TEST_NODE_LOOPBACK"),
+                &var("CUSTODY_TEST_EVERYTHING"),
+                "streamableHttp",
+            ])
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start server-everything");
+        let peer = Self { child, port };
+        wait_for_port(port, Duration::from_secs(30));
+        peer
+    }
+
+    /// tests/py/misbehaving_server.py with one `MISBEHAVE_CASE`.
+    pub fn misbehaving(case: &str) -> Self {
+        let port = free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
+        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("MISBEHAVE_PORT", port.to_string())
+            .env("MISBEHAVE_CASE", case)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start misbehaving_server.py");
+        let peer = Self { child, port };
+        wait_for_port(port, Duration::from_secs(30));
+        peer
+    }
+
+    /// Its MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

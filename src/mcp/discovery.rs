@@ -1,0 +1,571 @@
+//! Tool discovery and health checks.
+//!
+//! Discovery negotiates the era (see [`super::Connection::connect`]), pages through `tools/list`
+//! itself (rmcp's list-all helpers have no guard against a cursor that never advances), applies
+//! the server's `toolAllowlist`, and reduces each tool to what the controller reports: exposed
+//! name, annotations with the spec's defaults, and schema digests. Everything, from connect to the
+//! last page, runs under the server's one timeout.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use rmcp::model::{CacheScope as RmcpScope, Tool};
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{Connection, McpError, ServerConfig};
+
+/// Default cap on `tools/list` pages. A server with more than 100 pages of tools is more likely
+/// looping than large; the cap turns a slow leak into an error naming the server.
+pub const DEFAULT_PAGE_CAP: usize = 100;
+/// Longest exposed tool name, as the agent toolkit and most model APIs accept.
+pub const MAX_EXPOSED_NAME: usize = 64;
+
+/// A tool's behaviour hints, with the spec's defaults filled in (MCP 2025-11-25 and 2026-07-28
+/// `ToolAnnotations`: readOnlyHint false, destructiveHint true, idempotentHint false,
+/// openWorldHint true). Hints, not guarantees: a server can lie.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Annotations {
+    /// The tool does not modify its environment.
+    pub read_only_hint: bool,
+    /// A non-read-only tool may perform destructive updates.
+    pub destructive_hint: bool,
+    /// Repeating a call with the same arguments has no further effect.
+    pub idempotent_hint: bool,
+    /// The tool interacts with an open world of external entities.
+    pub open_world_hint: bool,
+}
+
+impl Annotations {
+    /// Whether the tool may write: anything not declared read-only.
+    pub fn may_write(&self) -> bool {
+        !self.read_only_hint
+    }
+}
+
+/// One discovered tool.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolInfo {
+    /// Name on the server.
+    pub name: String,
+    /// `<server>_<tool>`, the name agents see.
+    pub exposed_name: String,
+    /// Display title.
+    pub title: Option<String>,
+    /// Description.
+    pub description: Option<String>,
+    /// SHA-256 (hex, first 16 chars) of the canonical input schema.
+    pub input_schema_digest: String,
+    /// SHA-256 (hex, first 16 chars) of the canonical output schema, when declared.
+    pub output_schema_digest: Option<String>,
+    /// Behaviour hints with defaults applied.
+    pub annotations: Annotations,
+}
+
+/// Cache scope of a list result (SEP-2549).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheScope {
+    /// Shareable across callers.
+    Public,
+    /// Specific to the caller's authorization: publish its size and digest, never its names.
+    Private,
+}
+
+/// A server's catalog.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Catalog {
+    /// MCPServer name.
+    pub server: String,
+    /// Negotiated protocol version.
+    pub protocol_version: Option<String>,
+    /// `serverInfo.name`.
+    pub server_name: Option<String>,
+    /// `serverInfo.version`.
+    pub server_version: Option<String>,
+    /// Tools after the allowlist, sorted by name.
+    pub tools: Vec<ToolInfo>,
+    /// Smallest `ttlMs` over all pages; absent in the handshake era.
+    pub ttl_ms: Option<u64>,
+    /// `private` if any page was private; absent in the handshake era.
+    pub cache_scope: Option<CacheScope>,
+    /// SHA-256 (hex, first 16 chars) over every tool's name, schemas and annotations: changes
+    /// when any of them changes.
+    pub digest: String,
+    /// `tools/list` pages read.
+    pub pages: usize,
+    /// Connect, negotiation and listing, in milliseconds.
+    pub latency_ms: u64,
+}
+
+/// Why discovery failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// Talking to the server failed.
+    #[error(transparent)]
+    Mcp(#[from] McpError),
+    /// The whole discovery exceeded the server's timeout.
+    #[error("server {server}: discovery timed out after {after:?}")]
+    Timeout {
+        /// Server name.
+        server: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// `nextCursor` repeated a cursor already followed.
+    #[error(
+        "server {server}: tools/list returned cursor {cursor:?} again after {pages} pages; stopping"
+    )]
+    CursorLoop {
+        /// Server name.
+        server: String,
+        /// The repeated cursor (server data, bounded in length).
+        cursor: String,
+        /// Pages read.
+        pages: usize,
+    },
+    /// More pages than the cap.
+    #[error("server {server}: tools/list has more than {cap} pages; stopping")]
+    TooManyPages {
+        /// Server name.
+        server: String,
+        /// The cap.
+        cap: usize,
+    },
+    /// The allowlist names a tool the server does not offer.
+    #[error("server {server}: toolAllowlist names {tool:?}, which the server does not offer")]
+    NotOffered {
+        /// Server name.
+        server: String,
+        /// The missing tool.
+        tool: String,
+    },
+    /// A tool's exposed name breaks the naming rules.
+    #[error(
+        "server {server}: tool {tool:?} would be exposed as {exposed:?}, which is not 1-64 letters, digits, _ or -"
+    )]
+    ToolName {
+        /// Server name.
+        server: String,
+        /// The tool's name on the server.
+        tool: String,
+        /// `<server>_<tool>`.
+        exposed: String,
+    },
+}
+
+impl DiscoveryError {
+    /// A bounded category for metric labels and Event reasons.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Mcp(McpError::Config { .. }) => "config",
+            Self::Mcp(McpError::Timeout { .. }) | Self::Timeout { .. } => "timeout",
+            Self::Mcp(McpError::Connect { .. }) => "connect",
+            Self::Mcp(McpError::Request { .. }) => "request",
+            Self::CursorLoop { .. } | Self::TooManyPages { .. } => "pagination",
+            Self::NotOffered { .. } => "allowlist",
+            Self::ToolName { .. } => "tool_name",
+        }
+    }
+}
+
+/// Discovers one server's tools; everything runs under `cfg.timeout`.
+///
+/// # Errors
+/// See [`DiscoveryError`].
+pub async fn discover(
+    cfg: &ServerConfig,
+    allowlist: &[String],
+    page_cap: usize,
+) -> Result<Catalog, DiscoveryError> {
+    let started = Instant::now();
+    let timeout = || DiscoveryError::Timeout {
+        server: cfg.name.clone(),
+        after: cfg.timeout,
+    };
+    let (conn, tools, pages, ttl_ms, scope) = tokio::time::timeout(cfg.timeout, async {
+        let conn = Connection::connect(cfg).await?;
+        let (tools, pages, ttl_ms, scope) = list_all(&conn, cfg, page_cap).await?;
+        Ok::<_, DiscoveryError>((conn, tools, pages, ttl_ms, scope))
+    })
+    .await
+    .map_err(|_| timeout())??;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let protocol_version = conn.protocol_version();
+    let info = conn.server_info();
+    conn.close().await;
+    catalog(
+        cfg,
+        allowlist,
+        tools,
+        pages,
+        ttl_ms,
+        scope,
+        protocol_version,
+        info,
+        latency_ms,
+    )
+}
+
+type Pages = (Vec<Tool>, usize, Option<u64>, Option<CacheScope>);
+
+async fn list_all(
+    conn: &Connection,
+    cfg: &ServerConfig,
+    page_cap: usize,
+) -> Result<Pages, DiscoveryError> {
+    let mut tools = Vec::new();
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    let mut ttl_ms: Option<u64> = None;
+    let mut scope: Option<CacheScope> = None;
+    loop {
+        if pages == page_cap {
+            return Err(DiscoveryError::TooManyPages {
+                server: cfg.name.clone(),
+                cap: page_cap,
+            });
+        }
+        let page = conn.list_tools_page(cursor.clone()).await?;
+        pages += 1;
+        ttl_ms = match (ttl_ms, page.ttl_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        scope = match (scope, page.cache_scope) {
+            (Some(CacheScope::Private), _) | (_, Some(RmcpScope::Private)) => {
+                Some(CacheScope::Private)
+            }
+            (s, None) => s,
+            (s, Some(_)) => Some(s.unwrap_or(CacheScope::Public)),
+        };
+        tools.extend(page.tools);
+        match page.next_cursor {
+            None => return Ok((tools, pages, ttl_ms, scope)),
+            Some(next) => {
+                if !seen.insert(next.clone()) {
+                    let shown: String = next.chars().take(64).collect();
+                    return Err(DiscoveryError::CursorLoop {
+                        server: cfg.name.clone(),
+                        cursor: shown,
+                        pages,
+                    });
+                }
+                cursor = Some(next);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the arguments
+fn catalog(
+    cfg: &ServerConfig,
+    allowlist: &[String],
+    tools: Vec<Tool>,
+    pages: usize,
+    ttl_ms: Option<u64>,
+    cache_scope: Option<CacheScope>,
+    protocol_version: Option<String>,
+    info: Option<(String, String)>,
+    latency_ms: u64,
+) -> Result<Catalog, DiscoveryError> {
+    let offered: BTreeMap<String, Tool> =
+        tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+    for name in allowlist {
+        if !offered.contains_key(name) {
+            return Err(DiscoveryError::NotOffered {
+                server: cfg.name.clone(),
+                tool: name.clone(),
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for (name, tool) in offered {
+        if !allowlist.is_empty() && !allowlist.contains(&name) {
+            continue;
+        }
+        let exposed = exposed_name(&cfg.name, &name).ok_or_else(|| DiscoveryError::ToolName {
+            server: cfg.name.clone(),
+            tool: name.clone(),
+            exposed: format!("{}_{name}", cfg.name),
+        })?;
+        out.push(tool_info(&tool, exposed));
+    }
+    let digest = catalog_digest(&out);
+    let (server_name, server_version) = info.unzip();
+    Ok(Catalog {
+        server: cfg.name.clone(),
+        protocol_version,
+        server_name,
+        server_version,
+        tools: out,
+        ttl_ms,
+        cache_scope,
+        digest,
+        pages,
+        latency_ms,
+    })
+}
+
+/// `<server>_<tool>` when it is 1–64 characters of letters, digits, `_` and `-` (the agent
+/// toolkit's rule, which model APIs impose on function names).
+pub fn exposed_name(server: &str, tool: &str) -> Option<String> {
+    let name = format!("{server}_{tool}");
+    let ok = name.len() <= MAX_EXPOSED_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    ok.then_some(name)
+}
+
+fn tool_info(tool: &Tool, exposed_name: String) -> ToolInfo {
+    let a = tool.annotations.as_ref();
+    ToolInfo {
+        name: tool.name.to_string(),
+        exposed_name,
+        title: tool
+            .title
+            .clone()
+            .or_else(|| a.and_then(|a| a.title.clone())),
+        description: tool.description.as_ref().map(|d| d.to_string()),
+        input_schema_digest: digest_json(&Value::Object((*tool.input_schema).clone())),
+        output_schema_digest: tool
+            .output_schema
+            .as_ref()
+            .map(|s| digest_json(&Value::Object((**s).clone()))),
+        annotations: Annotations {
+            read_only_hint: a.and_then(|a| a.read_only_hint).unwrap_or(false),
+            destructive_hint: a.and_then(|a| a.destructive_hint).unwrap_or(true),
+            idempotent_hint: a.and_then(|a| a.idempotent_hint).unwrap_or(false),
+            open_world_hint: a.and_then(|a| a.open_world_hint).unwrap_or(true),
+        },
+    }
+}
+
+fn catalog_digest(tools: &[ToolInfo]) -> String {
+    let mut h = Sha256::new();
+    for t in tools {
+        let a = t.annotations;
+        h.update(format!(
+            "{}\0{}\0{}\0{}{}{}{}\n",
+            t.name,
+            t.input_schema_digest,
+            t.output_schema_digest.as_deref().unwrap_or("-"),
+            u8::from(a.read_only_hint),
+            u8::from(a.destructive_hint),
+            u8::from(a.idempotent_hint),
+            u8::from(a.open_world_hint),
+        ));
+    }
+    hex::encode(h.finalize())[..16].to_owned()
+}
+
+/// SHA-256 of JSON with object keys sorted at every level, so the digest does not depend on the
+/// order a server happens to write keys in.
+fn digest_json(v: &Value) -> String {
+    fn canonical(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    canonical(&map[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut text = String::new();
+    canonical(v, &mut text);
+    hex::encode(Sha256::digest(text.as_bytes()))[..16].to_owned()
+}
+
+/// The result of a health check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    /// MCPServer name.
+    pub server: String,
+    /// Whether the server answered.
+    pub healthy: bool,
+    /// `server/discover answered`, `ping answered`, or the failure.
+    pub reason: String,
+    /// Time to the answer, in milliseconds.
+    pub latency_ms: u64,
+}
+
+/// Checks that a server answers: in the 2026-07-28 era connecting *is* `server/discover` (the
+/// era's health check, since `ping` was removed); in the handshake era, `initialize` then `ping`.
+/// All within `cfg.timeout`.
+pub async fn check_health(cfg: &ServerConfig) -> Health {
+    let started = Instant::now();
+    let result = tokio::time::timeout(cfg.timeout, async {
+        let conn = Connection::connect(cfg).await?;
+        let reason = if conn.is_handshake_era() {
+            conn.ping().await?;
+            "ping answered"
+        } else {
+            "server/discover answered"
+        };
+        conn.close().await;
+        Ok::<_, McpError>(reason)
+    })
+    .await;
+    let (healthy, reason) = match result {
+        Ok(Ok(reason)) => (true, reason.to_owned()),
+        Ok(Err(e)) => (false, e.to_string()),
+        Err(_) => (
+            false,
+            format!(
+                "server {}: health check timed out after {:?}",
+                cfg.name, cfg.timeout
+            ),
+        ),
+    };
+    Health {
+        server: cfg.name.clone(),
+        healthy,
+        reason,
+        latency_ms: started.elapsed().as_millis() as u64,
+    }
+}
+
+/// Bounds on the re-discovery interval.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Never sooner than this, whatever `ttlMs` says (protects servers that answer `ttlMs: 0`).
+    pub min: Duration,
+    /// Never later than this, so a changed catalog is noticed eventually.
+    pub max: Duration,
+    /// Without a cache hint (the handshake era carries none).
+    pub default: Duration,
+}
+
+impl Default for Schedule {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_secs(30),
+            max: Duration::from_secs(3600),
+            default: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Schedule {
+    /// When to discover again after a catalog with this `ttlMs`.
+    pub fn next(&self, ttl_ms: Option<u64>) -> Duration {
+        ttl_ms
+            .map_or(self.default, Duration::from_millis)
+            .clamp(self.min, self.max)
+    }
+}
+
+/// Discovers many servers, at most `concurrency` at once; results in input order. A server that
+/// hangs costs its own timeout and delays no other.
+pub async fn discover_all(
+    servers: &[(ServerConfig, Vec<String>)],
+    page_cap: usize,
+    concurrency: usize,
+) -> Vec<(Result<Catalog, DiscoveryError>, Health)> {
+    futures::stream::iter(servers)
+        .map(|(cfg, allowlist)| async move {
+            let (catalog, health) =
+                tokio::join!(discover(cfg, allowlist, page_cap), check_health(cfg));
+            (catalog, health)
+        })
+        .buffered(concurrency.max(1))
+        .collect()
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn exposed_names() {
+        assert_eq!(
+            exposed_name("billing", "create_basket").as_deref(),
+            Some("billing_create_basket")
+        );
+        assert_eq!(
+            exposed_name("b", "get-structured-content").as_deref(),
+            Some("b_get-structured-content")
+        );
+        assert_eq!(exposed_name("b", "has space"), None);
+        assert_eq!(exposed_name("b", "dotted.name"), None);
+        assert_eq!(
+            exposed_name("b", &"x".repeat(62)),
+            Some(format!("b_{}", "x".repeat(62)))
+        );
+        assert_eq!(exposed_name("b", &"x".repeat(63)), None);
+    }
+
+    #[test]
+    fn digests_ignore_key_order_but_not_content() {
+        let a = digest_json(
+            &json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {}}}),
+        );
+        let b = digest_json(
+            &json!({"properties": {"b": {}, "a": {"type": "string"}}, "type": "object"}),
+        );
+        let c = digest_json(
+            &json!({"properties": {"b": {}, "a": {"type": "integer"}}, "type": "object"}),
+        );
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn annotation_defaults_follow_the_spec() {
+        let tool: Tool =
+            serde_json::from_value(json!({"name": "t", "inputSchema": {"type": "object"}}))
+                .unwrap();
+        let info = tool_info(&tool, "s_t".into());
+        assert_eq!(
+            info.annotations,
+            Annotations {
+                read_only_hint: false,
+                destructive_hint: true,
+                idempotent_hint: false,
+                open_world_hint: true
+            }
+        );
+        assert!(info.annotations.may_write());
+    }
+
+    #[test]
+    fn schedule_follows_ttl_within_bounds() {
+        let s = Schedule::default();
+        assert_eq!(s.next(None), Duration::from_secs(300));
+        assert_eq!(s.next(Some(0)), Duration::from_secs(30));
+        assert_eq!(s.next(Some(60_000)), Duration::from_secs(60));
+        assert_eq!(s.next(Some(u64::MAX / 2)), Duration::from_secs(3600));
+    }
+}

@@ -1,0 +1,311 @@
+//! Discovery and health checks against real MCP servers of several implementations, and against
+//! servers that misbehave on purpose.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use custody::crd::ProtocolMode;
+use custody::mcp::ServerConfig;
+use custody::mcp::discovery::{self, CacheScope, DEFAULT_PAGE_CAP};
+use support::{BasketServer, Peer};
+
+fn config(name: &str, url: &str, mode: ProtocolMode, timeout: Duration) -> ServerConfig {
+    ServerConfig {
+        name: name.into(),
+        url: url.into(),
+        headers: vec![],
+        timeout,
+        mode,
+        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+    }
+}
+
+const BASKET_TOOLS: [&str; 5] = [
+    "add_item",
+    "count_baskets",
+    "create_basket",
+    "delete_basket",
+    "get_basket",
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_server_in_both_eras_json_and_sse_paginated() {
+    for json in ["0", "1"] {
+        let server = BasketServer::start(&[
+            ("BASKET_TOOLS_PAGE_SIZE", "2"),
+            ("BASKET_JSON_RESPONSE", json),
+            ("BASKET_LIST_TTL_MS", "45000"),
+            ("BASKET_LIST_CACHE_SCOPE", "private"),
+        ]);
+        for (mode, era) in [
+            (ProtocolMode::Auto, "2026-07-28"),
+            (ProtocolMode::Legacy, "2025-11-25"),
+        ] {
+            let cfg = config("basket", &server.url(), mode, Duration::from_secs(10));
+            let c = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+                .await
+                .unwrap();
+            let what = format!("json={json} mode={mode:?}");
+            assert_eq!(c.protocol_version.as_deref(), Some(era), "{what}");
+            assert_eq!(c.server_name.as_deref(), Some("basket-server"), "{what}");
+            assert_eq!(c.pages, 3, "5 tools, 2 per page: {what}");
+            let names: Vec<&str> = c.tools.iter().map(|t| t.name.as_str()).collect();
+            assert_eq!(names, BASKET_TOOLS, "{what}");
+            let get = c.tools.iter().find(|t| t.name == "get_basket").unwrap();
+            assert_eq!(get.exposed_name, "basket_get_basket");
+            assert!(get.annotations.read_only_hint && !get.annotations.may_write());
+            assert!(
+                c.tools
+                    .iter()
+                    .find(|t| t.name == "delete_basket")
+                    .unwrap()
+                    .annotations
+                    .destructive_hint
+            );
+            if mode == ProtocolMode::Auto {
+                assert_eq!(
+                    (c.ttl_ms, c.cache_scope),
+                    (Some(45000), Some(CacheScope::Private)),
+                    "{what}"
+                );
+            } else {
+                assert_eq!(
+                    (c.ttl_ms, c.cache_scope),
+                    (None, None),
+                    "handshake era has no cache hints"
+                );
+            }
+            let health = discovery::check_health(&cfg).await;
+            assert!(health.healthy, "{what}: {health:?}");
+            let expected_reason = if mode == ProtocolMode::Auto {
+                "server/discover answered"
+            } else {
+                "ping answered"
+            };
+            assert_eq!(health.reason, expected_reason);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allowlist_and_catalog_digest() {
+    let server = BasketServer::start(&[]);
+    let cfg = config(
+        "basket",
+        &server.url(),
+        ProtocolMode::Auto,
+        Duration::from_secs(10),
+    );
+    let all = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap();
+    let allow = vec!["get_basket".to_owned(), "create_basket".to_owned()];
+    let some = discovery::discover(&cfg, &allow, DEFAULT_PAGE_CAP)
+        .await
+        .unwrap();
+    assert_eq!(some.tools.len(), 2);
+    assert_ne!(
+        all.digest, some.digest,
+        "a different tool set is a different catalog"
+    );
+    assert_eq!(
+        all.digest,
+        discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+            .await
+            .unwrap()
+            .digest,
+        "stable"
+    );
+    let err = discovery::discover(&cfg, &["refund".to_owned()], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "server basket: toolAllowlist names \"refund\", which the server does not offer"
+    );
+    let long = config(
+        &"s".repeat(60),
+        &server.url(),
+        ProtocolMode::Auto,
+        Duration::from_secs(10),
+    );
+    let err = discovery::discover(&long, &[], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), "tool_name", "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typescript_server_everything_falls_back_to_the_handshake() {
+    let peer = Peer::everything();
+    let cfg = config(
+        "everything",
+        &peer.url(),
+        ProtocolMode::Auto,
+        Duration::from_secs(15),
+    );
+    let c = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap();
+    assert_eq!(c.protocol_version.as_deref(), Some("2025-11-25"));
+    assert!(c.tools.iter().any(|t| t.name == "echo"), "{:?}", c.tools);
+    assert!(
+        c.tools
+            .iter()
+            .all(|t| t.exposed_name.starts_with("everything_"))
+    );
+    assert_eq!((c.ttl_ms, c.cache_scope), (None, None));
+    let health = discovery::check_health(&cfg).await;
+    assert!(
+        health.healthy && health.reason == "ping answered",
+        "{health:?}"
+    );
+}
+
+/// Five servers, one of which never answers: the run takes about the hung server's timeout, not
+/// the sum, and the other four finish. Measured against a baseline of the four alone, in the
+/// same test, so machine speed cancels out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hanging_server_costs_only_its_own_timeout() {
+    let good: Vec<BasketServer> = (0..4).map(|_| BasketServer::start(&[])).collect();
+    let hang = Peer::misbehaving("hang");
+    let hung_timeout = Duration::from_secs(3);
+    let mut servers: Vec<(ServerConfig, Vec<String>)> = good
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            (
+                config(
+                    &format!("good{i}"),
+                    &s.url(),
+                    ProtocolMode::Auto,
+                    Duration::from_secs(20),
+                ),
+                vec![],
+            )
+        })
+        .collect();
+
+    let started = Instant::now();
+    let baseline = discovery::discover_all(&servers, DEFAULT_PAGE_CAP, 8).await;
+    let baseline_time = started.elapsed();
+    assert!(baseline.iter().all(|(c, h)| c.is_ok() && h.healthy));
+
+    servers.insert(
+        2,
+        (
+            config("hung", &hang.url(), ProtocolMode::Auto, hung_timeout),
+            vec![],
+        ),
+    );
+    let started = Instant::now();
+    let results = discovery::discover_all(&servers, DEFAULT_PAGE_CAP, 8).await;
+    let elapsed = started.elapsed();
+
+    assert_eq!(results.iter().filter(|(c, _)| c.is_ok()).count(), 4);
+    let (hung, health) = &results[2];
+    assert_eq!(hung.as_ref().unwrap_err().category(), "timeout");
+    assert!(!health.healthy);
+    let share = elapsed.saturating_sub(baseline_time);
+    assert!(
+        share <= hung_timeout + Duration::from_secs(1),
+        "the hung server added {share:?} (run {elapsed:?}, baseline {baseline_time:?}); its timeout is {hung_timeout:?}"
+    );
+}
+
+#[test]
+fn discover_cli_prints_the_catalog_and_never_a_header_value() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: {}\n  headers: {{X-Tenant: literal-s3cr3t}}\n  headersFrom:\n  - name: Authorization\n    secretKeyRef: {{name: token, key: value}}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: token}}\nstringData: {{value: Bearer from-secret-s3cr3t}}\n",
+            server.url()
+        ),
+    );
+    for format in ["table", "json"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(["discover", "-f", dir.path().to_str().unwrap(), "-o", format])
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(stdout.contains("basket_get_basket"), "{stdout}");
+        for secret in ["literal-s3cr3t", "from-secret-s3cr3t"] {
+            assert!(
+                !stdout.contains(secret) && !stderr.contains(secret),
+                "{secret} leaked in {format} output or trace logs"
+            );
+        }
+    }
+}
+
+/// Each misbehaviour ends in its own clear error or the right result, within the server's
+/// timeout (plus a margin): never a crash, never a hang.
+#[tokio::test(flavor = "multi_thread")]
+async fn misbehaving_servers_fail_cleanly() {
+    let timeout = Duration::from_secs(4);
+    // (case, Ok(()) for a correct catalog or Err(category), a fragment of the error text)
+    let cases: [(&str, Result<(), &str>, &str); 15] = [
+        ("ok", Ok(()), ""),
+        ("notifications_first", Ok(()), ""),
+        ("forget_session", Ok(()), ""),
+        // rmcp re-initializes only on 404; the TypeScript SDK's 400 for a stale session is bounded
+        // by the timeout instead (README, "The MCP client").
+        ("stale_session_400", Err("timeout"), "timed out"),
+        ("hang", Err("timeout"), "timed out"),
+        ("hang_after_init", Err("timeout"), "timed out"),
+        ("invalid_json", Err("request"), ""),
+        ("huge_event", Err("request"), ""),
+        ("cursor_loop", Err("pagination"), "again after"),
+        ("jsonrpc_error", Err("request"), "internal error"),
+        ("http_500", Err("request"), "500"),
+        ("drop_mid_stream", Err("timeout"), "timed out"),
+        ("slow_bytes", Err("timeout"), "timed out"),
+        ("wrong_id", Err("request"), "closed"),
+        ("invalid_utf8", Err("request"), ""),
+    ];
+    let peers: Vec<Peer> = cases
+        .iter()
+        .map(|(case, _, _)| Peer::misbehaving(case))
+        .collect();
+    let runs = cases
+        .iter()
+        .zip(&peers)
+        .map(|((case, _, _), peer)| async move {
+            let cfg = config(case, &peer.url(), ProtocolMode::Auto, timeout);
+            let started = Instant::now();
+            let result = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP).await;
+            (result, started.elapsed())
+        });
+    let results = futures::future::join_all(runs).await;
+    let mut report = Vec::new();
+    for ((case, want, fragment), (result, elapsed)) in cases.iter().zip(results) {
+        let got = match &result {
+            Ok(c) => format!("ok: {} tools", c.tools.len()),
+            Err(e) => {
+                assert!(
+                    !e.to_string().contains("WorkerTransport"),
+                    "internal type names in {e}"
+                );
+                format!("{}: {e}", e.category())
+            }
+        };
+        let fine = match (want, &result) {
+            (Ok(()), Ok(c)) => !c.tools.is_empty(),
+            (Err(cat), Err(e)) => e.category() == *cat && e.to_string().contains(fragment),
+            _ => false,
+        } && elapsed <= timeout + Duration::from_secs(2);
+        report.push(format!(
+            "{} {case}: {got} in {elapsed:?}",
+            if fine { "PASS" } else { "FAIL" }
+        ));
+    }
+    let text = report.join("\n");
+    assert!(!text.contains("FAIL"), "\n{text}");
+}
