@@ -12,6 +12,8 @@
 //! [`domain`] is pure and imports neither kube, sqlx nor rmcp.
 
 pub mod checkpoint;
+pub mod cluster;
+pub mod controller;
 pub mod crd;
 pub mod domain;
 pub mod local;

@@ -24,6 +24,8 @@ enum Command {
     Sweep(SweepArgs),
     /// List each MCPServer's tools and check its health.
     Discover(DiscoverArgs),
+    /// Run the Kubernetes controller (in a cluster, or out of cluster with a kubeconfig).
+    Controller(custody::controller::Options),
 }
 
 #[derive(clap::Args)]
@@ -58,9 +60,15 @@ struct SweepArgs {
         short = 'f',
         long = "filename",
         value_name = "DIR",
-        env = "CUSTODY_RESOURCES"
+        env = "CUSTODY_RESOURCES",
+        required_unless_present = "store",
+        conflicts_with = "store"
     )]
-    dir: PathBuf,
+    dir: Option<PathBuf>,
+    /// Sweep one CheckpointStore of the cluster (`namespace/name`), reading its resources from
+    /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    store: Option<String>,
     /// Run one sweep and exit. (Sweeps are scheduled by the controller in a cluster.)
     #[arg(long)]
     once: bool,
@@ -100,6 +108,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Sweep(args) => sweep(args).await,
         Command::Discover(args) => discover(args).await,
+        Command::Controller(opts) => custody::controller::run(opts).await,
     }
 }
 
@@ -141,14 +150,26 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
 }
 
 async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
-    let resources = Resources::load(&args.dir)?;
-    let targets = resources.targets()?;
-    if targets.is_empty() {
-        anyhow::bail!(
-            "no CheckpointStore among the files in {}",
-            args.dir.display()
-        );
-    }
+    let cluster = match &args.store {
+        Some(store) => {
+            let (ns, name) = custody::cluster::parse_ref(store).map_err(anyhow::Error::msg)?;
+            Some((kube::Client::try_default().await?, ns, name))
+        }
+        None => None,
+    };
+    let targets = match (&cluster, &args.dir) {
+        (Some((client, ns, name)), _) => {
+            vec![custody::cluster::store_target(client, ns, name).await?]
+        }
+        (None, Some(dir)) => {
+            let targets = Resources::load(dir)?.targets()?;
+            if targets.is_empty() {
+                anyhow::bail!("no CheckpointStore among the files in {}", dir.display());
+            }
+            targets
+        }
+        (None, None) => unreachable!("clap requires --filename or --store"),
+    };
     let now = chrono::Utc::now();
     let mut reports = Vec::new();
     let mut failures = Vec::new();
@@ -157,6 +178,11 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             Ok(r) => reports.push(r),
             Err(e) => failures.push(e.to_string()),
         }
+    }
+    if let Some((client, ns, name)) = &cluster
+        && let Some(r) = reports.first()
+    {
+        custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
     }
     let mut stdout = std::io::stdout().lock();
     report::write_sweep(&mut stdout, &reports, args.output)?;

@@ -48,10 +48,18 @@ pub struct CheckpointStoreSpec {
     #[serde(default)]
     pub min_parked_seconds: u64,
 
+    /// Cron schedule of the sweep CronJob the controller creates, e.g. `*/15 * * * *`.
+    #[serde(default = "default_schedule")]
+    pub schedule: String,
+
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
     /// selects all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handle_class_selector: Option<LabelSelector>,
+}
+
+fn default_schedule() -> String {
+    "*/15 * * * *".into()
 }
 
 fn default_principal_key() -> String {

@@ -101,7 +101,49 @@ pub struct MCPServerStatus {
     /// Negotiated protocol version, e.g. `2026-07-28` or `2025-11-25`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol_version: Option<String>,
+    /// The server's `serverInfo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_info: Option<ServerInfo>,
     /// Number of tools after the allowlist.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_count: Option<u32>,
+    /// Digest of the catalog (names, schemas, annotations); changes when any of them changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog_digest: Option<String>,
+    /// `public` or `private` (2026-07-28 `cacheScope`). A private catalog is caller-specific: its
+    /// tool names are never published here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_scope: Option<String>,
+    /// The tools, unless the catalog is private.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolStatus>,
+    /// When the catalog was last listed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_discovery_time: Option<String>,
+    /// When health was last checked (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_health_check_time: Option<String>,
+    /// Failed discoveries or health checks in a row.
+    #[serde(default)]
+    pub consecutive_failures: u32,
+}
+
+/// `serverInfo` of an MCP server.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerInfo {
+    /// `serverInfo.name`.
+    pub name: String,
+    /// `serverInfo.version`.
+    pub version: String,
+}
+
+/// One tool as published in status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolStatus {
+    /// `<server>_<tool>`.
+    pub exposed_name: String,
+    /// Behaviour hints with the spec's defaults applied.
+    pub annotations: crate::mcp::discovery::Annotations,
 }

@@ -4,12 +4,14 @@
 //! name and the category `custody`, so `kubectl get custody` lists them all. `custody crd` prints
 //! [`all`]; the committed `crds/` directory must equal that output (a test checks it).
 
+mod agent_assignment;
 mod checkpoint_store;
 mod handle_class;
 mod mcp_server;
 mod schema;
 pub mod validate;
 
+pub use agent_assignment::*;
 pub use checkpoint_store::*;
 pub use handle_class::*;
 pub use mcp_server::*;
@@ -25,7 +27,12 @@ pub const VERSION: &str = "v1alpha1";
 
 /// Every CRD custody defines, in a stable order (the order of `crds/`).
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![MCPServer::crd(), HandleClass::crd(), CheckpointStore::crd()]
+    vec![
+        MCPServer::crd(),
+        AgentAssignment::crd(),
+        HandleClass::crd(),
+        CheckpointStore::crd(),
+    ]
 }
 
 /// Renders CRDs as one multi-document YAML stream, the format of `custody crd` and `crds/`.

@@ -125,6 +125,53 @@ pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     Ok(())
 }
 
+/// An alias of the agent toolkit: starts with a letter; letters, digits, `_`, `-`; at most 32.
+pub fn alias(alias: &str) -> Result<(), String> {
+    let mut chars = alias.chars();
+    let starts = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
+    let rest = alias
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if starts && rest && alias.len() <= 32 {
+        Ok(())
+    } else {
+        Err(format!(
+            "alias {alias:?} must start with a letter, hold only letters, digits, _ and -, and be at most 32 characters"
+        ))
+    }
+}
+
+/// Validates an AgentAssignment spec on its own (references are checked by the controller).
+///
+/// # Errors
+/// A bad alias, or one server or alias assigned twice (the agent service refuses both).
+pub fn agent_assignment(spec: &super::AgentAssignmentSpec) -> Result<(), FieldError> {
+    let mut seen_servers = std::collections::HashSet::new();
+    let mut seen_aliases = std::collections::HashSet::new();
+    for (i, s) in spec.servers.iter().enumerate() {
+        if s.server_ref.is_empty() {
+            return Err(err(
+                format!("spec.servers[{i}].serverRef"),
+                "must name an MCPServer",
+            ));
+        }
+        alias(s.alias()).map_err(|m| err(format!("spec.servers[{i}].alias"), m))?;
+        if !seen_servers.insert(s.server_ref.as_str()) {
+            return Err(err(
+                format!("spec.servers[{i}].serverRef"),
+                format!("server {} is assigned twice", s.server_ref),
+            ));
+        }
+        if !seen_aliases.insert(s.alias()) {
+            return Err(err(
+                format!("spec.servers[{i}].alias"),
+                format!("alias {} is used twice", s.alias()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -175,7 +175,13 @@ impl Resources {
         let dsn = match (&store.spec.dsn, &store.spec.dsn_from) {
             (Some(dsn), _) => SecretString::from(dsn.clone()),
             (None, Some(r)) => self.secret(&label(store), "spec.dsnFrom", &ns, r)?,
-            (None, None) => unreachable!("validated: exactly one of dsn and dsnFrom"),
+            (None, None) => {
+                return Err(LoadError::Reference {
+                    resource: label(store),
+                    field: "spec.dsn".into(),
+                    message: "set exactly one of dsn and dsnFrom".into(),
+                });
+            }
         };
         let mut classes = Vec::new();
         for class in self.classes.iter().filter(|c| namespace(*c) == ns) {
@@ -211,7 +217,13 @@ impl Resources {
                 field: "spec.serverRef".into(),
                 message: format!("no MCPServer {:?} in namespace {ns}", class.spec.server_ref),
             })?;
-        let (template, gone) = validate::handle_class(&class.spec).expect("validated when loaded");
+        // Files are validated when loaded; objects from the API server are validated here.
+        let (template, gone) =
+            validate::handle_class(&class.spec).map_err(|e| LoadError::Reference {
+                resource: label(class),
+                field: e.field,
+                message: e.message,
+            })?;
         Ok(ClassPlan {
             name: class.name_any(),
             state_path: class.spec.state_path.clone(),

@@ -1,0 +1,171 @@
+//! Reading custody's resources from the Kubernetes API: the in-cluster counterpart of
+//! [`crate::local`]. Objects are gathered into a [`Resources`] so both modes resolve references,
+//! Secrets and validation the same way.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, SweepSummary};
+use crate::local::{LoadError, Resources};
+use crate::mcp::ServerConfig;
+use crate::sweep::Target;
+
+/// Field manager of the sweep's status writes; the controller writes conditions under its own,
+/// so server-side apply keeps both.
+pub const SWEEP_FIELD_MANAGER: &str = "custody-sweep";
+
+/// Why cluster resources could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// An API call failed.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being read or written.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The resources do not fit together.
+    #[error(transparent)]
+    Resources(#[from] LoadError),
+}
+
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Api { what, source }
+}
+
+/// Fetches the Secrets named by `refs` in `ns`; a Secret that does not exist is left out, so
+/// resolution reports it by name and key.
+///
+/// # Errors
+/// Any API error other than 404.
+pub async fn secrets<'a>(
+    client: &Client,
+    ns: &str,
+    refs: impl IntoIterator<Item = &'a SecretKeyRef>,
+) -> Result<Vec<Secret>, ClusterError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let mut names: Vec<&str> = refs.into_iter().map(|r| r.name.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut out = Vec::new();
+    for name in names {
+        if let Some(s) = api
+            .get_opt(name)
+            .await
+            .map_err(api_err(format!("get Secret {ns}/{name}")))?
+        {
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves one MCPServer's connection settings, reading its `headersFrom` Secrets now (so a
+/// rotated Secret is used at the next discovery, without a restart).
+///
+/// # Errors
+/// A missing Secret or key, or an API error.
+pub async fn server_config(
+    client: &Client,
+    server: &MCPServer,
+) -> Result<(ServerConfig, Vec<String>), ClusterError> {
+    let ns = server.namespace().unwrap_or_default();
+    let secrets = secrets(
+        client,
+        &ns,
+        server.spec.headers_from.iter().map(|h| &h.secret_key_ref),
+    )
+    .await?;
+    let resources = Resources {
+        servers: vec![server.clone()],
+        secrets,
+        ..Resources::default()
+    };
+    let mut configs = resources.server_configs()?;
+    Ok(configs.remove(0))
+}
+
+/// Builds the sweep target of one CheckpointStore from the API: the store, every HandleClass and
+/// MCPServer of its namespace, and the Secrets they reference.
+///
+/// # Errors
+/// The store does not exist, a reference does not resolve, or an API error.
+pub async fn store_target(client: &Client, ns: &str, name: &str) -> Result<Target, ClusterError> {
+    let store: CheckpointStore = Api::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .map_err(api_err(format!("get CheckpointStore {ns}/{name}")))?;
+    let classes: Vec<HandleClass> = Api::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(api_err(format!("list HandleClasses in {ns}")))?
+        .items;
+    let servers: Vec<MCPServer> = Api::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(api_err(format!("list MCPServers in {ns}")))?
+        .items;
+    let refs = store.spec.dsn_from.iter().chain(
+        servers
+            .iter()
+            .flat_map(|s| s.spec.headers_from.iter().map(|h| &h.secret_key_ref)),
+    );
+    let secrets = secrets(client, ns, refs).await?;
+    let resources = Resources {
+        servers,
+        classes,
+        stores: vec![store],
+        secrets,
+    };
+    Ok(resources.targets()?.remove(0))
+}
+
+/// Writes a sweep's summary to the CheckpointStore's `status.lastSweep` (server-side apply under
+/// [`SWEEP_FIELD_MANAGER`]).
+///
+/// # Errors
+/// The API call failed.
+pub async fn write_sweep_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    summary: &SweepSummary,
+) -> Result<(), ClusterError> {
+    let api: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
+    let patch = json!({
+        "apiVersion": "custody.dev/v1alpha1",
+        "kind": "CheckpointStore",
+        "status": {"lastSweep": summary},
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(SWEEP_FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(api_err(format!("patch CheckpointStore {ns}/{name} status")))?;
+    Ok(())
+}
+
+/// Splits `namespace/name`.
+///
+/// # Errors
+/// The text is not `namespace/name`.
+pub fn parse_ref(text: &str) -> Result<(String, String), String> {
+    match text.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not namespace/name")),
+    }
+}
+
+/// `namespace/name` of an object.
+pub fn object_key<K: ResourceExt>(obj: &K) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}

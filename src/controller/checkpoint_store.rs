@@ -1,0 +1,194 @@
+//! CheckpointStore: reachability and schema checks, the sweep CronJob it owns, and the last
+//! sweep's counts as metrics.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use k8s_openapi::api::batch::v1::CronJob;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use secrecy::ExposeSecret;
+use serde_json::json;
+
+use super::conditions::{Cond, merge};
+use super::mcp_server::time;
+use super::metrics::{KindLabels, SweepLabels};
+use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
+use crate::checkpoint::{Store, StoreError};
+use crate::cluster;
+use crate::crd::{CheckpointStore, CheckpointStoreStatus, validate};
+use crate::local::Resources;
+
+/// How often reachability is re-checked: often enough to notice an outage before the next
+/// scheduled sweep, rarely enough to cost the database nothing.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
+pub(super) async fn reconcile(
+    obj: Arc<Guard<CheckpointStore>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let store = match &obj.0 {
+        Ok(s) => s,
+        Err(invalid) => return Ok(skip_invalid("CheckpointStore", invalid, &ctx)),
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&KindLabels {
+            kind: "CheckpointStore",
+        })
+        .inc();
+    let ns = store.namespace().unwrap_or_default();
+    let current = store.status.clone().unwrap_or_default();
+
+    // 1. reachability and schema (API for the Secret, then DB)
+    let (reachable, schema) = check(store, &ctx).await?;
+    // 2. the sweep CronJob (pure build, API apply)
+    ensure_cron_job(store, &ctx).await?;
+    // 3. metrics from the last sweep the CronJob wrote (pure)
+    if let Some(s) = &current.last_sweep {
+        for (verdict, n) in [
+            ("ok", s.ok),
+            ("gone", s.gone),
+            ("absent", s.absent),
+            ("unknown", s.unknown),
+        ] {
+            let labels = SweepLabels {
+                namespace: ns.clone(),
+                name: store.name_any(),
+                verdict,
+            };
+            ctx.metrics
+                .sweep_handles
+                .get_or_create(&labels)
+                .set(n as i64);
+        }
+    }
+    // 4. status (pure), applied when changed (API). lastSweep belongs to the sweep's field manager.
+    let status = CheckpointStoreStatus {
+        conditions: merge(
+            &current.conditions,
+            vec![reachable, schema],
+            store.metadata.generation,
+            &time(Utc::now()),
+        ),
+        observed_generation: store.metadata.generation,
+        last_sweep: None,
+    };
+    let mut before = current.clone();
+    before.last_sweep = None;
+    let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
+    apply_status(
+        &api,
+        store,
+        Some(serde_json::to_value(&before)?),
+        serde_json::to_value(status)?,
+    )
+    .await?;
+    Ok(Action::requeue(RECHECK))
+}
+
+async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
+    let not_checked = |why: &str| {
+        Cond::unknown(
+            "SchemaCompatible",
+            "NotChecked",
+            format!("not checked: {why}"),
+        )
+    };
+    if let Err(e) = validate::checkpoint_store(&store.spec) {
+        return Ok((
+            Cond::no("Reachable", "InvalidSpec", e.to_string()),
+            not_checked("the spec is invalid"),
+        ));
+    }
+    let ns = store.namespace().unwrap_or_default();
+    let secrets = cluster::secrets(&ctx.client, &ns, store.spec.dsn_from.iter()).await?;
+    let resources = Resources {
+        stores: vec![store.clone()],
+        secrets,
+        ..Resources::default()
+    };
+    let target = match resources.targets() {
+        Ok(mut t) => t.remove(0),
+        Err(e) => {
+            return Ok((
+                Cond::no("Reachable", "SecretNotResolved", e.to_string()),
+                not_checked("no DSN"),
+            ));
+        }
+    };
+    Ok(
+        match Store::connect(target.backend, target.dsn.expose_secret()).await {
+            Ok(_) => (
+                Cond::yes("Reachable", "Connected", "the database answers"),
+                Cond::yes(
+                    "SchemaCompatible",
+                    "LangGraphTablesFound",
+                    "LangGraph checkpoint tables of a supported version",
+                ),
+            ),
+            Err(StoreError::Schema(message)) => (
+                Cond::yes("Reachable", "Connected", "the database answers"),
+                Cond::no("SchemaCompatible", "UnsupportedSchema", message),
+            ),
+            Err(e) => (
+                Cond::no("Reachable", "ConnectFailed", e.to_string()),
+                not_checked("unreachable"),
+            ),
+        },
+    )
+}
+
+/// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
+/// sweep ServiceAccount, with the same restrictive security settings as the controller.
+async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), Error> {
+    let ns = store.namespace().unwrap_or_default();
+    let name = format!("{}-sweep", store.name_any());
+    let cron = json!({
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "ownerReferences": [owner_ref(store)],
+            "labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep",
+                       "app.kubernetes.io/managed-by": "custody", "custody.dev/checkpoint-store": store.name_any()},
+        },
+        "spec": {
+            "schedule": store.spec.schedule,
+            // A sweep still running when the next is due is not doubled up.
+            "concurrencyPolicy": "Forbid",
+            "successfulJobsHistoryLimit": 3,
+            "failedJobsHistoryLimit": 3,
+            "jobTemplate": {"spec": {
+                // Sweeps are idempotent; the next scheduled run is the retry.
+                "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep"}},
+                    "spec": {
+                        "serviceAccountName": ctx.opts.sweep_service_account,
+                        "restartPolicy": "Never",
+                        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "sweep",
+                            "image": ctx.opts.image,
+                            "args": ["sweep", "--store", format!("{ns}/{}", store.name_any())],
+                            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                                "capabilities": {"drop": ["ALL"]}},
+                        }],
+                    },
+                },
+            }},
+        },
+    });
+    Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&cron),
+        )
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! HandleClass: valid when its server exists and has been discovered, its tools exist in the
+//! server's catalog, and its templates parse; a probe that may write gets a warning condition.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+
+use super::conditions::{Cond, merge};
+use super::mcp_server::time;
+use super::metrics::KindLabels;
+use super::{Context, Error, Guard, apply_status, skip_invalid};
+use crate::crd::{HandleClass, HandleClassStatus, MCPServer, validate};
+use crate::mcp::discovery::Catalog;
+
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+const WAITING: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub(super) async fn reconcile(
+    obj: Arc<Guard<HandleClass>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let class = match &obj.0 {
+        Ok(c) => c,
+        Err(invalid) => return Ok(skip_invalid("HandleClass", invalid, &ctx)),
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&KindLabels {
+            kind: "HandleClass",
+        })
+        .inc();
+    let ns = class.namespace().unwrap_or_default();
+    let current = class.status.clone().unwrap_or_default();
+
+    // 1. the spec on its own (pure)
+    let mut conds = Vec::new();
+    let mut requeue = RECHECK;
+    if let Err(e) = validate::handle_class(&class.spec) {
+        conds.push(Cond::no("Valid", "InvalidSpec", e.to_string()));
+    } else if Api::<MCPServer>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&class.spec.server_ref)
+        .await?
+        .is_none()
+    {
+        // 2. the server exists (API)
+        conds.push(Cond::no(
+            "Valid",
+            "UnknownServer",
+            format!(
+                "spec.serverRef: no MCPServer {} in namespace {ns}",
+                class.spec.server_ref
+            ),
+        ));
+    } else {
+        // 3. the tools exist in its discovered catalog (pure, on the controller's observations)
+        let observed = ctx.observed.read().await;
+        match observed
+            .get(&format!("{ns}/{}", class.spec.server_ref))
+            .and_then(|o| o.catalog.as_ref())
+        {
+            None => {
+                requeue = WAITING;
+                conds.push(Cond::unknown(
+                    "Valid",
+                    "WaitingForDiscovery",
+                    format!(
+                        "MCPServer {} has not been discovered yet",
+                        class.spec.server_ref
+                    ),
+                ));
+            }
+            Some(catalog) => conds.extend(check_tools(class, catalog)),
+        }
+    }
+    let status = HandleClassStatus {
+        conditions: merge(
+            &current.conditions,
+            conds,
+            class.metadata.generation,
+            &time(Utc::now()),
+        ),
+        observed_generation: class.metadata.generation,
+    };
+    let api: Api<HandleClass> = Api::namespaced(ctx.client.clone(), &ns);
+    let before = class
+        .status
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()?;
+    apply_status(&api, class, before, serde_json::to_value(status)?).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// `Valid` from the tools' presence, and `ProbeReadOnly` from the probe's annotations.
+fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
+    let find = |name: &str| catalog.tools.iter().find(|t| t.name == name);
+    let mut wanted = vec![("spec.probe.tool", class.spec.probe.tool.as_str())];
+    if let Some(m) = &class.spec.mint {
+        wanted.push(("spec.mint.tool", m.tool.as_str()));
+    }
+    if let Some((field, tool)) = wanted.iter().find(|(_, t)| find(t).is_none()) {
+        return vec![Cond::no(
+            "Valid",
+            "ToolNotOffered",
+            format!(
+                "{field}: MCPServer {} does not offer {tool}",
+                class.spec.server_ref
+            ),
+        )];
+    }
+    let probe = find(&class.spec.probe.tool).expect("checked above");
+    let read_only = if probe.annotations.read_only_hint {
+        Cond::yes(
+            "ProbeReadOnly",
+            "ReadOnlyHint",
+            format!("{} declares readOnlyHint", probe.name),
+        )
+    } else {
+        Cond::no(
+            "ProbeReadOnly",
+            "ProbeMayWrite",
+            format!(
+                "probe tool {} does not declare readOnlyHint; probing may change server state",
+                probe.name
+            ),
+        )
+    };
+    vec![
+        Cond::yes(
+            "Valid",
+            "ToolsOffered",
+            format!(
+                "{} tools found on MCPServer {}",
+                wanted.len(),
+                class.spec.server_ref
+            ),
+        ),
+        read_only,
+    ]
+}

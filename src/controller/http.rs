@@ -1,0 +1,59 @@
+//! `/metrics` (OpenMetrics text), `/healthz` (the process is up) and `/readyz` (the CRDs are
+//! installed and the client works; standby replicas are ready too: they only wait for the lease).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone)]
+struct AppState {
+    registry: Arc<Registry>,
+    ready: Arc<AtomicBool>,
+}
+
+/// Serves until the task is aborted.
+pub async fn serve(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    ready: Arc<AtomicBool>,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { registry, ready });
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    axum::serve(listener, app).await
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
+    if s.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}

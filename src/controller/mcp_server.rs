@@ -1,0 +1,373 @@
+//! MCPServer: discovery and health checks on the server's own schedule, reported in status,
+//! Events and metrics.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
+
+use super::conditions::{Cond, merge, status_of};
+use super::metrics::{KindLabels, ObjectLabels};
+use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
+use crate::cluster;
+use crate::crd::{MCPServer, MCPServerStatus, ServerInfo, ToolStatus, validate};
+use crate::mcp::ServerConfig;
+use crate::mcp::discovery::{self, CacheScope, DEFAULT_PAGE_CAP};
+
+/// Retry delay while a spec or a Secret is broken; fixing either also triggers a reconcile.
+const BROKEN_REQUEUE: std::time::Duration = std::time::Duration::from_secs(60);
+
+pub(super) async fn reconcile(
+    obj: Arc<Guard<MCPServer>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let server = match &obj.0 {
+        Ok(s) => s,
+        Err(invalid) => return Ok(skip_invalid("MCPServer", invalid, &ctx)),
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&KindLabels { kind: "MCPServer" })
+        .inc();
+    let key = cluster::object_key(server);
+    let api: Api<MCPServer> =
+        Api::namespaced(ctx.client.clone(), &server.namespace().unwrap_or_default());
+    let now = Utc::now();
+    let current = server.status.clone().unwrap_or_default();
+
+    // 1. validate (pure)
+    if let Err(e) = validate::mcp_server(&server.spec) {
+        let status = broken(server, &current, "InvalidSpec", e.to_string(), now);
+        apply_status(
+            &api,
+            server,
+            to_value(&server.status)?,
+            serde_json::to_value(status)?,
+        )
+        .await?;
+        return Ok(Action::requeue(BROKEN_REQUEUE));
+    }
+    // 2. resolve credentials (API)
+    let (cfg, allowlist) = match cluster::server_config(&ctx.client, server).await {
+        Ok(c) => c,
+        Err(cluster::ClusterError::Resources(e)) => {
+            let status = broken(server, &current, "SecretNotResolved", e.to_string(), now);
+            apply_status(
+                &api,
+                server,
+                to_value(&server.status)?,
+                serde_json::to_value(status)?,
+            )
+            .await?;
+            return Ok(Action::requeue(BROKEN_REQUEUE));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // 3. decide what is due (pure)
+    let fingerprint = fingerprint(&cfg);
+    let previous = ctx.observed.read().await.get(&key).cloned();
+    let health_every = chrono::Duration::seconds(ctx.opts.health_interval_seconds as i64);
+    let schedule = ctx.opts.schedule();
+    let discovery_due = previous.as_ref().is_none_or(|p| {
+        p.generation != server.metadata.generation
+            || p.fingerprint != fingerprint
+            || p.discovery_error.is_some()
+            || now >= p.discovered_at + next_in(&schedule, p.catalog.as_ref())
+    });
+    let health_due = previous
+        .as_ref()
+        .is_none_or(|p| now >= p.health_at + health_every);
+
+    // 4. discover and check health (MCP)
+    let mut observed = previous.clone().unwrap_or_else(|| Observed {
+        generation: server.metadata.generation,
+        fingerprint: fingerprint.clone(),
+        catalog: None,
+        discovery_error: None,
+        discovered_at: now,
+        health: None,
+        health_at: now,
+        consecutive_failures: 0,
+    });
+    if discovery_due {
+        let started = std::time::Instant::now();
+        match discovery::discover(&cfg, &allowlist, DEFAULT_PAGE_CAP).await {
+            Ok(catalog) => {
+                observed.catalog = Some(catalog);
+                observed.discovery_error = None;
+            }
+            Err(e) => observed.discovery_error = Some((e.category(), e.to_string())),
+        }
+        ctx.metrics
+            .discovery_seconds
+            .observe(started.elapsed().as_secs_f64());
+        observed.generation = server.metadata.generation;
+        observed.fingerprint = fingerprint;
+        observed.discovered_at = Utc::now();
+    }
+    if health_due || discovery_due {
+        observed.health = Some(discovery::check_health(&cfg).await);
+        observed.health_at = Utc::now();
+    }
+    if discovery_due || health_due {
+        let failed = observed.discovery_error.is_some()
+            || observed.health.as_ref().is_some_and(|h| !h.healthy);
+        observed.consecutive_failures = if failed {
+            observed.consecutive_failures + 1
+        } else {
+            0
+        };
+    }
+    ctx.observed.write().await.insert(key, observed.clone());
+
+    // 5. report: Events and metrics (API)
+    report(server, &current, &observed, &ctx).await;
+
+    // 6. status (pure), applied when it changed (API)
+    let status = status(server, &current, &observed, now);
+    apply_status(
+        &api,
+        server,
+        to_value(&server.status)?,
+        serde_json::to_value(status)?,
+    )
+    .await?;
+
+    let next_discovery = observed.discovered_at + next_in(&schedule, observed.catalog.as_ref());
+    let next_health = observed.health_at + health_every;
+    let wait = (next_discovery.min(next_health) - Utc::now())
+        .to_std()
+        .unwrap_or_default();
+    Ok(Action::requeue(wait.max(std::time::Duration::from_secs(1))))
+}
+
+fn to_value(status: &Option<MCPServerStatus>) -> Result<Option<serde_json::Value>, Error> {
+    Ok(status.as_ref().map(serde_json::to_value).transpose()?)
+}
+
+fn next_in(
+    schedule: &discovery::Schedule,
+    catalog: Option<&discovery::Catalog>,
+) -> chrono::Duration {
+    chrono::Duration::from_std(schedule.next(catalog.and_then(|c| c.ttl_ms)))
+        .unwrap_or(chrono::Duration::MAX)
+}
+
+/// Header names and values hashed together; kept in memory only.
+fn fingerprint(cfg: &ServerConfig) -> String {
+    let mut h = Sha256::new();
+    h.update(cfg.url.as_bytes());
+    for (name, value) in &cfg.headers {
+        h.update(name.as_bytes());
+        h.update([0]);
+        h.update(value.expose_secret().as_bytes());
+        h.update([0]);
+    }
+    hex::encode(h.finalize())
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+/// A condition time, at the API server's one-second precision, so a status read back compares
+/// equal to the one written.
+pub(super) fn time(t: DateTime<Utc>) -> Time {
+    Time(rfc3339(t).parse().expect("RFC 3339 from chrono parses"))
+}
+
+/// Status for a spec or reference that cannot be used: everything `False` with the reason.
+fn broken(
+    server: &MCPServer,
+    current: &MCPServerStatus,
+    reason: &'static str,
+    message: String,
+    now: DateTime<Utc>,
+) -> MCPServerStatus {
+    let conds = vec![
+        Cond::no("Ready", reason, message.clone()),
+        Cond::no("Discovered", reason, message.clone()),
+        Cond::unknown("Healthy", reason, "not checked: ".to_owned() + &message),
+    ];
+    MCPServerStatus {
+        conditions: merge(
+            &current.conditions,
+            conds,
+            server.metadata.generation,
+            &time(now),
+        ),
+        observed_generation: server.metadata.generation,
+        ..current.clone()
+    }
+}
+
+/// The status for what was observed. Identical observations give an identical status.
+fn status(
+    server: &MCPServer,
+    current: &MCPServerStatus,
+    o: &Observed,
+    now: DateTime<Utc>,
+) -> MCPServerStatus {
+    let discovered = match (&o.discovery_error, &o.catalog) {
+        (Some((category, message)), _) => {
+            Cond::no("Discovered", reason_of(category), message.clone())
+        }
+        (None, Some(c)) => Cond::yes(
+            "Discovered",
+            "CatalogListed",
+            format!(
+                "{} tools via {}",
+                c.tools.len(),
+                c.protocol_version.as_deref().unwrap_or("?")
+            ),
+        ),
+        (None, None) => Cond::unknown("Discovered", "Pending", "not discovered yet"),
+    };
+    let healthy = match &o.health {
+        Some(h) if h.healthy => Cond::yes("Healthy", "Answered", h.reason.clone()),
+        Some(h) => Cond::no("Healthy", "Unreachable", h.reason.clone()),
+        None => Cond::unknown("Healthy", "Pending", "not checked yet"),
+    };
+    let ready = if discovered.status == "True" && healthy.status == "True" {
+        Cond::yes(
+            "Ready",
+            "DiscoveredAndHealthy",
+            "catalog listed and server answering",
+        )
+    } else {
+        let why = if discovered.status != "True" {
+            &discovered
+        } else {
+            &healthy
+        };
+        Cond::no("Ready", why.reason, why.message.clone())
+    };
+    let catalog = o.catalog.as_ref();
+    let private = catalog.is_some_and(|c| c.cache_scope == Some(CacheScope::Private));
+    MCPServerStatus {
+        conditions: merge(
+            &current.conditions,
+            vec![ready, discovered, healthy],
+            server.metadata.generation,
+            &time(now),
+        ),
+        observed_generation: server.metadata.generation,
+        protocol_version: catalog.and_then(|c| c.protocol_version.clone()),
+        server_info: catalog.and_then(|c| {
+            Some(ServerInfo {
+                name: c.server_name.clone()?,
+                version: c.server_version.clone().unwrap_or_default(),
+            })
+        }),
+        tool_count: catalog.map(|c| c.tools.len() as u32),
+        catalog_digest: catalog.map(|c| c.digest.clone()),
+        cache_scope: catalog.and_then(|c| c.cache_scope).map(|s| {
+            if s == CacheScope::Private {
+                "private"
+            } else {
+                "public"
+            }
+            .into()
+        }),
+        tools: if private {
+            Vec::new()
+        } else {
+            catalog
+                .map(|c| {
+                    c.tools
+                        .iter()
+                        .map(|t| ToolStatus {
+                            exposed_name: t.exposed_name.clone(),
+                            annotations: t.annotations,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        },
+        last_discovery_time: Some(rfc3339(o.discovered_at)),
+        last_health_check_time: o.health.as_ref().map(|_| rfc3339(o.health_at)),
+        consecutive_failures: o.consecutive_failures,
+    }
+}
+
+/// CamelCase condition reasons from discovery error categories.
+fn reason_of(category: &str) -> &'static str {
+    match category {
+        "timeout" => "Timeout",
+        "connect" => "ConnectFailed",
+        "request" => "RequestFailed",
+        "pagination" => "PaginationFailed",
+        "allowlist" => "AllowlistNotOffered",
+        "tool_name" => "InvalidToolName",
+        "config" => "InvalidConfig",
+        _ => "DiscoveryFailed",
+    }
+}
+
+/// Events when the catalog changes or health flips, compared with the persisted status (so a
+/// controller restart does not repeat them), and the per-server gauges.
+async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx: &Context) {
+    let labels = ObjectLabels {
+        namespace: server.namespace().unwrap_or_default(),
+        name: server.name_any(),
+    };
+    if let Some(c) = &o.catalog {
+        ctx.metrics
+            .server_tools
+            .get_or_create(&labels)
+            .set(c.tools.len() as i64);
+        match current.catalog_digest.as_deref() {
+            Some(d) if d == c.digest => {}
+            Some(d) => {
+                let note = format!(
+                    "catalog digest {d} → {}: {} tools now",
+                    c.digest,
+                    c.tools.len()
+                );
+                ctx.event(server, EventType::Normal, "CatalogChanged", note)
+                    .await;
+            }
+            None => {
+                let note = format!(
+                    "{} tools via {}",
+                    c.tools.len(),
+                    c.protocol_version.as_deref().unwrap_or("?")
+                );
+                ctx.event(server, EventType::Normal, "CatalogDiscovered", note)
+                    .await;
+            }
+        }
+    }
+    if let Some(h) = &o.health {
+        ctx.metrics
+            .server_healthy
+            .get_or_create(&labels)
+            .set(i64::from(h.healthy));
+        let was = status_of(&current.conditions, "Healthy");
+        let now = if h.healthy { "True" } else { "False" };
+        if was != Some(now) && !(was.is_none() && h.healthy) {
+            let (type_, reason) = if h.healthy {
+                (EventType::Normal, "Healthy")
+            } else {
+                (EventType::Warning, "Unhealthy")
+            };
+            ctx.event(server, type_, reason, h.reason.clone()).await;
+        }
+    }
+    if let Some((_, message)) = &o.discovery_error
+        && status_of(&current.conditions, "Discovered") != Some("False")
+    {
+        ctx.event(
+            server,
+            EventType::Warning,
+            "DiscoveryFailed",
+            message.clone(),
+        )
+        .await;
+    }
+}

@@ -1,0 +1,524 @@
+//! `custody controller`: reconciles MCPServer, AgentAssignment, HandleClass and CheckpointStore.
+//!
+//! Each reconcile reads like a table of contents: a short list of named steps, marked *(API)*
+//! where they talk to the API server, *(MCP)* / *(DB)* where they talk to a server or a
+//! database, and *(pure)* where they only compute. Only the replica holding the leader lease
+//! (kube-lease-manager) runs the controllers; the others serve `/healthz` and wait. Objects that
+//! do not deserialize are reported and skipped (`DeserializeGuard`), so one bad object cannot
+//! stall a watch.
+
+mod agent_assignment;
+mod checkpoint_store;
+pub mod conditions;
+mod handle_class;
+mod http;
+mod mcp_server;
+pub mod metrics;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::registry::Registry;
+use tokio::sync::RwLock;
+
+use crate::crd::{AgentAssignment, CheckpointStore, HandleClass, MCPServer};
+use crate::mcp::discovery::{Catalog, Health, Schedule};
+use metrics::Metrics;
+
+/// Field manager of the controller's server-side applies.
+pub const FIELD_MANAGER: &str = "custody-controller";
+
+/// Command-line options of `custody controller`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Options {
+    /// Address of the HTTP server for `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "CUSTODY_METRICS_ADDR")]
+    pub metrics_addr: std::net::SocketAddr,
+    /// Name of the coordination.k8s.io Lease used for leader election.
+    #[arg(long, default_value = "custody-controller")]
+    pub lease_name: String,
+    /// Namespace of the Lease (the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the Lease (the pod name in a cluster).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Seconds a leader's lease lasts without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_seconds: u64,
+    /// Image of the sweep CronJobs (the controller's own image in a cluster).
+    #[arg(long, env = "CUSTODY_IMAGE", default_value = "custody:0.1.0")]
+    pub image: String,
+    /// ServiceAccount the sweep CronJobs run as, in the store's namespace.
+    #[arg(
+        long,
+        env = "CUSTODY_SWEEP_SERVICE_ACCOUNT",
+        default_value = "custody-sweep"
+    )]
+    pub sweep_service_account: String,
+    /// Seconds between health checks of each MCPServer.
+    #[arg(long, default_value_t = 60)]
+    pub health_interval_seconds: u64,
+    /// Lower bound of the re-discovery interval, in seconds (a server's `ttlMs` cannot go below).
+    #[arg(long, default_value_t = 30)]
+    pub discovery_min_seconds: u64,
+    /// Upper bound of the re-discovery interval, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    pub discovery_max_seconds: u64,
+    /// Re-discovery interval without cache hints, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub discovery_default_seconds: u64,
+}
+
+impl Options {
+    fn schedule(&self) -> Schedule {
+        Schedule {
+            min: Duration::from_secs(self.discovery_min_seconds),
+            max: Duration::from_secs(self.discovery_max_seconds),
+            default: Duration::from_secs(self.discovery_default_seconds),
+        }
+    }
+}
+
+/// What the last discovery and health check of a server found; in memory only (a restart
+/// rediscovers), so credential fingerprints never leave the process.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// `metadata.generation` it was made for.
+    pub generation: Option<i64>,
+    /// SHA-256 of the resolved headers: a rotated Secret changes it and triggers discovery.
+    pub fingerprint: String,
+    /// The last successful catalog.
+    pub catalog: Option<Catalog>,
+    /// The last discovery error, if the last attempt failed.
+    pub discovery_error: Option<(&'static str, String)>,
+    /// When discovery last ran.
+    pub discovered_at: chrono::DateTime<chrono::Utc>,
+    /// The last health check.
+    pub health: Option<Health>,
+    /// When health was last checked.
+    pub health_at: chrono::DateTime<chrono::Utc>,
+    /// Failures in a row.
+    pub consecutive_failures: u32,
+}
+
+/// State shared by every reconcile.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// One Event recorder for the process (its cache deduplicates repeated Events).
+    pub recorder: Recorder,
+    /// Latest observations per MCPServer (`namespace/name`).
+    pub observed: RwLock<HashMap<String, Observed>>,
+    /// Options.
+    pub opts: Options,
+}
+
+impl Context {
+    /// Publishes an Event about `obj`; failures are logged, never fatal (Events are best effort).
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(reason, error = %e, "cannot publish Event");
+        }
+    }
+}
+
+/// Errors of a reconcile, with a bounded category for metrics and logs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+    /// Reading resources from the API failed.
+    #[error("{0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
+    /// Rendering or serializing failed.
+    #[error("{0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Bounded label for metrics.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "api",
+            Self::Cluster(_) => "resources",
+            Self::Serialize(_) => "serialize",
+        }
+    }
+}
+
+/// The retry delay after a failed reconcile. Errors here are API errors; a fixed short delay
+/// retries soon without hammering the API server (watch events still trigger earlier).
+const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+
+fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |_obj, error, ctx| {
+        tracing::warn!(kind, error = %error, "reconcile failed");
+        ctx.metrics
+            .failures
+            .get_or_create(&metrics::FailureLabels {
+                kind,
+                reason: error.category(),
+            })
+            .inc();
+        Action::requeue(ERROR_REQUEUE)
+    }
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+///
+/// # Errors
+/// The Kubernetes client cannot be built, the CRDs are not installed, or the HTTP server cannot
+/// bind.
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let client = Client::try_default().await?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let identity = opts
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("custody-{}", std::process::id()));
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        metrics,
+        recorder: Recorder::new(client.clone(), reporter),
+        observed: RwLock::default(),
+        opts: opts.clone(),
+    });
+    let ready = Arc::new(AtomicBool::new(false));
+    let server = tokio::spawn(http::serve(
+        opts.metrics_addr,
+        Arc::new(registry),
+        ready.clone(),
+    ));
+
+    ensure_crds(&client).await?;
+    ready.store(true, Ordering::SeqCst);
+
+    let lease = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
+        .with_namespace(&opts.lease_namespace)
+        .with_identity(&identity)
+        .with_duration(opts.lease_seconds)
+        .with_grace(opts.lease_seconds.div_ceil(3).max(1))
+        .build()
+        .await?;
+    let (mut leader, lease_task) = lease.watch().await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tracing::info!(%identity, "waiting for the leader lease");
+        while !*leader.borrow_and_update() {
+            tokio::select! {
+                changed = leader.changed() => if changed.is_err() { anyhow::bail!("leader election stopped") },
+                () = &mut shutdown => return finish(leader, lease_task, server).await,
+            }
+        }
+        tracing::info!(%identity, "leading: starting controllers");
+        ctx.metrics.leader.set(1);
+        let lost = async {
+            while *leader.borrow_and_update() {
+                if leader.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        tokio::select! {
+            () = controllers(ctx.clone()) => {}
+            () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
+            () = &mut shutdown => {
+                ctx.metrics.leader.set(0);
+                return finish(leader, lease_task, server).await;
+            }
+        }
+        ctx.metrics.leader.set(0);
+    }
+}
+
+async fn finish(
+    leader: tokio::sync::watch::Receiver<bool>,
+    lease_task: tokio::task::JoinHandle<
+        kube_lease_manager::Result<kube_lease_manager::LeaseManager>,
+    >,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) -> anyhow::Result<()> {
+    tracing::info!("shutting down");
+    // Closing the channel ends the lease task; releasing lets a standby take over at once
+    // instead of waiting for the lease to expire.
+    drop(leader);
+    if let Ok(Ok(manager)) = lease_task.await
+        && let Err(e) = manager.release().await
+    {
+        tracing::warn!(error = %e, "cannot release the lease");
+    }
+    server.abort();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Fails early, with the fix, when a CRD is missing (otherwise every watch would error forever).
+async fn ensure_crds(client: &Client) -> anyhow::Result<()> {
+    let lp = kube::api::ListParams::default().limit(1);
+    let check = |r: Result<(), kube::Error>, kind: &str| {
+        r.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot list {kind}: {e}; are the CRDs installed (kubectl apply -f crds/crds.yaml)?"
+            )
+        })
+    };
+    check(
+        Api::<MCPServer>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+        "MCPServers",
+    )?;
+    check(
+        Api::<AgentAssignment>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+        "AgentAssignments",
+    )?;
+    check(
+        Api::<HandleClass>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+        "HandleClasses",
+    )?;
+    check(
+        Api::<CheckpointStore>::all(client.clone())
+            .list_metadata(&lp)
+            .await
+            .map(drop),
+        "CheckpointStores",
+    )?;
+    Ok(())
+}
+
+type Guard<K> = kube::core::DeserializeGuard<K>;
+
+/// The four controllers, run together until one ends (they end only on shutdown).
+async fn controllers(ctx: Arc<Context>) {
+    let client = ctx.client.clone();
+    let wc = watcher::Config::default();
+
+    let servers = Controller::new(Api::<Guard<MCPServer>>::all(client.clone()), wc.clone());
+    let server_store = servers.store();
+    let servers = servers
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            wc.clone(),
+            move |secret: Secret| {
+                // A rotated headersFrom Secret reconciles the servers that use it.
+                let ns = secret.namespace();
+                let name = secret.name_any();
+                server_store
+                    .state()
+                    .into_iter()
+                    .filter(|s| s.namespace() == ns)
+                    .filter(|s| {
+                        s.0.as_ref().is_ok_and(|s| {
+                            s.spec
+                                .headers_from
+                                .iter()
+                                .any(|h| h.secret_key_ref.name == name)
+                        })
+                    })
+                    .map(|s| ObjectRef::from_obj(&*s))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .run(
+            mcp_server::reconcile,
+            error_policy("MCPServer"),
+            ctx.clone(),
+        )
+        .for_each(drain("MCPServer"));
+
+    let assignments = Controller::new(
+        Api::<Guard<AgentAssignment>>::all(client.clone()),
+        wc.clone(),
+    );
+    let assignment_store = assignments.store();
+    let assignments = assignments
+        .owns(Api::<ConfigMap>::all(client.clone()), wc.clone())
+        .watches(
+            Api::<MCPServer>::all(client.clone()),
+            wc.clone(),
+            move |server: MCPServer| {
+                let ns = server.namespace();
+                let name = server.name_any();
+                assignment_store
+                    .state()
+                    .into_iter()
+                    .filter(|a| a.namespace() == ns)
+                    .filter(|a| {
+                        a.0.as_ref()
+                            .is_ok_and(|a| a.spec.servers.iter().any(|s| s.server_ref == name))
+                    })
+                    .map(|a| ObjectRef::from_obj(&*a))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .run(
+            agent_assignment::reconcile,
+            error_policy("AgentAssignment"),
+            ctx.clone(),
+        )
+        .for_each(drain("AgentAssignment"));
+
+    let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone());
+    let class_store = classes.store();
+    let classes = classes
+        .watches(
+            Api::<MCPServer>::all(client.clone()),
+            wc.clone(),
+            move |server: MCPServer| {
+                let ns = server.namespace();
+                let name = server.name_any();
+                class_store
+                    .state()
+                    .into_iter()
+                    .filter(|c| c.namespace() == ns)
+                    .filter(|c| c.0.as_ref().is_ok_and(|c| c.spec.server_ref == name))
+                    .map(|c| ObjectRef::from_obj(&*c))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .run(
+            handle_class::reconcile,
+            error_policy("HandleClass"),
+            ctx.clone(),
+        )
+        .for_each(drain("HandleClass"));
+
+    let stores = Controller::new(
+        Api::<Guard<CheckpointStore>>::all(client.clone()),
+        wc.clone(),
+    )
+    .owns(Api::<CronJob>::all(client.clone()), wc.clone())
+    .run(
+        checkpoint_store::reconcile,
+        error_policy("CheckpointStore"),
+        ctx.clone(),
+    )
+    .for_each(drain("CheckpointStore"));
+
+    tokio::join!(servers, assignments, classes, stores);
+}
+
+/// Consumes a controller's results: reconcile errors are already logged and counted by the error
+/// policy; what remains here are watch and queue errors.
+fn drain<K, E: std::fmt::Display>(
+    kind: &'static str,
+) -> impl Fn(Result<(ObjectRef<K>, Action), E>) -> futures::future::Ready<()>
+where
+    K: Resource,
+{
+    move |r| {
+        if let Err(e) = r {
+            tracing::debug!(kind, error = %e, "controller");
+        }
+        futures::future::ready(())
+    }
+}
+
+/// Handles an object that did not deserialize: logs, counts and skips it.
+fn skip_invalid(
+    kind: &'static str,
+    invalid: &kube::core::error_boundary::InvalidObject,
+    ctx: &Context,
+) -> Action {
+    let name = invalid.metadata.name.as_deref().unwrap_or("?");
+    let ns = invalid.metadata.namespace.as_deref().unwrap_or("?");
+    tracing::warn!(kind, namespace = ns, name, error = %invalid.error, "skipping an object that does not match the schema");
+    ctx.metrics
+        .failures
+        .get_or_create(&metrics::FailureLabels {
+            kind,
+            reason: "malformed",
+        })
+        .inc();
+    Action::await_change()
+}
+
+/// Applies a status with server-side apply, unless it equals the current one.
+async fn apply_status<K>(
+    api: &Api<K>,
+    obj: &K,
+    current: Option<serde_json::Value>,
+    status: serde_json::Value,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if current.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &obj.name_any(),
+        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// An owner reference that makes `owner` the controller of a child (garbage-collected with it).
+fn owner_ref<K: Resource<DynamicType = ()>>(
+    owner: &K,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    owner
+        .controller_owner_ref(&())
+        .expect("objects from the API server have a name and uid")
+}

@@ -1,0 +1,97 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Which MCP servers an agent of the LangGraph agent toolkit uses, and which of their tools need
+/// human approval.
+///
+/// The controller validates the assignment the way the agent service does at startup (aliases,
+/// final tool names, collisions), checks the approval policy against the servers' discovered
+/// catalogs, and renders the service's `MCP_SERVERS` / `MCP_AGENT_SERVERS` configuration into a
+/// ConfigMap it owns.
+#[derive(CustomResource, KubeSchema, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[kube(
+    group = "custody.dev",
+    version = "v1alpha1",
+    kind = "AgentAssignment",
+    plural = "agentassignments",
+    shortname = "aa",
+    category = "custody",
+    namespaced,
+    status = "AgentAssignmentStatus",
+    printcolumn = r#"{"name":"Agent","type":"string","jsonPath":".spec.agent"}"#,
+    printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+    printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".status.conditions[?(@.type==\"PolicyCompliant\")].status"}"#,
+    printcolumn = r#"{"name":"Tools","type":"integer","jsonPath":".status.toolCount"}"#,
+    printcolumn = r#"{"name":"ConfigMap","type":"string","jsonPath":".status.configMapName"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAssignmentSpec {
+    /// The agent's name in the agent service, e.g. `create-agent`.
+    #[x_kube(validation = Rule::new("self != ''").message("agent must not be empty"))]
+    pub agent: String,
+
+    /// The servers this agent uses. An empty list removes MCP tools from the agent.
+    #[serde(default)]
+    pub servers: Vec<ServerAssignment>,
+
+    /// Final tool names (`<alias>_<tool>`) that need human approval before they run. Every
+    /// discovered tool that may write must be listed, or the assignment is not policy compliant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupt_on: Vec<String>,
+}
+
+/// One server of an assignment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerAssignment {
+    /// MCPServer name in the same namespace.
+    pub server_ref: String,
+    /// Alias in the agent service's configuration and prefix of the final tool names; defaults
+    /// to `serverRef`. Starts with a letter; letters, digits, `_`, `-`; at most 32 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// Narrows the server's tools for this agent (names on the server). Empty: all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_allowlist: Vec<String>,
+}
+
+impl ServerAssignment {
+    /// The alias in effect.
+    pub fn alias(&self) -> &str {
+        self.alias.as_deref().unwrap_or(&self.server_ref)
+    }
+}
+
+/// An environment variable the agent service must get from a Secret, for `headers_env`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretEnv {
+    /// Variable name referenced by `headers_env` in `MCP_SERVERS`.
+    pub name: String,
+    /// Where its value lives.
+    pub secret_key_ref: super::SecretKeyRef,
+}
+
+/// Observed state of an AgentAssignment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentAssignmentStatus {
+    /// `Valid`, `PolicyCompliant` and `Ready`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The rendered ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_name: Option<String>,
+    /// Number of tools the agent gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_count: Option<u32>,
+    /// Variables the agent's Deployment must set from Secrets (values are never rendered).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<SecretEnv>,
+}
