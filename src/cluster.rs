@@ -152,6 +152,76 @@ pub async fn write_sweep_status(
     Ok(())
 }
 
+/// Collects a sweep's actions so they can be published as Events once the sweep is done
+/// ([`crate::sweep::act::ActionSink::record`] is synchronous; publishing is not). Also logs them.
+#[derive(Default)]
+pub struct CollectingSink {
+    events: std::sync::Mutex<Vec<(bool, &'static str, String)>>,
+}
+
+impl crate::sweep::act::ActionSink for CollectingSink {
+    fn record(&self, e: &crate::sweep::act::ActionEvent<'_>) {
+        crate::sweep::act::LogSink.record(e);
+        let note = format!(
+            "thread {} ({}): {}; {}",
+            e.thread_id, e.handle_class, e.action, e.reason
+        );
+        let reason = match e.action.outcome.kind() {
+            "reminted" => "HandleReminted",
+            "escalated" => "HandleEscalated",
+            "failed" => "ThreadFailed",
+            "skipped" => "ActionSkipped",
+            _ => "ActionError",
+        };
+        self.events
+            .lock()
+            .expect("sink lock")
+            .push((e.action.outcome.is_warning(), reason, note));
+    }
+}
+
+/// Most Events one sweep publishes: enough for any person to read, bounded so a sweep over a
+/// million dead handles cannot flood the API server (the counts are in `status.lastSweep`).
+pub const MAX_SWEEP_EVENTS: usize = 50;
+
+impl CollectingSink {
+    /// Publishes the collected actions as Events on the CheckpointStore (at most
+    /// [`MAX_SWEEP_EVENTS`]); failures are logged, never fatal.
+    pub async fn publish(&self, client: &Client, ns: &str, name: &str) {
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let events = std::mem::take(&mut *self.events.lock().expect("sink lock"));
+        if events.is_empty() {
+            return;
+        }
+        let store: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
+        let Ok(store) = store.get(name).await else {
+            return;
+        };
+        let reporter = Reporter {
+            controller: SWEEP_FIELD_MANAGER.into(),
+            instance: std::env::var("HOSTNAME").ok(),
+        };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let reference = kube::Resource::object_ref(&store, &());
+        for (warning, reason, note) in events.into_iter().take(MAX_SWEEP_EVENTS) {
+            let event = Event {
+                type_: if warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: reason.into(),
+                note: Some(note),
+                action: "Sweep".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "cannot publish Event");
+            }
+        }
+    }
+}
+
 /// Splits `namespace/name`.
 ///
 /// # Errors

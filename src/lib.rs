@@ -11,11 +11,13 @@
 //! Only [`checkpoint`] (sqlx) and [`mcp`] (rmcp) touch the outside world during a sweep;
 //! [`domain`] is pure and imports neither kube, sqlx nor rmcp.
 
+pub mod audit;
 pub mod checkpoint;
 pub mod cluster;
 pub mod controller;
 pub mod crd;
 pub mod domain;
+pub mod ledger;
 pub mod local;
 pub mod mcp;
 pub mod report;

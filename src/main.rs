@@ -72,10 +72,14 @@ struct SweepArgs {
     /// Run one sweep and exit. (Sweeps are scheduled by the controller in a cluster.)
     #[arg(long)]
     once: bool,
-    /// Print verdicts and change nothing. Acting on verdicts is not implemented yet, so every
-    /// sweep is a dry run for now.
-    #[arg(long)]
+    /// Print verdicts and the planned actions; change nothing.
+    #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
+    /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;
+    /// writes checkpoints and custody's ledger). Without it a local sweep only plans. With
+    /// `--store` the store's `mode` alone decides.
+    #[arg(long)]
+    apply: bool,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
@@ -89,12 +93,17 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn,custody=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // Test builds only: FAILPOINTS=act::<step>=return stops the sweeper at that step.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // custody's errors already carry their causes in their message.
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -173,8 +182,17 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     let mut reports = Vec::new();
     let mut failures = Vec::new();
+    let events = custody::cluster::CollectingSink::default();
     for target in &targets {
-        match custody::sweep::run(target, now).await {
+        let options = custody::sweep::RunOptions {
+            apply: !args.dry_run && (args.apply || cluster.is_some()),
+        };
+        let sink: &dyn custody::sweep::act::ActionSink = if cluster.is_some() {
+            &events
+        } else {
+            &custody::sweep::act::LogSink
+        };
+        match custody::sweep::run_with(target, now, options, sink).await {
             Ok(r) => reports.push(r),
             Err(e) => failures.push(e.to_string()),
         }
@@ -183,9 +201,10 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         && let Some(r) = reports.first()
     {
         custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
+        events.publish(client, ns, name).await;
     }
     let mut stdout = std::io::stdout().lock();
-    report::write_sweep(&mut stdout, &reports, args.output)?;
+    report::write_sweep(&mut stdout, &reports, &failures, args.output)?;
     stdout.flush()?;
     if !failures.is_empty() {
         anyhow::bail!("{}", failures.join("; "));

@@ -21,19 +21,37 @@ pub enum Format {
 ///
 /// # Errors
 /// Only I/O errors of `out`.
-pub fn write_sweep(out: &mut dyn Write, reports: &[Report], format: Format) -> std::io::Result<()> {
+///
+/// `errors` are the stores that could not be swept (their message names the store); in JSON
+/// they are listed under `errors` so a machine reading stdout sees them too.
+pub fn write_sweep(
+    out: &mut dyn Write,
+    reports: &[Report],
+    errors: &[String],
+    format: Format,
+) -> std::io::Result<()> {
     match format {
         Format::Json => {
             #[derive(Serialize)]
             struct Doc<'a> {
                 stores: &'a [Report],
+                errors: &'a [String],
             }
-            serde_json::to_writer_pretty(&mut *out, &Doc { stores: reports })?;
+            serde_json::to_writer_pretty(
+                &mut *out,
+                &Doc {
+                    stores: reports,
+                    errors,
+                },
+            )?;
             writeln!(out)
         }
         Format::Table => {
             for report in reports {
                 write_table(out, report)?;
+            }
+            for e in errors {
+                writeln!(out, "not swept: {e}")?;
             }
             Ok(())
         }
@@ -42,15 +60,18 @@ pub fn write_sweep(out: &mut dyn Write, reports: &[Report], format: Format) -> s
 
 fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
     writeln!(out, "store {}", r.store)?;
+    for w in &r.warnings {
+        writeln!(out, "warning: {w}")?;
+    }
     let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
     writeln!(
         tw,
-        "THREAD\tNS\tCLASS\tHANDLE\tAGE\tPRINCIPAL\tVERDICT\tREASON"
+        "THREAD\tNS\tCLASS\tHANDLE\tAGE\tPRINCIPAL\tVERDICT\tACTION\tREASON"
     )?;
     for row in &r.rows {
         writeln!(
             tw,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             row.thread_id,
             if row.checkpoint_ns.is_empty() {
                 "-"
@@ -62,11 +83,24 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
             row.age_seconds.map_or_else(|| "-".to_owned(), age),
             row.principal.as_deref().unwrap_or("-"),
             row.verdict.as_str(),
+            row.action
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string),
             row.reason,
         )?;
     }
     tw.flush()?;
     drop(tw);
+    for s in &r.settled {
+        writeln!(
+            out,
+            "settled an interrupted action on thread {} ({}): {}",
+            s.thread_id, s.handle_class, s.action
+        )?;
+    }
+    if let Some(audit) = &r.audit {
+        write_audit(out, audit)?;
+    }
     for s in &r.skipped {
         writeln!(
             out,
@@ -90,6 +124,33 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         s.duration_ms
     )?;
     writeln!(out)
+}
+
+/// One line per audit record the sweep handled, then the counts by outcome.
+fn write_audit(out: &mut dyn Write, a: &crate::audit::AuditReport) -> std::io::Result<()> {
+    for e in &a.records {
+        let outcome = match &e.server_id {
+            Some(id) => format!("{} {id}", e.outcome.as_str()),
+            None => e.outcome.as_str().to_owned(),
+        };
+        writeln!(
+            out,
+            "audit record {} (thread {}, tool call {}, {} on {}): {outcome}: {}",
+            e.id, e.thread_id, e.tool_call_id, e.tool, e.server, e.detail
+        )?;
+    }
+    let counts = a.counts();
+    let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+    writeln!(
+        out,
+        "audit: {} committed, {} not_committed, {} unknown; {} left pending (lookup failed), {} completed meanwhile; {} lookups",
+        n("committed"),
+        n("not_committed"),
+        n("unknown"),
+        n("error"),
+        n("skipped"),
+        a.lookups
+    )
 }
 
 /// One server's discovery outcome, as `custody discover` prints it.

@@ -15,29 +15,36 @@ if [[ -z "${CUSTODY_PYTHON:-}" ]] && command -v python3.11 >/dev/null 2>&1; then
 fi
 
 port=18931
+mkdir -p target/quickstart
 echo "==> python venv (LangGraph and the MCP SDK, pinned)" >&2
 python="$(tests/harness/venv.sh)/bin/python"
 echo "==> cargo build" >&2
 cargo build --quiet
+custody="${CARGO_TARGET_DIR:-target}/debug/custody"
 
 if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "quickstart: port $port is in use; stop whatever listens there and retry" >&2
     exit 1
 fi
 echo "==> basket MCP server on http://127.0.0.1:$port/mcp" >&2
-BASKET_PORT=$port "$python" tests/py/basket_server.py 2>target/quickstart-server.log &
+BASKET_PORT=$port "$python" tests/py/basket_server.py 2>target/quickstart/server.log &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do
     (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
     sleep 0.1
 done
+if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "quickstart: the basket server did not start; its log:" >&2
+    cat target/quickstart/server.log >&2
+    exit 1
+fi
 
 echo "==> LangGraph writes threads into target/quickstart/checkpoints.sqlite" >&2
-mkdir -p target/quickstart
 rm -f target/quickstart/checkpoints.sqlite*
 "$python" tests/py/order_graph.py write --server "http://127.0.0.1:$port/mcp" \
     --sqlite target/quickstart/checkpoints.sqlite --expire-wait >/dev/null
 
 echo "==> custody sweep --once --dry-run -f deploy/examples/local" >&2
-target/debug/custody sweep --once --dry-run -f deploy/examples/local "$@"
+"$custody" sweep --once --dry-run -f deploy/examples/local "$@"

@@ -4,7 +4,10 @@
 # 1. the Python venv for the test servers and fixture writers   (tests/harness/venv.sh)
 # 2. the npm MCP peer @modelcontextprotocol/server-everything    (${CUSTODY_CACHE}/npm, npm ci)
 # 3. a throwaway PostgreSQL 15, stopped on exit                  (tests/harness/pg.sh)
-# 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets
+# 3b. a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and
+#    kubectl + helm, built once from Go modules (tests/cluster/build.sh, ~12 min, cached), on
+#    127.0.0.1, stopped on exit                                  (tests/cluster/up.sh, down.sh)
+# 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets --features failpoints
 #
 # The tests find their peers through these variables:
 #   CUSTODY_TEST_PYTHON        the venv's python (runs tests/py/*.py)
@@ -15,6 +18,8 @@
 #   CUSTODY_TEST_NODE_LOOPBACK tests/harness/loopback.cjs (absolute): makes listen() bind 127.0.0.1
 #   CUSTODY_TEST_BASKET_SERVER tests/py/basket_server.py (absolute)
 #   CUSTODY_TEST_ORDER_GRAPH   tests/py/order_graph.py (absolute)
+#   CUSTODY_TEST_KUBECONFIG    admin kubeconfig of the test control plane
+#   CUSTODY_TEST_K8S_BIN       directory with kubectl and helm (and the control plane's binaries)
 # Caches live in ${CUSTODY_CACHE:-$HOME/.cache/custody}.
 set -euo pipefail
 
@@ -57,13 +62,24 @@ echo "$everything"
 
 step "postgresql"
 pg_dir="$(mktemp -d -t custody-pg.XXXXXX)"
+cluster_dir=""
 cleanup() {
     tests/harness/pg.sh stop "$pg_dir" || true
     rm -rf "$pg_dir"
+    if [[ -n "$cluster_dir" ]]; then
+        tests/cluster/down.sh "$cluster_dir" || true
+        rm -rf "$cluster_dir"
+    fi
 }
 trap cleanup EXIT
 pg_url="$(tests/harness/pg.sh start "$pg_dir")"
 echo "$pg_url"
+
+step "kubernetes control plane (tests/cluster: first build ~12 min, then cached)"
+k8s_bin="$(tests/cluster/build.sh)"
+cluster_dir="$(mktemp -d -t custody-k8s.XXXXXX)"
+kubeconfig="$(tests/cluster/up.sh "$cluster_dir")"
+echo "$kubeconfig"
 
 export CUSTODY_TEST_PYTHON="$venv/bin/python"
 export CUSTODY_TEST_PG_URL="$pg_url"
@@ -71,14 +87,19 @@ export CUSTODY_TEST_EVERYTHING="$everything"
 export CUSTODY_TEST_NODE_LOOPBACK="$root/tests/harness/loopback.cjs"
 export CUSTODY_TEST_BASKET_SERVER="$root/tests/py/basket_server.py"
 export CUSTODY_TEST_ORDER_GRAPH="$root/tests/py/order_graph.py"
+export CUSTODY_TEST_KUBECONFIG="$kubeconfig"
+export CUSTODY_TEST_K8S_BIN="$k8s_bin"
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets -- -D warnings"
+step "cargo clippy --all-targets -- -D warnings (without and with the failpoints feature)"
 cargo clippy --all-targets -- -D warnings
+cargo clippy --all-targets --features failpoints -- -D warnings
 
-step "cargo test --all-targets"
-cargo test --all-targets
+# The failpoints feature builds the test binary of custody with its kill -9 stops (tests/actions.rs);
+# they stay inert unless a test sets FAILPOINTS.
+step "cargo test --all-targets --features failpoints"
+cargo test --all-targets --features failpoints
 
 step "all checks passed in $((SECONDS - started))s"

@@ -9,11 +9,13 @@
 //!
 //! The reader never writes and never migrates: PostgreSQL sessions are opened with
 //! `default_transaction_read_only`, SQLite files in read-only mode.
+//! Acting sweeps append checkpoints through [`writer`], on a separate writable pool.
 
 mod doc;
 mod postgres;
 pub mod serde;
 mod sqlite;
+pub mod writer;
 
 use std::collections::BTreeMap;
 
@@ -143,6 +145,7 @@ impl Store {
     /// # Errors
     /// [`StoreError::Dsn`], [`StoreError::Connect`] or [`StoreError::Schema`].
     pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
+        check_scheme(backend, dsn)?;
         Ok(match backend {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
             Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn).await?),
@@ -164,10 +167,40 @@ impl Store {
     }
 }
 
+/// A DSN of the wrong kind for the backend fails with a misleading driver error (a SQLite file
+/// named `postgres:`, a DNS lookup of `sqlite`); say what is wrong instead.
+fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    let scheme = dsn.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    let ok = match backend {
+        Backend::Postgres => matches!(scheme.as_deref(), Some("postgres" | "postgresql")),
+        Backend::Sqlite => scheme.is_none() || scheme.as_deref() == Some("sqlite"),
+    };
+    if ok {
+        return Ok(());
+    }
+    let (name, want) = match backend {
+        Backend::Postgres => ("postgres", "postgres://user@host/db"),
+        Backend::Sqlite => ("sqlite", "sqlite://path or a file path"),
+    };
+    Err(StoreError::Dsn {
+        backend: name,
+        dsn: redact_dsn(dsn),
+        reason: format!("backend {name} needs a DSN like {want}"),
+    })
+}
+
 /// Replaces the password of a URL-shaped DSN with `***`, for messages.
 pub fn redact_dsn(dsn: &str) -> String {
     let Some((scheme, rest)) = dsn.split_once("://") else {
-        return dsn.to_owned();
+        // libpq's `key=value` form: hide the value of every password key.
+        return dsn
+            .split(' ')
+            .map(|kv| match kv.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => kv.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
     };
     let (authority, tail) = match rest.find(['/', '?']) {
         Some(i) => rest.split_at(i),

@@ -360,6 +360,74 @@ fn env_name(alias: &str, header: &str) -> String {
 mod tests {
     use super::*;
 
+    fn assignment(interrupt_on: &[&str]) -> AgentAssignment {
+        serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+            "metadata": {"name": "orders", "namespace": "shop"},
+            "spec": {"agent": "create-agent", "servers": [{"serverRef": "basket", "alias": "shop"}], "interruptOn": interrupt_on},
+        }))
+        .unwrap()
+    }
+
+    fn server() -> MCPServer {
+        serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+            "metadata": {"name": "basket", "namespace": "shop"},
+            "spec": {"url": "http://basket/mcp", "headers": {"X-Tenant": "t1"},
+                     "headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "basket-token", "key": "token"}}]},
+        }))
+        .unwrap()
+    }
+
+    fn validated<'a>(a: &'a AgentAssignment, private: bool) -> Validated<'a> {
+        Validated {
+            servers: vec![(
+                &a.spec.servers[0],
+                server(),
+                vec!["create_basket".into(), "get_basket".into()],
+            )],
+            final_tools: vec![
+                ("shop_create_basket".into(), true),
+                ("shop_get_basket".into(), false),
+            ],
+            private,
+        }
+    }
+
+    #[test]
+    fn writes_must_need_approval() {
+        let a = assignment(&[]);
+        let c = policy(&a, &validated(&a, false));
+        assert_eq!((c.status, c.reason), ("False", "WritesWithoutApproval"));
+        assert_eq!(
+            c.message,
+            "tools that may write are missing from interruptOn: shop_create_basket"
+        );
+        let private = policy(&a, &validated(&a, true));
+        assert!(
+            !private.message.contains("shop_create_basket"),
+            "a private catalog's names are withheld"
+        );
+        let ok = assignment(&["shop_create_basket"]);
+        assert_eq!(policy(&ok, &validated(&ok, false)).status, "True");
+    }
+
+    #[test]
+    fn rendered_config_names_credentials_but_never_holds_them() {
+        let a = assignment(&[]);
+        let (data, env) = render(&a, &validated(&a, false));
+        let servers: Value = serde_json::from_str(&data["MCP_SERVERS"]).unwrap();
+        assert_eq!(
+            servers,
+            json!({"shop": {"transport": "http", "url": "http://basket/mcp", "mode": "auto", "timeout": 10,
+                            "tool_allowlist": ["create_basket", "get_basket"], "headers": {"X-Tenant": "t1"},
+                            "headers_env": {"Authorization": "SHOP_MCP_AUTHORIZATION"}}})
+        );
+        assert_eq!(data["MCP_AGENT_SERVERS"], r#"{"create-agent":["shop"]}"#);
+        assert_eq!(env[0].name, "SHOP_MCP_AUTHORIZATION");
+        assert_eq!(env[0].secret_key_ref.name, "basket-token");
+    }
+
     #[test]
     fn env_names() {
         assert_eq!(

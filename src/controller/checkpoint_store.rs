@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::conditions::{Cond, merge};
 use super::mcp_server::time;
-use super::metrics::{KindLabels, SweepLabels};
+use super::metrics::{ActionLabels, KindLabels, SweepLabels};
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
@@ -60,6 +60,19 @@ pub(super) async fn reconcile(
             };
             ctx.metrics
                 .sweep_handles
+                .get_or_create(&labels)
+                .set(n as i64);
+        }
+        // Only known outcome kinds become labels: the status is written by another process.
+        for action in ["reminted", "escalated", "failed", "skipped", "error"] {
+            let n = s.actions.get(action).copied().unwrap_or(0);
+            let labels = ActionLabels {
+                namespace: ns.clone(),
+                name: store.name_any(),
+                action,
+            };
+            ctx.metrics
+                .sweep_actions
                 .get_or_create(&labels)
                 .set(n as i64);
         }

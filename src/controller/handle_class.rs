@@ -140,3 +140,73 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
         read_only,
     ]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{context, expect};
+    use serde_json::json;
+
+    fn class(spec: serde_json::Value) -> Arc<Guard<HandleClass>> {
+        let obj: HandleClass = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass",
+            "metadata": {"name": "basket", "namespace": "shop", "generation": 2, "uid": "u1"},
+            "spec": spec,
+        }))
+        .unwrap();
+        Arc::new(kube::core::DeserializeGuard(Ok(obj)))
+    }
+
+    fn valid_spec() -> serde_json::Value {
+        json!({"serverRef": "billing", "statePath": "basket",
+               "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}})
+    }
+
+    #[tokio::test]
+    async fn unknown_server_reads_it_then_reports_the_field() {
+        let (ctx, mut api) = context();
+        let server = tokio::spawn(async move {
+            expect(&mut api, "GET", "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/billing", 404,
+                   json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+            expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
+                   json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await
+        });
+        let action = reconcile(class(valid_spec()), ctx).await.unwrap();
+        assert_eq!(action, Action::requeue(RECHECK));
+        let patch = server.await.unwrap();
+        let cond = &patch["status"]["conditions"][0];
+        assert_eq!(
+            (
+                cond["type"].as_str(),
+                cond["status"].as_str(),
+                cond["reason"].as_str()
+            ),
+            (Some("Valid"), Some("False"), Some("UnknownServer"))
+        );
+        assert_eq!(
+            cond["message"],
+            "spec.serverRef: no MCPServer billing in namespace shop"
+        );
+        assert_eq!(patch["status"]["observedGeneration"], 2);
+    }
+
+    #[tokio::test]
+    async fn an_invalid_template_is_reported_without_reading_anything() {
+        let (ctx, mut api) = context();
+        let mut spec = valid_spec();
+        spec["probe"]["arguments"]["basket_id"] = json!("{{handel}}");
+        let server = tokio::spawn(async move {
+            expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
+                   json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await
+        });
+        reconcile(class(spec), ctx).await.unwrap();
+        let patch = server.await.unwrap();
+        let message = patch["status"]["conditions"][0]["message"]
+            .as_str()
+            .unwrap();
+        assert!(
+            message.starts_with("spec.probe.arguments.basket_id: unknown placeholder"),
+            "{message}"
+        );
+    }
+}

@@ -19,6 +19,9 @@ use crate::crd::{MCPServer, MCPServerStatus, ServerInfo, ToolStatus, validate};
 use crate::mcp::ServerConfig;
 use crate::mcp::discovery::{self, CacheScope, DEFAULT_PAGE_CAP};
 
+/// First retry after a failed discovery; doubles with each further failure.
+const FAILURE_BACKOFF: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Retry delay while a spec or a Secret is broken; fixing either also triggers a reconcile.
 const BROKEN_REQUEUE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -76,8 +79,7 @@ pub(super) async fn reconcile(
     let discovery_due = previous.as_ref().is_none_or(|p| {
         p.generation != server.metadata.generation
             || p.fingerprint != fingerprint
-            || p.discovery_error.is_some()
-            || now >= p.discovered_at + next_in(&schedule, p.catalog.as_ref())
+            || now >= p.discovered_at + next_in(&schedule, p)
     });
     let health_due = previous
         .as_ref()
@@ -138,7 +140,7 @@ pub(super) async fn reconcile(
     )
     .await?;
 
-    let next_discovery = observed.discovered_at + next_in(&schedule, observed.catalog.as_ref());
+    let next_discovery = observed.discovered_at + next_in(&schedule, &observed);
     let next_health = observed.health_at + health_every;
     let wait = (next_discovery.min(next_health) - Utc::now())
         .to_std()
@@ -150,12 +152,17 @@ fn to_value(status: &Option<MCPServerStatus>) -> Result<Option<serde_json::Value
     Ok(status.as_ref().map(serde_json::to_value).transpose()?)
 }
 
-fn next_in(
-    schedule: &discovery::Schedule,
-    catalog: Option<&discovery::Catalog>,
-) -> chrono::Duration {
-    chrono::Duration::from_std(schedule.next(catalog.and_then(|c| c.ttl_ms)))
-        .unwrap_or(chrono::Duration::MAX)
+/// When to discover again: on the server's cache-hint schedule after a success; after a failure,
+/// with a backoff that doubles from 5 s up to the schedule's maximum. (Retrying at once would
+/// turn every status write of the failure into the next attempt: a reconcile storm.)
+fn next_in(schedule: &discovery::Schedule, o: &Observed) -> chrono::Duration {
+    let wait = if o.discovery_error.is_some() {
+        let doublings = o.consecutive_failures.saturating_sub(1).min(16);
+        (FAILURE_BACKOFF * 2u32.pow(doublings)).min(schedule.max)
+    } else {
+        schedule.next(o.catalog.as_ref().and_then(|c| c.ttl_ms))
+    };
+    chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
 }
 
 /// Header names and values hashed together; kept in memory only.
@@ -369,5 +376,55 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
             message.clone(),
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{context, expect};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_missing_secret_is_named_in_conditions_and_never_discovered() {
+        let (ctx, mut api) = context();
+        let server: MCPServer = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+            "metadata": {"name": "basket", "namespace": "shop", "generation": 1, "uid": "u1"},
+            "spec": {"url": "http://127.0.0.1:1/mcp",
+                     "headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "token", "key": "value"}}]},
+        }))
+        .unwrap();
+        let mock = tokio::spawn(async move {
+            expect(&mut api, "GET", "/api/v1/namespaces/shop/secrets/token", 404,
+                   json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+            expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/basket/status", 200,
+                   json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer", "metadata": {"name": "basket"},
+                          "spec": {"url": "http://127.0.0.1:1/mcp"}})).await
+        });
+        let action = reconcile(
+            Arc::new(kube::core::DeserializeGuard(Ok(server))),
+            ctx.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(action, Action::requeue(BROKEN_REQUEUE));
+        let patch = mock.await.unwrap();
+        let ready = &patch["status"]["conditions"][0];
+        assert_eq!(
+            (ready["type"].as_str(), ready["reason"].as_str()),
+            (Some("Ready"), Some("SecretNotResolved"))
+        );
+        assert!(
+            ready["message"]
+                .as_str()
+                .unwrap()
+                .contains("no Secret \"token\""),
+            "{ready}"
+        );
+        assert!(
+            ctx.observed.read().await.is_empty(),
+            "nothing was discovered"
+        );
     }
 }

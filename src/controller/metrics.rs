@@ -48,6 +48,17 @@ pub struct SweepLabels {
     pub verdict: &'static str,
 }
 
+/// A store's action counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// Namespace of the CheckpointStore.
+    pub namespace: String,
+    /// Name of the CheckpointStore.
+    pub name: String,
+    /// Outcome kind, from a fixed set.
+    pub action: &'static str,
+}
+
 /// Every metric the controller exports.
 pub struct Metrics {
     /// Reconciles started, by kind.
@@ -62,6 +73,8 @@ pub struct Metrics {
     pub server_tools: Family<ObjectLabels, Gauge>,
     /// Handles by verdict in the store's most recent sweep.
     pub sweep_handles: Family<SweepLabels, Gauge>,
+    /// Actions by outcome in the store's most recent sweep.
+    pub sweep_actions: Family<ActionLabels, Gauge>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
 }
@@ -76,6 +89,7 @@ impl Metrics {
             server_healthy: Family::default(),
             server_tools: Family::default(),
             sweep_handles: Family::default(),
+            sweep_actions: Family::default(),
             leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("custody");

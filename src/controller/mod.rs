@@ -522,3 +522,64 @@ fn owner_ref<K: Resource<DynamicType = ()>>(
         .controller_owner_ref(&())
         .expect("objects from the API server have a name and uid")
 }
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    //! A Context over tower-test's mock API server, for request-sequence tests of reconcilers.
+
+    use super::*;
+    use ::http::{Request, Response};
+    use clap::Parser;
+    use kube::client::Body;
+    use tower_test::mock::{self, Handle};
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        opts: Options,
+    }
+
+    /// A Context whose client talks to the returned mock handle.
+    pub fn context() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some("test".into()),
+        };
+        let ctx = Context {
+            client: client.clone(),
+            metrics: Metrics::new(&mut Registry::default()),
+            recorder: Recorder::new(client, reporter),
+            observed: RwLock::default(),
+            opts: Wrapper::parse_from(["custody"]).opts,
+        };
+        (Arc::new(ctx), handle)
+    }
+
+    /// Answers the next request after checking its method and path; returns its body as JSON.
+    pub async fn expect(
+        handle: &mut Handle<Request<Body>, Response<Body>>,
+        method: &str,
+        path: &str,
+        status: u16,
+        body: serde_json::Value,
+    ) -> serde_json::Value {
+        let (request, send) = handle.next_request().await.expect("a request");
+        assert_eq!(request.method().as_str(), method, "{}", request.uri());
+        assert_eq!(request.uri().path(), path);
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let sent = if bytes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+        sent
+    }
+}

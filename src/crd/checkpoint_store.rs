@@ -28,6 +28,12 @@ pub struct CheckpointStoreSpec {
     /// Which LangGraph saver wrote the tables.
     pub backend: Backend,
 
+    /// `observe` (default): sweeps report verdicts and change nothing. `act`: sweeps carry out
+    /// each HandleClass's `onGone` and write the outcome into the thread (a new checkpoint) and
+    /// into custody's own ledger tables in this database. Local mode acts only with `--apply`.
+    #[serde(default)]
+    pub mode: StoreMode,
+
     /// Literal connection string, for local mode (`sqlite://path` or `postgres://…`). In a
     /// cluster use `dsnFrom`: a literal DSN is visible to anyone who can read this resource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,6 +62,55 @@ pub struct CheckpointStoreSpec {
     /// selects all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handle_class_selector: Option<LabelSelector>,
+
+    /// Settling pending audit records of ambiguous writes (table `custody_audit` in this
+    /// database). Acting sweeps only (`mode: act`; local mode with `--apply`).
+    #[serde(default)]
+    pub audit: AuditSpec,
+}
+
+/// When acting sweeps settle pending audit records, and how they escalate the ones they cannot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("self.maxAgeSeconds > self.graceSeconds").message("maxAgeSeconds must be greater than graceSeconds"))]
+#[serde(rename_all = "camelCase")]
+pub struct AuditSpec {
+    /// A pending record is looked up only once it is at least this old, in seconds, so a call
+    /// still in flight is left to the agent to complete. Default 120.
+    #[serde(default = "default_grace_seconds")]
+    pub grace_seconds: u64,
+    /// A record still pending this many seconds after it was written becomes `unknown` and its
+    /// thread is escalated. Default 86400 (a day).
+    #[serde(default = "default_max_age_seconds")]
+    pub max_age_seconds: u64,
+    /// Where custody writes `{verdict: escalated, reason, at, audit: {…}}` into the thread of a
+    /// record that became `unknown`, e.g. `custody`; same syntax as a HandleClass's
+    /// `verdictPath`. Without it the record is still marked `unknown` and reported, but nothing
+    /// is written to the thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("verdictPath must be dot-separated non-empty keys, e.g. custody"))]
+    pub verdict_path: Option<String>,
+}
+
+impl Default for AuditSpec {
+    fn default() -> Self {
+        Self {
+            grace_seconds: default_grace_seconds(),
+            max_age_seconds: default_max_age_seconds(),
+            verdict_path: None,
+        }
+    }
+}
+
+/// Long enough for a slow write to finish and the agent to record its outcome; short enough
+/// that a crashed call is reconciled by the next sweep or two (the default schedule is 15 min).
+fn default_grace_seconds() -> u64 {
+    120
+}
+
+/// A day: long enough to ride out a server's maintenance window, short enough that a person
+/// hears about a write nobody can confirm while the conversation is still fresh.
+fn default_max_age_seconds() -> u64 {
+    86_400
 }
 
 fn default_schedule() -> String {
@@ -64,6 +119,19 @@ fn default_schedule() -> String {
 
 fn default_principal_key() -> String {
     "principal".into()
+}
+
+/// Whether sweeps of a store may change anything.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreMode {
+    /// Report verdicts only; open the database read-only.
+    #[default]
+    Observe,
+    /// Act on `gone` and `absent` verdicts (never on `unknown`).
+    Act,
 }
 
 /// LangGraph checkpoint saver backends custody reads (LangGraph 1.2: langgraph-checkpoint-postgres
@@ -111,6 +179,14 @@ pub struct SweepSummary {
     pub unknown: u64,
     /// Probe calls sent (one per distinct handle and server).
     pub probes: u64,
+    /// Actions taken, by outcome (`reminted`, `escalated`, `failed`, `skipped`, `error`, …);
+    /// planned-only actions of an observing sweep are not counted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub actions: std::collections::BTreeMap<String, u64>,
+    /// Audit records this sweep handled, by outcome (`committed`, `not_committed`, `unknown`,
+    /// and `error` for lookups that could not be completed, whose records stay pending).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub audit: std::collections::BTreeMap<String, u64>,
     /// Wall time of the sweep in milliseconds.
     pub duration_ms: u64,
     /// RFC 3339 time the sweep finished.

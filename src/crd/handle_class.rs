@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new("self.onGone != 'remint' || has(self.mint)").message("onGone: remint requires mint"))]
+#[x_kube(validation = Rule::new("self.onGone != 'remint' || has(self.mintInputsPath)").message("onGone: remint requires mintInputsPath"))]
 #[serde(rename_all = "camelCase")]
 pub struct HandleClassSpec {
     /// Name of the MCPServer (same namespace) that mints and answers for these handles.
@@ -47,6 +48,25 @@ pub struct HandleClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mint: Option<MintSpec>,
 
+    /// Where graph state keeps the arguments the graph minted the handle with (an object), e.g.
+    /// `mint_inputs`; same syntax as `statePath`. A re-mint calls the mint tool with them.
+    /// Required for `onGone: remint`: without the recorded inputs a re-mint would be a guess.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("mintInputsPath must be dot-separated non-empty keys, e.g. mint_inputs"))]
+    pub mint_inputs_path: Option<String>,
+
+    /// The recorded work a re-mint replays onto the new handle, one tool call per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplaySpec>,
+
+    /// Graph-state channel (optionally with keys) where custody writes its verdict record
+    /// `{verdict, handle_class, handle, reason, at}` when it acts (`verdict` is `reminted`,
+    /// `escalated` or `failed`), so the graph can route on it when it resumes, e.g. `custody`.
+    /// Without it custody can re-mint but cannot escalate or fail a thread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("verdictPath must be dot-separated non-empty keys, e.g. custody"))]
+    pub verdict_path: Option<String>,
+
     /// The read-only tool that tells whether a handle is still alive.
     pub probe: ProbeSpec,
 
@@ -56,8 +76,9 @@ pub struct HandleClassSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_ttl_seconds: Option<u64>,
 
-    /// What to do with a handle that is gone. Acting on it is not implemented yet: sweeps only
-    /// report verdicts.
+    /// What to do with a handle that is gone. custody acts only where the CheckpointStore's
+    /// `mode` is `act` (in local mode: with `--apply`). A thread that holds no handle
+    /// (`absent`), or one minted for another principal, is escalated whatever this says.
     #[serde(default)]
     pub on_gone: OnGone,
 }
@@ -126,6 +147,28 @@ pub struct MintSpec {
     pub tool: String,
     /// Field of the result's `structuredContent` that carries the new handle, e.g. `basket_id`.
     pub handle_field: String,
+    /// Name of the mint tool's argument that takes an idempotency key, e.g. `idempotency_key`.
+    /// custody passes a digest of (thread, checkpoint, handle class), so a mint repeated after
+    /// a crash returns the same handle. Without it, a crash between mint and ledger leaves the
+    /// thread escalated rather than minted twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key_argument: Option<String>,
+}
+
+/// The recorded work a re-mint replays: one call of `tool` per item of the list at `itemsPath`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplaySpec {
+    /// Tool name on the server, e.g. `add_item`.
+    pub tool: String,
+    /// Where graph state keeps the list of recorded items, e.g. `items`; same syntax as
+    /// `statePath`. A missing or null list means nothing to replay.
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("itemsPath must be dot-separated non-empty keys, e.g. items"))]
+    pub items_path: String,
+    /// Argument template per item: the probe placeholders (`{{handle}}` is the new handle) plus
+    /// `{{item}}` and `{{item.<field>}}`.
+    #[schemars(schema_with = "super::schema::any_object")]
+    pub arguments: BTreeMap<String, serde_json::Value>,
 }
 
 /// The probe: a read-only tool call that places the handle in its arguments.

@@ -58,6 +58,71 @@ pub struct MCPServerSpec {
     /// A required server that is unreachable makes every assignment that uses it not ready.
     #[serde(default)]
     pub required: bool,
+
+    /// How to settle pending audit records of this server's write tools (one rule per write
+    /// tool): the read-only lookup that finds a write by its idempotency key. A pending record
+    /// of a tool without a rule cannot be settled and becomes `unknown` at
+    /// `CheckpointStore.spec.audit.maxAgeSeconds`.
+    // Bounds keep the CEL rules' estimated cost within the API server's budget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub reconciliation: Vec<ReconciliationRule>,
+}
+
+/// How custody finds out whether one write tool's call landed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconciliationRule {
+    /// The write tool, by its name on the server, e.g. `create_ticket`.
+    #[x_kube(validation = Rule::new("self != ''").message("tool must name the write tool"))]
+    #[schemars(length(max = 128))]
+    pub tool: String,
+    /// The lookup that finds the write.
+    pub lookup: LookupSpec,
+}
+
+/// A read-only tool call that finds a write by its idempotency key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LookupSpec {
+    /// Tool name on the server, e.g. `find_ticket`. It must not change server state (custody
+    /// calls it once per pending record per sweep).
+    #[x_kube(validation = Rule::new("self != ''").message("lookup.tool must name a read-only tool"))]
+    #[schemars(length(max = 128))]
+    pub tool: String,
+    /// Argument template. String values may hold `{{idempotency_key}}`, `{{thread_id}}`,
+    /// `{{principal}}` and `{{record.<column>}}` (a column of the audit record, e.g.
+    /// `record.tool_call_id`). A string that is exactly one placeholder takes the value's JSON
+    /// type.
+    #[schemars(schema_with = "super::schema::any_object")]
+    pub arguments: BTreeMap<String, serde_json::Value>,
+    /// Which answers mean found and which mean not found. Any other answer (another error, a
+    /// timeout) settles nothing: the record stays pending.
+    pub found: FoundSpec,
+    /// Dot-separated path in the successful answer's `structuredContent` of the server's
+    /// identifier for the write, e.g. `ticket.id`; recorded with `committed`.
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("idField must be dot-separated non-empty keys, e.g. ticket.id"))]
+    #[schemars(length(max = 256))]
+    pub id_field: String,
+}
+
+/// What in a lookup's answer means the write exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[x_kube(validation = Rule::new("has(self.path) || has(self.notFoundErrorPrefixes)").message("found needs path or notFoundErrorPrefixes: otherwise no answer could mean not found"))]
+#[serde(rename_all = "camelCase")]
+pub struct FoundSpec {
+    /// Dot-separated path in a successful answer's `structuredContent`: a value there other than
+    /// null and `false` means found; null, `false` or nothing there means not found. Without it,
+    /// every successful answer means found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("found.path must be dot-separated non-empty keys, e.g. ticket"))]
+    #[schemars(length(max = 256))]
+    pub path: Option<String>,
+    /// An `isError` answer whose text starts with one of these means not found, e.g.
+    /// `TICKET_NOT_FOUND`. Any other `isError` answer is a failed lookup, never "not found": a
+    /// record marked `not_committed` invites the agent to write again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_found_error_prefixes: Vec<String>,
 }
 
 fn default_timeout_seconds() -> u32 {

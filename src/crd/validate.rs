@@ -7,7 +7,8 @@
 use std::fmt;
 
 use super::{CheckpointStoreSpec, HandleClassSpec, MCPServerSpec, OnGone};
-use crate::domain::template::{Template, TemplateError};
+use crate::audit::LookupRule;
+use crate::domain::template::{Scope, Template, TemplateError};
 use crate::domain::verdict::GoneRule;
 
 /// A field and what is wrong with it.
@@ -38,7 +39,7 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
 ///
 /// # Errors
 /// The first problem found: a URL that is not absolute `http`/`https`, a timeout outside
-/// 1–300 s, an invalid header name.
+/// 1–300 s, an invalid header name, a reconciliation rule as in [`reconciliation`].
 pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     let url = url::Url::parse(&spec.url).map_err(|e| err("spec.url", format!("not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -62,7 +63,63 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     for (i, h) in spec.headers_from.iter().enumerate() {
         header_name(&h.name).map_err(|m| err(format!("spec.headersFrom[{i}].name"), m))?;
     }
+    reconciliation(spec)?;
     Ok(())
+}
+
+/// Compiles an MCPServer's `reconciliation` rules.
+///
+/// # Errors
+/// A write tool with two rules, a lookup that is the write tool itself, an empty tool name or
+/// path, a template placeholder that does not exist in a lookup, or a `found` that no answer
+/// could satisfy as "not found" (neither `path` nor `notFoundErrorPrefixes`).
+pub fn reconciliation(spec: &MCPServerSpec) -> Result<Vec<LookupRule>, FieldError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut rules = Vec::new();
+    for (i, r) in spec.reconciliation.iter().enumerate() {
+        let at = |field: &str| format!("spec.reconciliation[{i}].{field}");
+        if r.tool.is_empty() {
+            return Err(err(at("tool"), "must name the write tool"));
+        }
+        if !seen.insert(r.tool.as_str()) {
+            return Err(err(
+                at("tool"),
+                format!("{} has more than one rule", r.tool),
+            ));
+        }
+        let l = &r.lookup;
+        if l.tool.is_empty() {
+            return Err(err(at("lookup.tool"), "must name a read-only tool"));
+        }
+        if l.tool == r.tool {
+            return Err(err(
+                at("lookup.tool"),
+                "must be a read-only tool, not the write tool itself",
+            ));
+        }
+        for (field, path) in [
+            ("lookup.idField", Some(l.id_field.as_str())),
+            ("lookup.found.path", l.found.path.as_deref()),
+        ] {
+            if path.is_some_and(|p| p.split('.').any(str::is_empty)) {
+                return Err(err(at(field), "must be dot-separated non-empty keys"));
+            }
+        }
+        if l.found.path.is_none() && l.found.not_found_error_prefixes.is_empty() {
+            return Err(err(
+                at("lookup.found"),
+                "needs path or notFoundErrorPrefixes: otherwise no answer could mean not found",
+            ));
+        }
+        let template = Template::parse_in(&l.arguments, Scope::Lookup).map_err(|e| match e {
+            TemplateError::Syntax { path, reason } => {
+                err(at(&format!("lookup.arguments.{path}")), reason)
+            }
+            other => err(at("lookup.arguments"), other.to_string()),
+        })?;
+        rules.push(LookupRule::new(&r.tool, l, template));
+    }
+    Ok(rules)
 }
 
 fn header_name(name: &str) -> Result<(), String> {
@@ -104,13 +161,77 @@ pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), Fiel
     if spec.on_gone == OnGone::Remint && spec.mint.is_none() {
         return Err(err("spec.mint", "onGone: remint requires mint"));
     }
+    if spec.on_gone == OnGone::Remint && spec.mint_inputs_path.is_none() {
+        return Err(err(
+            "spec.mintInputsPath",
+            "onGone: remint requires mintInputsPath (the recorded mint arguments)",
+        ));
+    }
+    if let Some(mint) = &spec.mint {
+        if mint.tool.is_empty() {
+            return Err(err("spec.mint.tool", "must name the minting tool"));
+        }
+        if mint.handle_field.is_empty() {
+            return Err(err(
+                "spec.mint.handleField",
+                "must name a structuredContent field",
+            ));
+        }
+        if mint.idempotency_key_argument.as_deref() == Some("") {
+            return Err(err(
+                "spec.mint.idempotencyKeyArgument",
+                "must name a tool argument, or be left out",
+            ));
+        }
+    }
+    for (field, path) in [
+        ("spec.mintInputsPath", spec.mint_inputs_path.as_deref()),
+        ("spec.verdictPath", spec.verdict_path.as_deref()),
+        (
+            "spec.replay.itemsPath",
+            spec.replay.as_ref().map(|r| r.items_path.as_str()),
+        ),
+    ] {
+        if path.is_some_and(|p| p.split('.').any(str::is_empty)) {
+            return Err(err(
+                field,
+                "must be dot-separated non-empty keys, e.g. items",
+            ));
+        }
+    }
+    replay_template(spec)?;
     Ok((template, rule))
+}
+
+/// Compiles `spec.replay.arguments` (placeholders of [`Scope::Replay`]); `None` without replay.
+///
+/// # Errors
+/// An empty replay tool or a template error, naming the argument.
+pub fn replay_template(spec: &HandleClassSpec) -> Result<Option<Template>, FieldError> {
+    let Some(replay) = &spec.replay else {
+        return Ok(None);
+    };
+    if replay.tool.is_empty() {
+        return Err(err(
+            "spec.replay.tool",
+            "must name the tool that replays an item",
+        ));
+    }
+    Template::parse_in(&replay.arguments, Scope::Replay)
+        .map(Some)
+        .map_err(|e| match e {
+            TemplateError::Syntax { path, reason } => {
+                err(format!("spec.replay.arguments.{path}"), reason)
+            }
+            other => err("spec.replay.arguments", other.to_string()),
+        })
 }
 
 /// Validates a CheckpointStore spec.
 ///
 /// # Errors
-/// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`.
+/// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`; `audit.maxAgeSeconds` not
+/// greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
 pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     match (&spec.dsn, &spec.dsn_from) {
         (Some(_), Some(_)) => {
@@ -121,6 +242,23 @@ pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     }
     if spec.principal_key.is_empty() {
         return Err(err("spec.principalKey", "must not be empty"));
+    }
+    if spec.audit.max_age_seconds <= spec.audit.grace_seconds {
+        return Err(err(
+            "spec.audit.maxAgeSeconds",
+            "must be greater than audit.graceSeconds",
+        ));
+    }
+    if spec
+        .audit
+        .verdict_path
+        .as_deref()
+        .is_some_and(|p| p.split('.').any(str::is_empty))
+    {
+        return Err(err(
+            "spec.audit.verdictPath",
+            "must be dot-separated non-empty keys, e.g. custody",
+        ));
     }
     Ok(())
 }
@@ -186,7 +324,42 @@ mod tests {
             mode: ProtocolMode::Auto,
             tool_allowlist: vec![],
             required: false,
+            reconciliation: vec![],
         }
+    }
+
+    #[test]
+    fn reconciliation_rules() {
+        let rule: crate::crd::ReconciliationRule = serde_json::from_value(serde_json::json!({
+            "tool": "create_ticket",
+            "lookup": {"tool": "find_ticket", "arguments": {"key": "{{idempotency_key}}"},
+                       "found": {"path": "found"}, "idField": "ticket.id"}
+        }))
+        .unwrap();
+        let mut s = server("http://x/mcp");
+        s.reconciliation = vec![rule.clone()];
+        assert_eq!(reconciliation(&s).unwrap().len(), 1);
+        let field = |s: &MCPServerSpec| mcp_server(s).unwrap_err().field;
+        s.reconciliation = vec![rule.clone(), rule.clone()];
+        assert_eq!(field(&s), "spec.reconciliation[1].tool");
+        let mut r = rule.clone();
+        r.lookup.tool = "create_ticket".into();
+        s.reconciliation = vec![r];
+        assert_eq!(field(&s), "spec.reconciliation[0].lookup.tool");
+        let mut r = rule.clone();
+        r.lookup.found.path = None;
+        s.reconciliation = vec![r];
+        assert_eq!(field(&s), "spec.reconciliation[0].lookup.found");
+        let mut r = rule.clone();
+        r.lookup
+            .arguments
+            .insert("key".into(), serde_json::json!("{{handle}}"));
+        s.reconciliation = vec![r];
+        assert_eq!(field(&s), "spec.reconciliation[0].lookup.arguments.key");
+        let mut r = rule;
+        r.lookup.id_field = "ticket..id".into();
+        s.reconciliation = vec![r];
+        assert_eq!(field(&s), "spec.reconciliation[0].lookup.idField");
     }
 
     #[test]
@@ -225,6 +398,9 @@ mod tests {
             },
             declared_ttl_seconds: None,
             on_gone: OnGone::Escalate,
+            mint_inputs_path: None,
+            replay: None,
+            verdict_path: None,
         };
         assert!(handle_class(&spec).is_ok());
         spec.probe
@@ -242,5 +418,40 @@ mod tests {
         spec.state_path = "basket".into();
         spec.on_gone = OnGone::Remint;
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.mint");
+        spec.mint = Some(crate::crd::MintSpec {
+            tool: "create_basket".into(),
+            handle_field: "basket_id".into(),
+            idempotency_key_argument: Some("idempotency_key".into()),
+        });
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.mintInputsPath"
+        );
+        spec.mint_inputs_path = Some("mint_inputs".into());
+        spec.replay = Some(crate::crd::ReplaySpec {
+            tool: "add_item".into(),
+            items_path: "items".into(),
+            arguments: [("sku".to_owned(), serde_json::json!("{{item.sku}}"))].into(),
+        });
+        assert!(handle_class(&spec).is_ok());
+        spec.probe
+            .arguments
+            .insert("sku".into(), serde_json::json!("{{item.sku}}"));
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.probe.arguments.sku"
+        );
+        spec.probe.arguments.remove("sku");
+        if let Some(r) = spec.replay.as_mut() {
+            r.arguments
+                .insert("qty".into(), serde_json::json!("{{item.qty"));
+        }
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.replay.arguments.qty"
+        );
+        spec.replay = None;
+        spec.verdict_path = Some("custody.".into());
+        assert_eq!(handle_class(&spec).unwrap_err().field, "spec.verdictPath");
     }
 }

@@ -1,4 +1,4 @@
-//! Argument templates for probe (and later mint and replay) calls.
+//! Argument templates for probe and replay calls.
 //!
 //! A template is the JSON `arguments` object of a `tools/call`, written by the operator, whose
 //! string values may hold placeholders:
@@ -9,6 +9,12 @@
 //! | `{{thread_id}}` | the LangGraph thread id |
 //! | `{{principal}}` | the principal the handle was minted for |
 //! | `{{record.<field>}}` | a field of the stored handle record |
+//! | `{{item}}`, `{{item.<field>}}` | replay templates only: the recorded item being replayed, or one of its fields |
+//! | `{{idempotency_key}}` | audit lookup templates only: the audit record's idempotency key |
+//!
+//! In an audit lookup template (MCPServer `reconciliation[].lookup.arguments`) the "record" is
+//! the audit record, so `{{record.<field>}}` names one of its columns, `{{idempotency_key}}` is
+//! `{{record.idempotency_key}}`, and `{{handle}}` does not exist.
 //!
 //! A string that is exactly one placeholder takes the value's JSON type; a placeholder inside a
 //! longer string is interpolated as text. Substituted values are data: they are never scanned
@@ -26,6 +32,10 @@ enum Var {
     ThreadId,
     Principal,
     Record(String),
+    /// The whole replay item (`None`) or one of its fields.
+    Item(Option<String>),
+    /// The audit record's idempotency key (lookup templates).
+    IdempotencyKey,
 }
 
 impl fmt::Display for Var {
@@ -35,6 +45,9 @@ impl fmt::Display for Var {
             Self::ThreadId => f.write_str("thread_id"),
             Self::Principal => f.write_str("principal"),
             Self::Record(field) => write!(f, "record.{field}"),
+            Self::Item(None) => f.write_str("item"),
+            Self::Item(Some(field)) => write!(f, "item.{field}"),
+            Self::IdempotencyKey => f.write_str("idempotency_key"),
         }
     }
 }
@@ -91,17 +104,43 @@ pub struct Context<'a> {
     pub principal: Option<&'a str>,
     /// The stored handle record.
     pub record: &'a Value,
+    /// The recorded item being replayed; `None` outside replay.
+    pub item: Option<&'a Value>,
+}
+
+/// Which placeholders a template may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Probe arguments: no `{{item…}}`.
+    Probe,
+    /// Replay arguments: everything, `{{item…}}` included; `{{handle}}` is the new handle.
+    Replay,
+    /// Audit lookup arguments: `{{idempotency_key}}`, `{{thread_id}}`, `{{principal}}`,
+    /// `{{record.<column>}}` of the audit record; no `{{handle}}`, no `{{item…}}`.
+    Lookup,
 }
 
 impl Template {
-    /// Parses and validates `arguments`.
+    /// Parses and validates probe `arguments` (no `{{item…}}` placeholders).
     ///
     /// # Errors
     /// [`TemplateError::Syntax`] for an unclosed `{{`, an empty or unknown placeholder.
     pub fn parse(arguments: &BTreeMap<String, Value>) -> Result<Self, TemplateError> {
+        Self::parse_in(arguments, Scope::Probe)
+    }
+
+    /// Parses and validates `arguments` for the given scope.
+    ///
+    /// # Errors
+    /// [`TemplateError::Syntax`] for an unclosed `{{`, an empty or unknown placeholder, or an
+    /// `{{item…}}` placeholder outside [`Scope::Replay`].
+    pub fn parse_in(
+        arguments: &BTreeMap<String, Value>,
+        scope: Scope,
+    ) -> Result<Self, TemplateError> {
         let object = arguments
             .iter()
-            .map(|(k, v)| Ok((k.clone(), parse_node(v, k)?)))
+            .map(|(k, v)| Ok((k.clone(), parse_node(v, k, scope)?)))
             .collect::<Result<_, TemplateError>>()?;
         Ok(Self(Node::Object(object)))
     }
@@ -121,26 +160,26 @@ impl Template {
     }
 }
 
-fn parse_node(v: &Value, path: &str) -> Result<Node, TemplateError> {
+fn parse_node(v: &Value, path: &str, scope: Scope) -> Result<Node, TemplateError> {
     Ok(match v {
-        Value::String(s) => Node::String(parse_string(s, path)?),
+        Value::String(s) => Node::String(parse_string(s, path, scope)?),
         Value::Array(items) => Node::Array(
             items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| parse_node(v, &format!("{path}[{i}]")))
+                .map(|(i, v)| parse_node(v, &format!("{path}[{i}]"), scope))
                 .collect::<Result<_, _>>()?,
         ),
         Value::Object(map) => Node::Object(
             map.iter()
-                .map(|(k, v)| Ok((k.clone(), parse_node(v, &format!("{path}.{k}"))?)))
+                .map(|(k, v)| Ok((k.clone(), parse_node(v, &format!("{path}.{k}"), scope)?)))
                 .collect::<Result<_, TemplateError>>()?,
         ),
         other => Node::Literal(other.clone()),
     })
 }
 
-fn parse_string(s: &str, path: &str) -> Result<Vec<Piece>, TemplateError> {
+fn parse_string(s: &str, path: &str, scope: Scope) -> Result<Vec<Piece>, TemplateError> {
     let syntax = |reason: String| TemplateError::Syntax {
         path: path.to_owned(),
         reason,
@@ -156,15 +195,41 @@ fn parse_string(s: &str, path: &str) -> Result<Vec<Piece>, TemplateError> {
             .find("}}")
             .ok_or_else(|| syntax(format!("unclosed {{{{ in {s:?}")))?;
         let name = after[..end].trim();
-        let var = match name {
-            "handle" => Var::Handle,
-            "thread_id" => Var::ThreadId,
-            "principal" => Var::Principal,
+        let item = match name {
+            "item" => Some(None),
+            _ => name
+                .strip_prefix("item.")
+                .filter(|f| !f.is_empty())
+                .map(|f| Some(f.to_owned())),
+        };
+        let var = match (name, item) {
+            ("idempotency_key", _) if scope == Scope::Lookup => Var::IdempotencyKey,
+            ("handle", _) if scope == Scope::Lookup => {
+                return Err(syntax(
+                    "{{handle}} does not exist in a lookup; use {{idempotency_key}}".into(),
+                ));
+            }
+            ("handle", _) => Var::Handle,
+            ("thread_id", _) => Var::ThreadId,
+            ("principal", _) => Var::Principal,
+            (_, Some(field)) if scope == Scope::Replay => Var::Item(field),
+            (_, Some(_)) => {
+                return Err(syntax(format!(
+                    "{{{{{name}}}}} is only available in replay.arguments"
+                )));
+            }
             _ => match name.strip_prefix("record.") {
                 Some(field) if !field.is_empty() => Var::Record(field.to_owned()),
                 _ => {
+                    let known = match scope {
+                        Scope::Probe => "handle, thread_id, principal, record.<field>",
+                        Scope::Replay => {
+                            "handle, thread_id, principal, record.<field>, item or item.<field>"
+                        }
+                        Scope::Lookup => "idempotency_key, thread_id, principal, record.<field>",
+                    };
                     return Err(syntax(format!(
-                        "unknown placeholder {{{{{name}}}}}; use handle, thread_id, principal or record.<field>"
+                        "unknown placeholder {{{{{name}}}}}; use {known}"
                     )));
                 }
             },
@@ -233,6 +298,17 @@ fn lookup(var: &Var, ctx: &Context<'_>, path: &str) -> Result<Value, TemplateErr
             .map(|p| Value::String(p.to_owned()))
             .ok_or_else(missing),
         Var::Record(field) => ctx.record.get(field).cloned().ok_or_else(missing),
+        Var::Item(None) => ctx.item.cloned().ok_or_else(missing),
+        Var::Item(Some(field)) => ctx
+            .item
+            .and_then(|item| item.get(field))
+            .cloned()
+            .ok_or_else(missing),
+        Var::IdempotencyKey => ctx
+            .record
+            .get("idempotency_key")
+            .cloned()
+            .ok_or_else(missing),
     }
 }
 
@@ -251,6 +327,7 @@ mod tests {
             thread_id: "t-1",
             principal: Some("user-1"),
             record,
+            item: None,
         }
     }
 
@@ -293,6 +370,56 @@ mod tests {
         );
         assert!(Template::parse(&args(json!({"a": "{{handle"}))).is_err());
         assert!(Template::parse(&args(json!({"a": "{{record.}}"}))).is_err());
+    }
+
+    #[test]
+    fn item_placeholders_only_in_replay() {
+        let arguments = args(json!({"basket_id": "{{handle}}", "sku": "{{item.sku}}",
+                                    "qty": "{{item.qty}}", "raw": "{{item}}"}));
+        let e = Template::parse(&arguments).unwrap_err();
+        assert!(e.to_string().contains("only available in replay"), "{e}");
+        let t = Template::parse_in(&arguments, Scope::Replay).unwrap();
+        let record = json!({});
+        let item = json!({"sku": "widget", "qty": 2});
+        let c = Context {
+            item: Some(&item),
+            ..ctx(&record)
+        };
+        assert_eq!(
+            Value::Object(t.render(&c).unwrap()),
+            json!({"basket_id": "bsk_1", "sku": "widget", "qty": 2, "raw": {"sku": "widget", "qty": 2}})
+        );
+        let short = json!({"sku": "widget"});
+        let c = Context {
+            item: Some(&short),
+            ..ctx(&record)
+        };
+        assert_eq!(
+            t.render(&c).unwrap_err().to_string(),
+            "argument qty: no value for {{item.qty}}"
+        );
+        assert!(Template::parse_in(&args(json!({"a": "{{item.}}"})), Scope::Replay).is_err());
+    }
+
+    #[test]
+    fn lookup_placeholders() {
+        let arguments = args(
+            json!({"key": "{{idempotency_key}}", "call": "{{record.tool_call_id}}",
+                                    "who": "{{principal}}"}),
+        );
+        assert!(
+            Template::parse(&arguments).is_err(),
+            "no idempotency_key in probes"
+        );
+        let t = Template::parse_in(&arguments, Scope::Lookup).unwrap();
+        let record = json!({"idempotency_key": "aud_1", "tool_call_id": "call_1"});
+        assert_eq!(
+            Value::Object(t.render(&ctx(&record)).unwrap()),
+            json!({"key": "aud_1", "call": "call_1", "who": "user-1"})
+        );
+        let e = Template::parse_in(&args(json!({"a": "{{handle}}"})), Scope::Lookup).unwrap_err();
+        assert!(e.to_string().contains("use {{idempotency_key}}"), "{e}");
+        assert!(Template::parse_in(&args(json!({"a": "{{item}}"})), Scope::Lookup).is_err());
     }
 
     #[test]

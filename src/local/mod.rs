@@ -15,8 +15,10 @@ use kube::ResourceExt;
 use secrecy::SecretString;
 use serde::de::DeserializeOwned;
 
+use crate::audit::{AuditPlan, ServerRules};
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, validate};
 use crate::mcp::{DEFAULT_MAX_RESPONSE_BYTES, ServerConfig};
+use crate::sweep::act::ClassAction;
 use crate::sweep::{ClassPlan, Target};
 
 /// Why local resources could not be used. Every message names the file (or resource) and field.
@@ -90,6 +92,16 @@ impl Resources {
             let text = std::fs::read_to_string(&path).map_err(io(&path))?;
             out.add_file(&path, &text)?;
         }
+        Ok(out)
+    }
+
+    /// Reads and validates the documents of one file's text; `path` names it in errors.
+    ///
+    /// # Errors
+    /// [`LoadError::Invalid`] naming the document and field.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, LoadError> {
+        let mut out = Self::default();
+        out.add_file(path, text)?;
         Ok(out)
     }
 
@@ -196,6 +208,12 @@ impl Resources {
             }
             classes.push(self.class_plan(class)?);
         }
+        let audit = AuditPlan {
+            grace: Duration::from_secs(store.spec.audit.grace_seconds),
+            max_age: Duration::from_secs(store.spec.audit.max_age_seconds),
+            verdict_path: store.spec.audit.verdict_path.clone(),
+            servers: self.audit_servers(&ns)?,
+        };
         Ok(Target {
             store: format!("{ns}/{}", store.name_any()),
             backend: store.spec.backend,
@@ -203,7 +221,31 @@ impl Resources {
             principal_key: store.spec.principal_key.clone(),
             min_parked: Duration::from_secs(store.spec.min_parked_seconds),
             classes,
+            mode: store.spec.mode,
+            audit,
         })
+    }
+
+    /// The MCPServers of `ns` that have reconciliation rules, compiled.
+    fn audit_servers(&self, ns: &str) -> Result<Vec<ServerRules>, LoadError> {
+        let mut out = Vec::new();
+        for server in self.servers.iter().filter(|s| namespace(*s) == ns) {
+            if server.spec.reconciliation.is_empty() {
+                continue;
+            }
+            // Files are validated when loaded; objects from the API server are validated here.
+            let rules =
+                validate::reconciliation(&server.spec).map_err(|e| LoadError::Reference {
+                    resource: label(server),
+                    field: e.field,
+                    message: e.message,
+                })?;
+            out.push(ServerRules {
+                server: self.server_config(server)?,
+                rules,
+            });
+        }
+        Ok(out)
     }
 
     fn class_plan(&self, class: &HandleClass) -> Result<ClassPlan, LoadError> {
@@ -233,6 +275,11 @@ impl Resources {
             probe_arguments: template,
             gone,
             declared_ttl: class.spec.declared_ttl_seconds,
+            action: ClassAction::from_spec(&class.spec).map_err(|e| LoadError::Reference {
+                resource: label(class),
+                field: e.field,
+                message: e.message,
+            })?,
         })
     }
 
@@ -310,15 +357,32 @@ impl Resources {
     }
 }
 
+/// Deserializes into the cluster type. Unknown fields are errors: the API server would prune
+/// them, and a misspelt `goneWhen` or `headersFrom` silently dropped changes what custody does.
 fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
+    let mut unknown = Vec::new();
+    // The derived kinds take apiVersion and kind from their type, not from the document.
+    let mut note = |path: serde_ignored::Path<'_>| {
+        let path = path.to_string();
+        if path != "apiVersion" && path != "kind" {
+            unknown.push(path);
+        }
+    };
+    let de = serde_ignored::Deserializer::new(value, &mut note);
+    let typed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         if path == "." {
             e.into_inner().to_string()
         } else {
             format!("{path}: {}", e.into_inner())
         }
-    })
+    })?;
+    match unknown.first() {
+        None => Ok(typed),
+        Some(path) => Err(format!(
+            "{path}: unknown field (check its spelling against `custody crd`)"
+        )),
+    }
 }
 
 fn namespace<K: ResourceExt>(r: &K) -> String {

@@ -166,7 +166,7 @@ impl Connection {
         })?
         .map_err(|e| McpError::Connect {
             server: cfg.name.clone(),
-            reason: plain(&e),
+            reason: root_cause(&e),
         })?;
         Ok(Self {
             service,
@@ -318,6 +318,16 @@ impl From<Result<ToolResult, McpError>> for ProbeOutcome {
             Err(e) => ProbeOutcome::Failed(e.to_string()),
         }
     }
+}
+
+/// The innermost cause of an error (`Connection refused (os error 111)`), which is what a person
+/// needs; rmcp's outer layers only say which step failed.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    plain(&cause)
 }
 
 /// rmcp's transport errors embed the transport's full generic type name

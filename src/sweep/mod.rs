@@ -1,6 +1,10 @@
-//! One sweep of one checkpoint store: scan → extract → precheck → probe → judge → report.
+//! One sweep of one checkpoint store: (settle) → scan → extract → precheck → probe → judge →
+//! (plan or act, see [`act`]) → report.
 //!
-//! The sweep is read-only for now: it decides verdicts and reports them. Probes are deduplicated:
+//! A sweep that may act first settles the unfinished entries of custody's ledger and the due
+//! pending audit records ([`crate::audit`]), then reads
+//! threads exactly as an observing sweep does (read-only pool), and only then acts on `gone` and
+//! `absent` rows through a separate writable pool. Probes are deduplicated:
 //! one handle on one server is probed once per sweep however many threads hold it, and each
 //! server gets one connection. Servers are probed concurrently; a server that hangs costs its own
 //! timeout only.
@@ -14,8 +18,10 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use serde_json::Value;
 
+pub mod act;
+
 use crate::checkpoint::{ParkedBy, Scanned, SkippedThread, Store, StoreError};
-use crate::crd::{Backend, RecordFields, SweepSummary};
+use crate::crd::{Backend, RecordFields, StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
 use crate::domain::template::{Context, Template};
 use crate::domain::verdict::{self, Decision, GoneRule, Precheck, ProbeOutcome, Verdict};
@@ -43,6 +49,10 @@ pub struct Target {
     pub min_parked: Duration,
     /// Handle classes that apply to this store.
     pub classes: Vec<ClassPlan>,
+    /// Whether sweeps may act (`spec.mode`).
+    pub mode: StoreMode,
+    /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
+    pub audit: crate::audit::AuditPlan,
 }
 
 /// A HandleClass, resolved and validated.
@@ -64,6 +74,8 @@ pub struct ClassPlan {
     pub gone: GoneRule,
     /// Declared lifetime in seconds.
     pub declared_ttl: Option<u64>,
+    /// What custody may do about gone and absent handles.
+    pub action: act::ClassAction,
 }
 
 /// The verdict on one (thread, handle class).
@@ -91,6 +103,8 @@ pub struct Row {
     pub reason: String,
     /// Whether a probe call decided it.
     pub probed: bool,
+    /// What custody did (or, when not acting, would do) about it; `None` for `ok` and `unknown`.
+    pub action: Option<act::RowAction>,
 }
 
 /// The result of sweeping one store.
@@ -102,8 +116,15 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Threads whose rows did not decode.
     pub skipped: Vec<SkippedThread>,
+    /// Unfinished actions of earlier sweeps that this sweep finished first.
+    pub settled: Vec<act::SettledEntry>,
+    /// Audit records this sweep settled or tried to; `None` when it did not act.
+    pub audit: Option<crate::audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
+    /// Configuration that probably does not do what was meant: no HandleClass selected, a
+    /// `statePath` no parked thread holds, a `principalKey` no parked thread carries.
+    pub warnings: Vec<String>,
     /// The servers probed, with the protocol version each negotiated.
     pub servers: Vec<ServerContact>,
     /// Counts by verdict.
@@ -123,6 +144,14 @@ pub struct ServerContact {
     pub error: Option<String>,
 }
 
+/// What the caller allows a sweep to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Act on stores whose `mode` is `act` (local mode: `--apply`; the controller: always).
+    /// Otherwise every sweep only plans.
+    pub apply: bool,
+}
+
 /// Why a sweep could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
@@ -135,6 +164,24 @@ pub enum SweepError {
         #[source]
         source: StoreError,
     },
+    /// The store's database could not be opened for acting, or custody's ledger failed.
+    #[error("store {store}: {source}")]
+    Act {
+        /// `namespace/name`.
+        store: String,
+        /// What failed.
+        #[source]
+        source: act::ActError,
+    },
+    /// Claiming or completing audit records failed.
+    #[error("store {store}: {source}")]
+    Audit {
+        /// `namespace/name`.
+        store: String,
+        /// What failed.
+        #[source]
+        source: crate::audit::AuditError,
+    },
 }
 
 /// A probe to send, and the rows waiting for its answer.
@@ -144,16 +191,62 @@ struct PendingProbe {
     rows: Vec<usize>,
 }
 
-/// Sweeps one store once.
+/// Sweeps one store once, observing only (rows get planned actions).
 ///
 /// # Errors
-/// [`SweepError::Store`] when the database cannot be reached or read; per-thread problems are
-/// reported in [`Report::skipped`] and per-handle problems as `unknown` rows instead.
+/// As [`run_with`].
 pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepError> {
+    run_with(target, now, RunOptions::default(), &act::LogSink).await
+}
+
+/// Sweeps one store once; acts when `options.apply` and the store's mode is `act`, reporting
+/// each action to `sink`.
+///
+/// # Errors
+/// [`SweepError::Store`] when the database cannot be reached or read, [`SweepError::Act`] when
+/// an acting sweep cannot open its writable pool or ledger; per-thread problems are reported in
+/// [`Report::skipped`], per-handle problems as `unknown` rows, failed actions as row outcomes.
+pub async fn run_with(
+    target: &Target,
+    now: DateTime<Utc>,
+    options: RunOptions,
+    sink: &dyn act::ActionSink,
+) -> Result<Report, SweepError> {
     let started = Instant::now();
     let store_err = |source| SweepError::Store {
         store: target.store.clone(),
         source,
+    };
+    let act_err = |source| SweepError::Act {
+        store: target.store.clone(),
+        source,
+    };
+    let actor = if options.apply && target.mode == StoreMode::Act {
+        Some(
+            act::Actor::open(target, target.dsn.expose_secret(), sink)
+                .await
+                .map_err(act_err)?,
+        )
+    } else {
+        None
+    };
+    let settled = match &actor {
+        Some(a) => a
+            .settle()
+            .await
+            .map_err(|e| act_err(act::ActError::Ledger(e)))?,
+        None => Vec::new(),
+    };
+    let audit = match &actor {
+        Some(a) => Some(
+            crate::audit::reconcile(a.pool(), &target.store, &target.audit, now, sink)
+                .await
+                .map_err(|source| SweepError::Audit {
+                    store: target.store.clone(),
+                    source,
+                })?,
+        ),
+        None => None,
     };
     let store = Store::connect(target.backend, target.dsn.expose_secret())
         .await
@@ -161,20 +254,22 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
     let channels: Vec<String> = target
         .classes
         .iter()
-        .map(|c| {
-            c.state_path
-                .split('.')
-                .next()
-                .unwrap_or_default()
-                .to_owned()
+        .flat_map(|c| {
+            std::iter::once(c.state_path.split('.').next().unwrap_or_default())
+                .chain(c.action.channels())
+                .map(str::to_owned)
         })
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
 
     let mut rows = Vec::new();
+    // Parallel to `rows`: what acting on the row would need from its thread.
+    let mut facts = Vec::new();
     let mut skipped = Vec::new();
     let mut too_recent = 0;
+    let mut principals_seen = 0u64;
+    let mut classes_seen = vec![0u64; target.classes.len()];
     let mut parked_threads = 0;
     // Keyed by (class's server, probe tool, rendered arguments): the dedup unit.
     let mut probes: BTreeMap<(String, String, String), PendingProbe> = BTreeMap::new();
@@ -201,11 +296,13 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
             .get(&target.principal_key)
             .and_then(Value::as_str)
             .map(str::to_owned);
+        principals_seen += u64::from(principal.is_some());
         for (class_index, class) in target.classes.iter().enumerate() {
             let holding = handle::extract(&thread.channels, &class.state_path, &class.fields);
             if holding == Holding::NotApplicable {
                 continue;
             }
+            classes_seen[class_index] += 1;
             let record = match &holding {
                 Holding::Record(r) => Some(r),
                 _ => None,
@@ -224,7 +321,15 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
                 verdict: Verdict::Unknown,
                 reason: String::new(),
                 probed: false,
+                action: None,
             };
+            facts.push(act::Facts::gather(
+                &thread.channels,
+                class,
+                thread.parked_by == ParkedBy::Interrupt,
+                record.cloned(),
+                principal.clone(),
+            ));
             match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
                 Precheck::Decided(d) => set(&mut row, d),
                 Precheck::Probe => {
@@ -234,6 +339,7 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
                         thread_id: &thread.thread_id,
                         principal: record.principal.as_deref(),
                         record: &record.raw,
+                        item: None,
                     };
                     match class.probe_arguments.render(&ctx) {
                         Ok(arguments) => {
@@ -278,6 +384,35 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
         }
     }
 
+    for (i, row) in rows.iter_mut().enumerate() {
+        let Some(class) = target.classes.iter().find(|c| c.name == row.handle_class) else {
+            continue;
+        };
+        let (plan, outcome) = match act::decide(row.verdict, class, &facts[i]) {
+            None => continue,
+            // Nothing to do, but say why a gone or absent handle is left as it is.
+            Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
+            Some((plan, None)) => match &actor {
+                None => (plan, act::Outcome::Planned),
+                Some(a) => (plan, a.act(row, class, &facts[i], plan).await),
+            },
+        };
+        let action = act::RowAction { plan, outcome };
+        if actor.is_some() {
+            sink.record(&act::ActionEvent {
+                store: &target.store,
+                thread_id: &row.thread_id,
+                handle_class: &row.handle_class,
+                action: &action,
+                reason: &row.reason,
+            });
+        }
+        row.action = Some(action);
+    }
+    if let Some(a) = actor {
+        a.close().await;
+    }
+
     let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count() as u64;
     let summary = SweepSummary {
         parked_threads,
@@ -287,17 +422,71 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
         absent: count(Verdict::Absent),
         unknown: count(Verdict::Unknown),
         probes: probe_count,
+        actions: rows
+            .iter()
+            .filter_map(|r| r.action.as_ref())
+            .map(|a| a.outcome.kind())
+            .filter(|kind| *kind != "planned")
+            .fold(Default::default(), |mut counts, kind| {
+                *counts.entry(kind.to_owned()).or_insert(0) += 1;
+                counts
+            }),
+        audit: audit
+            .as_ref()
+            .map(crate::audit::AuditReport::counts)
+            .unwrap_or_default(),
         duration_ms: started.elapsed().as_millis() as u64,
         finished_at: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
     };
+    let warnings = warnings(target, parked_threads, principals_seen, &classes_seen);
+    for w in &warnings {
+        tracing::warn!(store = %target.store, "{w}");
+    }
     Ok(Report {
         store: target.store.clone(),
         rows,
         skipped,
+        settled,
+        audit,
         too_recent,
+        warnings,
         servers,
         summary,
     })
+}
+
+/// A typo in a selector, `statePath` or `principalKey` silently sweeps nothing or turns a check
+/// off; say so when the data shows it.
+fn warnings(
+    target: &Target,
+    parked: u64,
+    principals_seen: u64,
+    classes_seen: &[u64],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if target.classes.is_empty() {
+        out.push(
+            "no HandleClass applies to this store (check spec.handleClassSelector)".to_owned(),
+        );
+    }
+    if parked == 0 {
+        return out;
+    }
+    if principals_seen == 0 {
+        out.push(format!(
+            "no parked thread has metadata key {:?} (spec.principalKey): the principal check is off",
+            target.principal_key
+        ));
+    }
+    for (class, seen) in target.classes.iter().zip(classes_seen) {
+        if *seen == 0 {
+            out.push(format!(
+                "no parked thread holds statePath {:?} of HandleClass {}",
+                class.state_path, class.name
+            ));
+        }
+    }
+    out
 }
 
 fn set(row: &mut Row, d: Decision) {

@@ -16,7 +16,7 @@ Per-thread knobs ride in config["configurable"] next to thread_id and principal:
   assumed_ttl_s       written into the HandleRecord (default None)
 
 CLI (progress on stderr, results as JSON on stdout):
-  order_graph.py write  --server URL (--sqlite PATH | --postgres DSN) [--manifest OUT] [--expire-wait] [--thread-prefix P]
+  order_graph.py write  --server URL (--sqlite PATH | --postgres DSN) [--manifest OUT] [--expire-wait] [--thread-prefix P] [--only T,T]
   order_graph.py resume --thread T (--sqlite PATH | --postgres DSN) --server URL --principal P --value JSON
   order_graph.py state  --thread T (--sqlite PATH | --postgres DSN)
 """
@@ -253,39 +253,51 @@ def write_fixtures(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"thread {prefix + name} already has checkpoints; use a fresh database or --thread-prefix")
 
         start = {"customer": "user-1", "mint": True}
+        only = set(args.only.split(",")) if args.only else None
 
-        record("t-live", "ok", run("t-live", start, "user-1"), "user-1")
+        def wanted(name: str) -> bool:
+            return only is None or name in only
 
-        snap = run("t-expired", start, "user-1", basket_ttl_seconds=1)
-        expired_by = time.time() + 1.5
-        record(
-            "t-expired",
-            "gone",
-            snap,
-            "user-1",
-            expired_by=datetime.fromtimestamp(expired_by, UTC).isoformat().replace("+00:00", "Z"),
-        )
+        if wanted("t-live"):
+            record("t-live", "ok", run("t-live", start, "user-1"), "user-1")
 
-        record("t-absent", "absent", run("t-absent", {"customer": "user-1", "mint": False}, "user-1"), "user-1")
+        expired_by = None
+        if wanted("t-expired"):
+            snap = run("t-expired", start, "user-1", basket_ttl_seconds=1)
+            expired_by = time.time() + 1.5
+            record(
+                "t-expired",
+                "gone",
+                snap,
+                "user-1",
+                expired_by=datetime.fromtimestamp(expired_by, UTC).isoformat().replace("+00:00", "Z"),
+            )
 
-        run("t-other-principal", start, "user-1")
-        snap = run("t-other-principal", Command(resume={"sku": "widget", "qty": 2}), "user-2")
-        record("t-other-principal", "gone", snap, "user-2")
+        if wanted("t-absent"):
+            record("t-absent", "absent", run("t-absent", {"customer": "user-1", "mint": False}, "user-1"), "user-1")
 
-        run("t-done", start, "user-1")
-        run("t-done", Command(resume={"sku": "widget", "qty": 1}), "user-1")
-        record("t-done", "finished", run("t-done", Command(resume="done"), "user-1"), "user-1")
+        if wanted("t-other-principal"):
+            run("t-other-principal", start, "user-1")
+            snap = run("t-other-principal", Command(resume={"sku": "widget", "qty": 2}), "user-2")
+            record("t-other-principal", "gone", snap, "user-2")
 
-        snap = run("t-updated", start, "user-1")
-        replaced = snap["values"]["basket"]["value"]
-        fresh = mint_basket(args.server, "user-1", principal="user-1", ttl_seconds=None, assumed_ttl_s=None)
-        config = thread_config(prefix + "t-updated", "user-1")
-        graph.update_state(config, {"basket": fresh})
-        record("t-updated", "ok", snapshot_json(graph, config), "user-1", replaced_handle=replaced)
+        if wanted("t-done"):
+            run("t-done", start, "user-1")
+            run("t-done", Command(resume={"sku": "widget", "qty": 1}), "user-1")
+            record("t-done", "finished", run("t-done", Command(resume="done"), "user-1"), "user-1")
 
-        record("t-ttl", "ok", run("t-ttl", start, "user-1", assumed_ttl_s=3600), "user-1", probe_expected=False)
+        if wanted("t-updated"):
+            snap = run("t-updated", start, "user-1")
+            replaced = snap["values"]["basket"]["value"]
+            fresh = mint_basket(args.server, "user-1", principal="user-1", ttl_seconds=None, assumed_ttl_s=None)
+            config = thread_config(prefix + "t-updated", "user-1")
+            graph.update_state(config, {"basket": fresh})
+            record("t-updated", "ok", snapshot_json(graph, config), "user-1", replaced_handle=replaced)
 
-    if args.expire_wait:
+        if wanted("t-ttl"):
+            record("t-ttl", "ok", run("t-ttl", start, "user-1", assumed_ttl_s=3600), "user-1", probe_expected=False)
+
+    if args.expire_wait and expired_by is not None:
         # Wait once, at the end, until the 1-second basket of t-expired has surely
         # expired, then check on the server that it has (get_basket never refreshes it).
         time.sleep(max(0.0, expired_by - time.time()))
@@ -325,6 +337,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     write.add_argument("--manifest", metavar="OUT.json", help="also write the manifest to this file")
     write.add_argument("--expire-wait", action="store_true", help="wait until t-expired's basket has expired")
     write.add_argument("--thread-prefix", default="", metavar="P", help="prefix for every thread id (default none)")
+    write.add_argument("--only", metavar="T,T", help="write only these fixture threads (default all)")
 
     resume = commands.add_parser("resume", help="resume a parked thread with Command(resume=VALUE)")
     backend(resume)

@@ -92,13 +92,29 @@ pub enum Db<'a> {
 /// Runs the real LangGraph order graph (tests/py/order_graph.py) against the server, writing
 /// the fixture threads, and waits until the short-lived basket has expired. Returns the manifest.
 pub fn write_fixtures(server_url: &str, db: Db<'_>) -> Value {
+    write_some_fixtures(server_url, db, None, "")
+}
+
+/// [`write_fixtures`] for some fixture threads only (`only`: comma-separated names, e.g.
+/// `t-live,t-absent`), each thread id prefixed with `prefix`.
+pub fn write_some_fixtures(
+    server_url: &str,
+    db: Db<'_>,
+    only: Option<&str>,
+    prefix: &str,
+) -> Value {
     let mut cmd = Command::new(var("CUSTODY_TEST_PYTHON"));
     cmd.arg(var("CUSTODY_TEST_ORDER_GRAPH")).args([
         "write",
         "--server",
         server_url,
         "--expire-wait",
+        "--thread-prefix",
+        prefix,
     ]);
+    if let Some(only) = only {
+        cmd.args(["--only", only]);
+    }
     match db {
         Db::Sqlite(p) => cmd.arg("--sqlite").arg(p),
         Db::Postgres(url) => cmd.args(["--postgres", url]),
@@ -277,4 +293,62 @@ impl Drop for Peer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Runs `order_graph.py ARGS… (--sqlite PATH | --postgres URL)` (`resume`, `state`) and returns
+/// its JSON, asserting success.
+pub fn order_graph(db: Db<'_>, args: &[&str]) -> Value {
+    let mut cmd = Command::new(var("CUSTODY_TEST_PYTHON"));
+    cmd.arg(var("CUSTODY_TEST_ORDER_GRAPH")).args(args);
+    match db {
+        Db::Sqlite(p) => cmd.arg("--sqlite").arg(p),
+        Db::Postgres(url) => cmd.args(["--postgres", url]),
+    };
+    let out = cmd.output().expect("run order_graph.py");
+    assert!(
+        out.status.success(),
+        "order_graph.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("order_graph.py JSON")
+}
+
+/// Local-mode resources for acting: the basket MCPServer, a HandleClass with `onGone`, mint
+/// inputs, idempotency key, replay of `items` with `add_item`, verdicts at `custody`, and a
+/// CheckpointStore in `mode: act`.
+pub fn act_resources(dir: &Path, server_url: &str, backend: &str, dsn: &str, on_gone: &str) {
+    basket_resources(dir, server_url, "auto", backend, dsn);
+    write_file(
+        dir,
+        "class.yaml",
+        &format!(
+            r#"apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: basket}}
+spec:
+  serverRef: basket
+  statePath: basket
+  mintInputsPath: mint_inputs
+  mint: {{tool: create_basket, handleField: basket_id, idempotencyKeyArgument: idempotency_key}}
+  replay:
+    tool: add_item
+    itemsPath: items
+    arguments: {{basket_id: "{{{{handle}}}}", sku: "{{{{item.sku}}}}", qty: "{{{{item.qty}}}}"}}
+  verdictPath: custody
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
+  onGone: {on_gone}
+"#
+        ),
+    );
+    write_file(
+        dir,
+        "store.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+             spec: {{backend: {backend}, dsn: \"{dsn}\", mode: act}}\n"
+        ),
+    );
 }

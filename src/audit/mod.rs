@@ -1,0 +1,658 @@
+//! Settling pending audit records of ambiguous MCP writes (issue 6).
+//!
+//! A timeout on `create_ticket` leaves the agent not knowing whether the ticket exists. The
+//! agent therefore writes a `pending` row into `custody_audit` before such a call (with an
+//! idempotency key it also sends to the tool, see [`idempotency_key`]) and completes it after.
+//! A crash or a timeout leaves the row pending. An acting sweep settles rows pending longer than
+//! `CheckpointStore.spec.audit.graceSeconds` against the server's own state, through the
+//! MCPServer's reconciliation rule for the tool (a read-only lookup by idempotency key):
+//!
+//! | lookup | record becomes |
+//! |---|---|
+//! | found | `committed`, with the server's identifier (`idField`) in `resolution.server_id` |
+//! | not found | `not_committed`: the agent may retry with the same key |
+//! | could not be completed (server down, timeout, unrecognised error, no rule) | stays `pending`; counted as an error |
+//! | could not be completed, record older than `audit.maxAgeSeconds` | `unknown`: escalated (the thread's verdict at `audit.verdictPath`, an Event through the [`ActionSink`], a count in the report) |
+//!
+//! A lookup that answers is believed even for a record past the maximum age: `unknown` is for
+//! writes nobody can confirm, not for old ones. The sweeper shape (style item 7): a loop over
+//! [`step`], which claims one batch, looks it up and completes it in the claiming transaction;
+//! how two sweepers are kept off one record is in `store.rs`.
+
+pub mod rule;
+mod store;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+pub use rule::{Lookup, LookupRule};
+
+use crate::checkpoint::writer::{
+    self, AppendRequest, Appended, Patch, PatchValue, WriteError, WritePool,
+};
+use crate::domain::template::Context;
+use crate::mcp::{Connection, ServerConfig};
+use crate::sweep::act::{ActionSink, VERDICT_ESCALATED};
+use crate::sweep::{PROBES_PER_SERVER, SERVERS_IN_PARALLEL};
+
+/// Records claimed at once. Bounds the row locks (PostgreSQL) or leases (SQLite) one sweeper
+/// holds while it waits on lookups, so a second sweeper finds work instead of a locked table,
+/// and a batch's lookups (at most [`PROBES_PER_SERVER`] in flight per server) finish within a
+/// couple of server timeouts.
+pub const BATCH: usize = 16;
+
+/// Slack on a SQLite lease beyond the lookups' own deadlines (connect plus calls), for the
+/// database work around them.
+const LEASE_SLACK: Duration = Duration::from_secs(60);
+
+/// The idempotency key of a write tool call: `aud_` followed by the first 32 hex digits of
+/// SHA-256 over the UTF-8 thread id, one zero byte, and the UTF-8 tool call id. The zero byte
+/// keeps `("ab", "c")` and `("a", "bc")` apart; 128 bits make collisions irrelevant. The agent
+/// computes the same value (README, "Audit records") and sends it to the write tool, so the
+/// server deduplicates a retried call and the lookup can find it.
+pub fn idempotency_key(thread_id: &str, tool_call_id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(thread_id.as_bytes());
+    h.update([0]);
+    h.update(tool_call_id.as_bytes());
+    format!("aud_{}", &hex::encode(h.finalize())[..32])
+}
+
+/// `custody_audit.status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Written before the call; outcome not known yet.
+    Pending,
+    /// The write landed.
+    Committed,
+    /// The write did not land; retrying with the same key is safe.
+    NotCommitted,
+    /// Nobody could tell within the maximum age; a person decides.
+    Unknown,
+}
+
+impl Status {
+    /// Stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Committed => "committed",
+            Self::NotCommitted => "not_committed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// A CheckpointStore's audit settings and the reconciliation rules of its namespace's
+/// MCPServers, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct AuditPlan {
+    /// `audit.graceSeconds`.
+    pub grace: Duration,
+    /// `audit.maxAgeSeconds`.
+    pub max_age: Duration,
+    /// `audit.verdictPath`.
+    pub verdict_path: Option<String>,
+    /// Every MCPServer of the store's namespace that has reconciliation rules.
+    pub servers: Vec<ServerRules>,
+}
+
+/// One MCPServer's connection settings and its compiled reconciliation rules.
+#[derive(Clone, Debug)]
+pub struct ServerRules {
+    /// How to reach it (its name is the audit record's `server`).
+    pub server: ServerConfig,
+    /// One per write tool.
+    pub rules: Vec<LookupRule>,
+}
+
+/// One claimed pending record.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// `custody_audit.id`.
+    pub id: i64,
+    /// LangGraph thread id.
+    pub thread_id: String,
+    /// Checkpoint namespace of the call (the verdict still goes to the root graph).
+    pub checkpoint_ns: String,
+    /// The model's tool call id.
+    pub tool_call_id: String,
+    /// See [`idempotency_key`].
+    pub idempotency_key: String,
+    /// MCPServer name.
+    pub server: String,
+    /// Write tool name.
+    pub tool: String,
+    /// The redacted arguments, as the agent stored them.
+    pub argument_summary: Value,
+    /// The user the call ran for.
+    pub principal: Option<String>,
+    /// Time since the agent wrote it (database clock).
+    pub age: Duration,
+}
+
+impl Record {
+    /// The record as the lookup template sees it (`{{record.<column>}}`).
+    fn as_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "thread_id": self.thread_id,
+            "checkpoint_ns": self.checkpoint_ns,
+            "tool_call_id": self.tool_call_id,
+            "idempotency_key": self.idempotency_key,
+            "server": self.server,
+            "tool": self.tool,
+            "argument_summary": self.argument_summary,
+            "principal": self.principal,
+        })
+    }
+}
+
+/// What to do with one record, decided from its lookup. Pure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// Mark `committed` with the server's identifier.
+    Committed {
+        /// The server's identifier for the write.
+        server_id: String,
+    },
+    /// Mark `not_committed`.
+    NotCommitted {
+        /// What the lookup answered.
+        detail: String,
+    },
+    /// Mark `unknown` and escalate.
+    Unknown {
+        /// Why nobody could tell.
+        reason: String,
+    },
+    /// Leave pending; the lookup failed.
+    Pending {
+        /// Why.
+        error: String,
+    },
+}
+
+/// Decides a record's fate from its lookup and age.
+pub fn settle(lookup: Lookup, age: Duration, max_age: Duration) -> Settlement {
+    match lookup {
+        Lookup::Found(server_id) => Settlement::Committed { server_id },
+        Lookup::NotFound(detail) => Settlement::NotCommitted { detail },
+        Lookup::Failed(error) if age >= max_age => Settlement::Unknown {
+            reason: format!(
+                "still pending after {}s (maximum {}s) and the lookup failed: {error}",
+                age.as_secs(),
+                max_age.as_secs()
+            ),
+        },
+        Lookup::Failed(error) => Settlement::Pending { error },
+    }
+}
+
+/// How one record ended in this sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditOutcome {
+    /// Marked `committed`.
+    Committed,
+    /// Marked `not_committed`.
+    NotCommitted,
+    /// Marked `unknown` and escalated.
+    Unknown,
+    /// Left pending: the lookup could not be completed.
+    Error,
+    /// Left alone: completed by someone else (the agent) between claim and completion.
+    Skipped,
+}
+
+impl AuditOutcome {
+    /// Bounded name, for metric labels, Event reasons and the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Committed => "committed",
+            Self::NotCommitted => "not_committed",
+            Self::Unknown => "unknown",
+            Self::Error => "error",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// One record a sweep handled.
+#[derive(Clone, Debug, Serialize)]
+pub struct AuditEntry {
+    /// `custody_audit.id`.
+    pub id: i64,
+    /// LangGraph thread id.
+    pub thread_id: String,
+    /// The model's tool call id.
+    pub tool_call_id: String,
+    /// MCPServer name.
+    pub server: String,
+    /// Write tool.
+    pub tool: String,
+    /// How it ended.
+    pub outcome: AuditOutcome,
+    /// The server's identifier, for `committed`.
+    pub server_id: Option<String>,
+    /// What the lookup answered, or why it failed; for `unknown`, what became of the verdict.
+    pub detail: String,
+}
+
+/// The audit part of a sweep's report.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AuditReport {
+    /// Every record handled, by id.
+    pub records: Vec<AuditEntry>,
+    /// Lookup calls sent.
+    pub lookups: u64,
+}
+
+impl AuditReport {
+    /// Records by outcome name (outcomes with none are left out).
+    pub fn counts(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for r in &self.records {
+            *out.entry(r.outcome.as_str().to_owned()).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// One audit record's settlement, for Events and metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct AuditEvent<'a> {
+    /// `namespace/name` of the CheckpointStore.
+    pub store: &'a str,
+    /// The record and its outcome.
+    pub entry: &'a AuditEntry,
+}
+
+/// Why settling stopped. Lookups that fail are not errors (they are [`AuditOutcome::Error`]).
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// Claiming or completing records failed; the batch's records stay pending.
+    #[error("audit records: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+/// What one [`step`] did.
+enum Step {
+    /// Nothing left that is due.
+    Done,
+    /// One batch handled; continue after this id.
+    Handled { last_id: i64 },
+}
+
+/// Settles every due pending record of one store: batches until none is left.
+///
+/// # Errors
+/// [`AuditError::Query`] when the database fails; records handled by earlier batches stay
+/// settled, and the report so far is lost with the error only in that it is not returned.
+pub async fn reconcile(
+    pool: &WritePool,
+    store: &str,
+    plan: &AuditPlan,
+    now: DateTime<Utc>,
+    sink: &dyn ActionSink,
+) -> Result<AuditReport, AuditError> {
+    let mut report = AuditReport::default();
+    let mut after = 0;
+    while let Step::Handled { last_id } =
+        step(pool, store, plan, now, after, sink, &mut report).await?
+    {
+        after = last_id;
+    }
+    Ok(report)
+}
+
+/// Claims one batch, looks its records up, and completes them in one transaction.
+async fn step(
+    pool: &WritePool,
+    store: &str,
+    plan: &AuditPlan,
+    now: DateTime<Utc>,
+    after: i64,
+    sink: &dyn ActionSink,
+    report: &mut AuditReport,
+) -> Result<Step, AuditError> {
+    let cutoff = now - chrono::Duration::from_std(plan.grace).unwrap_or(chrono::Duration::MAX);
+    let longest = plan
+        .servers
+        .iter()
+        .map(|s| s.server.timeout)
+        .max()
+        .unwrap_or_default();
+    let rounds = 1 + BATCH.div_ceil(PROBES_PER_SERVER) as u32;
+    let (claim, records) = store::claim(
+        pool,
+        now,
+        cutoff,
+        after,
+        BATCH,
+        longest * rounds + LEASE_SLACK,
+    )
+    .await?;
+    let Some(last_id) = records.last().map(|r| r.id) else {
+        return Ok(Step::Done);
+    };
+    let (lookups, sent) = look_up(plan, &records).await;
+    report.lookups += sent;
+    let (mut tx, token) = claim.completing(pool).await?;
+    let mut entries = Vec::with_capacity(records.len());
+    for (record, lookup) in records.iter().zip(lookups) {
+        let settlement = settle(lookup, record.age, plan.max_age);
+        let at = now.to_rfc3339_opts(SecondsFormat::Secs, true);
+        let (status, resolution, outcome, server_id, detail) = match settlement {
+            Settlement::Pending { error } => {
+                store::release(&mut tx, token.as_deref(), record.id).await?;
+                tracing::warn!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
+                entries.push(entry(record, AuditOutcome::Error, None, error));
+                continue;
+            }
+            Settlement::Committed { server_id } => {
+                let detail = format!("found by {}", rule_tool(plan, record));
+                let resolution =
+                    json!({"by": "custody", "server_id": server_id, "detail": detail, "at": at});
+                (
+                    Status::Committed,
+                    resolution,
+                    AuditOutcome::Committed,
+                    Some(server_id),
+                    detail,
+                )
+            }
+            Settlement::NotCommitted { detail } => {
+                let resolution = json!({"by": "custody", "detail": detail, "at": at});
+                (
+                    Status::NotCommitted,
+                    resolution,
+                    AuditOutcome::NotCommitted,
+                    None,
+                    detail,
+                )
+            }
+            Settlement::Unknown { reason } => {
+                let verdict = escalate(&mut tx, plan, record, &reason, now).await?;
+                let detail = format!("{reason}; {verdict}");
+                let resolution = json!({"by": "custody", "detail": detail, "at": at});
+                (
+                    Status::Unknown,
+                    resolution,
+                    AuditOutcome::Unknown,
+                    None,
+                    detail,
+                )
+            }
+        };
+        let outcome = if store::finish(
+            &mut tx,
+            token.as_deref(),
+            record.id,
+            status,
+            &resolution,
+            now,
+        )
+        .await?
+        {
+            outcome
+        } else {
+            AuditOutcome::Skipped
+        };
+        entries.push(entry(record, outcome, server_id, detail));
+    }
+    tx.commit().await?;
+    for e in entries {
+        sink.audit(&AuditEvent { store, entry: &e });
+        report.records.push(e);
+    }
+    Ok(Step::Handled { last_id })
+}
+
+fn entry(
+    r: &Record,
+    outcome: AuditOutcome,
+    server_id: Option<String>,
+    detail: String,
+) -> AuditEntry {
+    AuditEntry {
+        id: r.id,
+        thread_id: r.thread_id.clone(),
+        tool_call_id: r.tool_call_id.clone(),
+        server: r.server.clone(),
+        tool: r.tool.clone(),
+        outcome,
+        server_id,
+        detail,
+    }
+}
+
+fn rule_of<'a>(
+    plan: &'a AuditPlan,
+    server: &str,
+    tool: &str,
+) -> Result<(&'a ServerConfig, &'a LookupRule), String> {
+    let s = plan
+        .servers
+        .iter()
+        .find(|s| s.server.name == server)
+        .ok_or_else(|| {
+            format!("no MCPServer {server} with reconciliation rules in the store's namespace")
+        })?;
+    let rule = s
+        .rules
+        .iter()
+        .find(|r| r.write_tool == tool)
+        .ok_or_else(|| format!("MCPServer {server} has no reconciliation rule for {tool}"))?;
+    Ok((&s.server, rule))
+}
+
+fn rule_tool(plan: &AuditPlan, r: &Record) -> String {
+    rule_of(plan, &r.server, &r.tool).map_or_else(
+        |_| "the lookup".to_owned(),
+        |(_, rule)| rule.lookup_tool.clone(),
+    )
+}
+
+/// Looks every record up: one connection per server, servers in parallel, at most
+/// [`PROBES_PER_SERVER`] calls in flight per server, each bounded by the server's timeout.
+/// Returns one [`Lookup`] per record, in order, and the number of calls sent.
+async fn look_up(plan: &AuditPlan, records: &[Record]) -> (Vec<Lookup>, u64) {
+    let mut by_server: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for (i, r) in records.iter().enumerate() {
+        by_server.entry(r.server.as_str()).or_default().push(i);
+    }
+    let groups: Vec<Vec<(usize, Lookup, bool)>> = futures::stream::iter(by_server)
+        .map(|(server, indices)| async move {
+            let Some(config) = plan
+                .servers
+                .iter()
+                .find(|s| s.server.name == server)
+                .map(|s| &s.server)
+            else {
+                let why = format!(
+                    "no MCPServer {server} with reconciliation rules in the store's namespace"
+                );
+                return indices
+                    .into_iter()
+                    .map(|i| (i, Lookup::Failed(why.clone()), false))
+                    .collect();
+            };
+            let conn = match Connection::connect(config).await {
+                Ok(c) => c,
+                Err(e) => {
+                    let why = format!("cannot reach {server}: {e}");
+                    return indices
+                        .into_iter()
+                        .map(|i| (i, Lookup::Failed(why.clone()), false))
+                        .collect();
+                }
+            };
+            let out = futures::stream::iter(indices)
+                .map(|i| {
+                    let conn = &conn;
+                    async move {
+                        let (lookup, sent) = look_up_one(plan, conn, &records[i]).await;
+                        (i, lookup, sent)
+                    }
+                })
+                .buffer_unordered(PROBES_PER_SERVER)
+                .collect::<Vec<_>>()
+                .await;
+            conn.close().await;
+            out
+        })
+        .buffer_unordered(SERVERS_IN_PARALLEL)
+        .collect()
+        .await;
+    let mut out = vec![Lookup::Failed("not looked up".into()); records.len()];
+    let mut sent = 0;
+    for (i, lookup, was_sent) in groups.into_iter().flatten() {
+        out[i] = lookup;
+        sent += u64::from(was_sent);
+    }
+    (out, sent)
+}
+
+/// One lookup; `true` when a call was sent.
+async fn look_up_one(plan: &AuditPlan, conn: &Connection, r: &Record) -> (Lookup, bool) {
+    let rule = match rule_of(plan, &r.server, &r.tool) {
+        Ok((_, rule)) => rule,
+        Err(why) => return (Lookup::Failed(why), false),
+    };
+    let record = r.as_json();
+    let ctx = Context {
+        handle: "",
+        thread_id: &r.thread_id,
+        principal: r.principal.as_deref(),
+        record: &record,
+        item: None,
+    };
+    let arguments = match rule.arguments.render(&ctx) {
+        Ok(a) => a,
+        Err(e) => {
+            return (
+                Lookup::Failed(format!("cannot build the lookup: {e}")),
+                false,
+            );
+        }
+    };
+    let lookup = match conn.call_tool(&rule.lookup_tool, arguments).await {
+        Ok(answer) => rule.judge(answer.is_error, &answer.text, answer.structured.as_ref()),
+        Err(e) => Lookup::Failed(format!("{} failed: {e}", rule.lookup_tool)),
+    };
+    (lookup, true)
+}
+
+/// Writes verdict `escalated` into the record's thread in `tx` (the transaction that marks the
+/// record `unknown`), at whatever checkpoint is latest now. Returns what happened, for the
+/// record's resolution; only a database error is an error (the batch is then rolled back).
+async fn escalate(
+    tx: &mut writer::Tx,
+    plan: &AuditPlan,
+    r: &Record,
+    reason: &str,
+    now: DateTime<Utc>,
+) -> Result<String, sqlx::Error> {
+    let Some(path) = &plan.verdict_path else {
+        return Ok("no audit.verdictPath: nothing written to the thread".into());
+    };
+    let head = match writer::head(tx, &r.thread_id).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return Ok("verdict not written: the thread has no checkpoints".into()),
+        Err(WriteError::Query(e)) => return Err(e),
+        Err(e) => return Ok(format!("verdict not written: {e}")),
+    };
+    let verdict = json!({
+        "verdict": VERDICT_ESCALATED,
+        "handle_class": null,
+        "handle": null,
+        "reason": format!("outcome of {} on {} (tool call {}) is unknown: {reason}", r.tool, r.server, r.tool_call_id),
+        "at": now.to_rfc3339_opts(SecondsFormat::Micros, true),
+        "audit": {
+            "id": r.id,
+            "server": r.server,
+            "tool": r.tool,
+            "tool_call_id": r.tool_call_id,
+            "idempotency_key": r.idempotency_key,
+        },
+    });
+    let patches = [Patch {
+        path: path.split('.').map(str::to_owned).collect(),
+        value: PatchValue::Replace(writer::json_to_mp(&verdict)),
+    }];
+    let mut tags = Map::new();
+    tags.insert("custody_action".into(), Value::from("audit-escalate"));
+    tags.insert(
+        "custody_key".into(),
+        Value::from(r.idempotency_key.as_str()),
+    );
+    let req = AppendRequest {
+        thread_id: &r.thread_id,
+        expected_checkpoint_id: &head.checkpoint_id,
+        expected_interrupt: head.interrupt_pending,
+        patches: &patches,
+        tags,
+        now,
+    };
+    Ok(match writer::append(tx, &req).await {
+        Ok(Appended::Written { checkpoint_id, .. }) => {
+            format!("verdict escalated written at checkpoint {checkpoint_id}")
+        }
+        Ok(Appended::Moved(why)) => format!("verdict not written: the thread moved ({why})"),
+        Err(WriteError::Query(e)) => return Err(e),
+        Err(e) => format!("verdict not written: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_match_the_python_helper() {
+        // Computed with the README's Python helper.
+        assert_eq!(
+            idempotency_key("t-1", "call_abc"),
+            "aud_1e7f6831fd3e9a443e6d7bfde6a8f082"
+        );
+        assert_eq!(
+            idempotency_key("thread é", "toolu_01"),
+            "aud_7cfbaa2080ecea22015f3713b5e1f760"
+        );
+        assert_ne!(idempotency_key("ab", "c"), idempotency_key("a", "bc"));
+    }
+
+    #[test]
+    fn settlements() {
+        let day = Duration::from_secs(86_400);
+        let young = Duration::from_secs(300);
+        let old = Duration::from_secs(90_000);
+        assert_eq!(
+            settle(Lookup::Found("TCK-1".into()), old, day),
+            Settlement::Committed {
+                server_id: "TCK-1".into()
+            },
+            "an answer is believed whatever the record's age"
+        );
+        assert!(matches!(
+            settle(Lookup::NotFound("x".into()), old, day),
+            Settlement::NotCommitted { .. }
+        ));
+        assert!(matches!(
+            settle(Lookup::Failed("down".into()), young, day),
+            Settlement::Pending { .. }
+        ));
+        assert!(matches!(
+            settle(Lookup::Failed("down".into()), old, day),
+            Settlement::Unknown { .. }
+        ));
+    }
+}

@@ -1,0 +1,216 @@
+//! The SQL of audit settlement: claiming pending records and completing them, per backend.
+//!
+//! Two sweepers at once never both settle one record:
+//! - **PostgreSQL**: a batch is claimed with `SELECT … FOR UPDATE SKIP LOCKED` and completed in
+//!   the same transaction (style item 7), so the row locks hold through the lookups and a second
+//!   sweeper skips those rows. A killed sweeper's locks go with its connection. An agent
+//!   completing one of those records meanwhile waits at most for the batch's lookups and then
+//!   finds the row no longer pending (its `UPDATE … WHERE status = 'pending'` matches nothing).
+//! - **SQLite** has no row locks, and its one write lock (`BEGIN IMMEDIATE`) must not be held
+//!   through network calls: LangGraph's SqliteSaver would wait on it and fail after its 5 s
+//!   busy timeout. So a claim is a lease: one short `BEGIN IMMEDIATE` transaction stamps the
+//!   batch with a random token and an expiry (`claimed_by`, `claimed_until`), the lookups run
+//!   outside any transaction, and a second `BEGIN IMMEDIATE` transaction completes only rows
+//!   still `pending` and still carrying the token. A sweeper that dies leaves a lease that
+//!   expires; a completion after expiry that another sweeper took over changes nothing (lookups
+//!   are read-only, so the duplicate lookup is harmless).
+
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::types::Json;
+
+use super::{Record, Status};
+use crate::checkpoint::writer::{Tx, WritePool};
+
+/// A claimed batch.
+pub(super) enum Claim {
+    /// The open transaction holding the rows' locks.
+    Postgres(Tx),
+    /// The lease token stamped on the rows.
+    Sqlite(String),
+}
+
+/// SQLite's text form of a time, ISO 8601 UTC with microseconds (what `julianday()` parses).
+fn text(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// Claims up to `limit` records that are pending, were written at or before `cutoff`, and have
+/// an id above `after`, oldest first.
+pub(super) async fn claim(
+    pool: &WritePool,
+    now: DateTime<Utc>,
+    cutoff: DateTime<Utc>,
+    after: i64,
+    limit: usize,
+    lease: Duration,
+) -> Result<(Claim, Vec<Record>), sqlx::Error> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    match pool {
+        WritePool::Postgres(_) => {
+            let mut tx = pool.begin().await?;
+            let Tx::Postgres(pg) = &mut tx else {
+                unreachable!("a PostgreSQL pool begins PostgreSQL transactions")
+            };
+            let rows = sqlx::query(
+                "SELECT id, thread_id, checkpoint_ns, tool_call_id, idempotency_key, server, tool,
+                        argument_summary, principal,
+                        EXTRACT(EPOCH FROM ($1 - created_at))::float8 AS age_s
+                 FROM custody_audit
+                 WHERE status = 'pending' AND created_at <= $2 AND id > $3
+                 ORDER BY id LIMIT $4
+                 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(now)
+            .bind(cutoff)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&mut **pg)
+            .await?;
+            let records = rows
+                .iter()
+                .map(|r| {
+                    let summary: Json<Value> = r.try_get("argument_summary")?;
+                    record(r, summary.0)
+                })
+                .collect::<Result<_, sqlx::Error>>()?;
+            Ok((Claim::Postgres(tx), records))
+        }
+        WritePool::Sqlite(..) => {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+            let mut tx = pool.begin().await?;
+            let Tx::Sqlite(lite) = &mut tx else {
+                unreachable!("a SQLite pool begins SQLite transactions")
+            };
+            let rows = sqlx::query(
+                "UPDATE custody_audit SET claimed_by = ?1, claimed_until = ?2
+                 WHERE id IN (
+                     SELECT id FROM custody_audit
+                     WHERE status = 'pending' AND julianday(created_at) <= julianday(?3) AND id > ?4
+                       AND (claimed_until IS NULL OR julianday(claimed_until) < julianday(?5))
+                     ORDER BY id LIMIT ?6)
+                 RETURNING id, thread_id, checkpoint_ns, tool_call_id, idempotency_key, server, tool,
+                           argument_summary, principal,
+                           (julianday(?5) - julianday(created_at)) * 86400.0 AS age_s",
+            )
+            .bind(&token)
+            .bind(text(until))
+            .bind(text(cutoff))
+            .bind(after)
+            .bind(text(now))
+            .bind(limit)
+            .fetch_all(&mut **lite)
+            .await?;
+            tx.commit().await?;
+            let mut records = rows
+                .iter()
+                .map(|r| {
+                    let summary: String = r.try_get("argument_summary")?;
+                    // Written by the agent: keep text that is not JSON as a string.
+                    let summary = serde_json::from_str(&summary).unwrap_or(Value::String(summary));
+                    record(r, summary)
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            // RETURNING gives no order.
+            records.sort_by_key(|r| r.id);
+            Ok((Claim::Sqlite(token), records))
+        }
+    }
+}
+
+fn record<R: Row>(r: &R, argument_summary: Value) -> Result<Record, sqlx::Error>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'q> i64: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    for<'q> f64: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    for<'q> String: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+    for<'q> Option<String>: sqlx::Decode<'q, R::Database> + sqlx::Type<R::Database>,
+{
+    let age: f64 = r.try_get("age_s")?;
+    Ok(Record {
+        id: r.try_get("id")?,
+        thread_id: r.try_get("thread_id")?,
+        checkpoint_ns: r.try_get("checkpoint_ns")?,
+        tool_call_id: r.try_get("tool_call_id")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        server: r.try_get("server")?,
+        tool: r.try_get("tool")?,
+        argument_summary,
+        principal: r.try_get("principal")?,
+        // A clock skewed behind the database's makes a fresh row look negative-aged.
+        age: Duration::from_secs_f64(age.max(0.0)),
+    })
+}
+
+impl Claim {
+    /// The transaction that completes the batch: PostgreSQL's claiming one, a new
+    /// `BEGIN IMMEDIATE` one on SQLite.
+    pub(super) async fn completing(
+        self,
+        pool: &WritePool,
+    ) -> Result<(Tx, Option<String>), sqlx::Error> {
+        match self {
+            Self::Postgres(tx) => Ok((tx, None)),
+            Self::Sqlite(token) => Ok((pool.begin().await?, Some(token))),
+        }
+    }
+}
+
+/// Settles one record in `tx`. `false` when it is no longer pending or no longer ours (the agent
+/// completed it, or another sweeper took over an expired SQLite lease): nothing changed.
+pub(super) async fn finish(
+    tx: &mut Tx,
+    token: Option<&str>,
+    id: i64,
+    status: Status,
+    resolution: &Value,
+    now: DateTime<Utc>,
+) -> Result<bool, sqlx::Error> {
+    let changed = match tx {
+        Tx::Postgres(tx) => sqlx::query(
+            "UPDATE custody_audit SET status = $2, resolution = $3, updated_at = $4
+             WHERE id = $1 AND status = 'pending'",
+        )
+        .bind(id)
+        .bind(status.as_str())
+        .bind(Json(resolution))
+        .bind(now)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+        Tx::Sqlite(tx) => sqlx::query(
+            "UPDATE custody_audit SET status = ?2, resolution = ?3, updated_at = ?4,
+                    claimed_by = NULL, claimed_until = NULL
+             WHERE id = ?1 AND status = 'pending' AND claimed_by = ?5",
+        )
+        .bind(id)
+        .bind(status.as_str())
+        .bind(resolution.to_string())
+        .bind(text(now))
+        .bind(token)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected(),
+    };
+    Ok(changed == 1)
+}
+
+/// Gives a record that stays pending back (SQLite: drops the lease so the next sweep need not
+/// wait for it to expire; PostgreSQL: the commit releases the lock).
+pub(super) async fn release(tx: &mut Tx, token: Option<&str>, id: i64) -> Result<(), sqlx::Error> {
+    if let Tx::Sqlite(tx) = tx {
+        sqlx::query(
+            "UPDATE custody_audit SET claimed_by = NULL, claimed_until = NULL
+             WHERE id = ?1 AND claimed_by = ?2",
+        )
+        .bind(id)
+        .bind(token)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}

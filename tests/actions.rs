@@ -1,0 +1,607 @@
+//! `custody sweep --apply` end to end: real LangGraph threads (SQLite and PostgreSQL), the real
+//! basket MCP server, the real binary. Re-mint and replay, escalate, a thread that moves under
+//! custody, and `kill -9` of the sweeper at every step of a re-mint (failpoints: run with
+//! `--features failpoints`, as tests/run.sh does).
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+#[cfg(feature = "failpoints")]
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use custody::mcp::{Connection, ServerConfig};
+use serde_json::{Value, json};
+use support::{BasketServer, Db};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// A basket server, a checkpoint database and a resource directory acting on it.
+struct World {
+    server: BasketServer,
+    res: tempfile::TempDir,
+    kind: Kind,
+    sqlite: PathBuf,
+    pg: String,
+}
+
+impl World {
+    async fn new(kind: Kind, name: &str, on_gone: &str) -> Self {
+        let server = BasketServer::start(&[]);
+        let res = tempfile::tempdir().unwrap();
+        let sqlite = res.path().join("checkpoints.sqlite");
+        let pg = match kind {
+            Kind::Postgres => support::fresh_pg_database(name).await,
+            Kind::Sqlite => String::new(),
+        };
+        let world = Self {
+            server,
+            res,
+            kind,
+            sqlite,
+            pg,
+        };
+        let (backend, dsn) = match kind {
+            Kind::Sqlite => ("sqlite", format!("sqlite://{}", world.sqlite.display())),
+            Kind::Postgres => ("postgres", world.pg.clone()),
+        };
+        support::act_resources(
+            world.res.path(),
+            &world.server.url(),
+            backend,
+            &dsn,
+            on_gone,
+        );
+        world
+    }
+
+    fn db(&self) -> Db<'_> {
+        match self.kind {
+            Kind::Sqlite => Db::Sqlite(&self.sqlite),
+            Kind::Postgres => Db::Postgres(&self.pg),
+        }
+    }
+
+    fn write(&self, only: &str, prefix: &str) {
+        support::write_some_fixtures(&self.server.url(), self.db(), Some(only), prefix);
+    }
+
+    fn resume(&self, thread: &str, value: &Value) -> Value {
+        support::order_graph(
+            self.db(),
+            &[
+                "resume",
+                "--thread",
+                thread,
+                "--server",
+                &self.server.url(),
+                "--principal",
+                "user-1",
+                "--value",
+                &value.to_string(),
+            ],
+        )
+    }
+
+    fn state(&self, thread: &str) -> Value {
+        support::order_graph(self.db(), &["state", "--thread", thread])
+    }
+
+    fn args(&self) -> Vec<String> {
+        ["sweep", "--once", "--apply", "-o", "json", "-f"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([self.res.path().display().to_string()])
+            .collect()
+    }
+
+    /// `custody sweep --once --apply -f RES -o json`, asserting success.
+    fn sweep(&self) -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(self.args())
+            .output()
+            .expect("run custody");
+        assert!(
+            out.status.success(),
+            "custody sweep --apply failed:\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("sweep JSON")
+    }
+
+    async fn call(&self, tool: &str, arguments: Value) -> Value {
+        let cfg = ServerConfig {
+            name: "basket".into(),
+            url: self.server.url(),
+            headers: vec![],
+            timeout: Duration::from_secs(10),
+            mode: custody::crd::ProtocolMode::Auto,
+            max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+        };
+        let conn = Connection::connect(&cfg)
+            .await
+            .expect("connect to the basket server");
+        let result = conn
+            .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
+            .await
+            .expect("tools/call");
+        conn.close().await;
+        assert!(!result.is_error, "{tool}: {}", result.text);
+        result.structured.unwrap_or(Value::Null)
+    }
+
+    /// Baskets ever created on the server.
+    async fn baskets(&self) -> u64 {
+        self.call("count_baskets", json!({})).await["count"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// (sku, qty) of a live basket.
+    async fn items(&self, basket: &str) -> Vec<(String, u64)> {
+        self.call("get_basket", json!({"basket_id": basket})).await["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["sku"].as_str().unwrap().to_owned(),
+                    l["qty"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Ledger entries that are not done.
+    async fn unsettled(&self) -> i64 {
+        use sqlx::Connection as _;
+        let sql = "SELECT count(*) FROM custody_actions WHERE state <> 'done'";
+        match self.kind {
+            Kind::Sqlite => {
+                let mut c =
+                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", self.sqlite.display()))
+                        .await
+                        .unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
+            }
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
+            }
+        }
+    }
+
+    /// Ledger outcomes of one thread.
+    async fn outcomes(&self, thread: &str) -> Vec<String> {
+        use sqlx::Connection as _;
+        match self.kind {
+            Kind::Sqlite => {
+                let mut c =
+                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", self.sqlite.display()))
+                        .await
+                        .unwrap();
+                sqlx::query_scalar(
+                    "SELECT coalesce(outcome, state) FROM custody_actions WHERE thread_id = ?",
+                )
+                .bind(thread)
+                .fetch_all(&mut c)
+                .await
+                .unwrap()
+            }
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
+                sqlx::query_scalar(
+                    "SELECT coalesce(outcome, state) FROM custody_actions WHERE thread_id = $1",
+                )
+                .bind(thread)
+                .fetch_all(&mut c)
+                .await
+                .unwrap()
+            }
+        }
+    }
+
+    /// A parked thread with two recorded items whose basket was then deleted on the server.
+    async fn filled_and_gone(&self, prefix: &str) -> (String, String) {
+        let thread = format!("{prefix}t-live");
+        self.write("t-live", prefix);
+        self.resume(&thread, &json!({"sku": "widget", "qty": 2}));
+        let state = self.resume(&thread, &json!({"sku": "gadget", "qty": 1}));
+        assert_eq!(state["next"], json!(["add_item"]), "{state}");
+        let old = state["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.call("delete_basket", json!({"basket_id": old})).await;
+        (thread, old)
+    }
+}
+
+fn row<'a>(report: &'a Value, thread: &str) -> &'a Value {
+    report["stores"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["thread_id"] == thread)
+        .unwrap_or_else(|| panic!("no row for {thread} in {report}"))
+}
+
+async fn remint_case(kind: Kind) {
+    let w = World::new(kind, "act_remint", "remint").await;
+    let (thread, old) = w.filled_and_gone("").await;
+    let before = w.baskets().await;
+
+    let report = w.sweep();
+    let r = row(&report, &thread);
+    assert_eq!(r["verdict"], "gone", "{r}");
+    assert_eq!(r["action"]["plan"], "remint", "{r}");
+    assert_eq!(r["action"]["outcome"], "reminted", "{r}");
+    assert_eq!(r["action"]["replayed"], 2, "{r}");
+    let new = r["action"]["handle"].as_str().unwrap().to_owned();
+    assert_ne!(new, old);
+    assert_eq!(w.baskets().await, before + 1, "exactly one new basket");
+    assert_eq!(
+        w.items(&new).await,
+        vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+        "the recorded items are replayed onto the new basket"
+    );
+
+    // LangGraph sees the new handle, still waiting in add_item with its interrupt.
+    let state = w.state(&thread);
+    let basket = &state["values"]["basket"];
+    assert_eq!(basket["value"], new.as_str(), "{state}");
+    assert_eq!(basket["principal"], "user-1");
+    assert_eq!(
+        basket["server"], "basket",
+        "untouched record fields are kept"
+    );
+    assert_eq!(state["values"]["custody"]["verdict"], "reminted", "{state}");
+    assert_eq!(state["values"]["items"].as_array().unwrap().len(), 2);
+    assert_eq!(state["next"], json!(["add_item"]));
+    assert_eq!(
+        state["interrupts"][0]["basket"],
+        old.as_str(),
+        "the pending interrupt is re-created as LangGraph raised it: {state}"
+    );
+    assert_eq!(state["metadata"]["source"], "update");
+    assert_eq!(w.unsettled().await, 0);
+    assert_eq!(w.outcomes(&thread).await, vec!["reminted"]);
+
+    // The next sweep finds the new basket alive and leaves the thread alone.
+    let again = w.sweep();
+    let r = row(&again, &thread);
+    assert_eq!(r["verdict"], "ok", "{r}");
+    assert!(r["action"].is_null(), "{r}");
+
+    // The graph continues with the new basket.
+    w.resume(&thread, &json!({"sku": "extra", "qty": 1}));
+    let done = w.resume(&thread, &json!("done"));
+    assert_eq!(
+        done["values"]["verdict"],
+        format!("ok basket={new} items=3"),
+        "{done}"
+    );
+    assert_eq!(
+        w.items(&new).await,
+        vec![
+            ("extra".to_owned(), 1),
+            ("gadget".to_owned(), 1),
+            ("widget".to_owned(), 2)
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remint_replays_and_the_graph_continues_sqlite() {
+    remint_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remint_replays_and_the_graph_continues_postgres() {
+    remint_case(Kind::Postgres).await;
+}
+
+async fn escalate_case(kind: Kind) {
+    let w = World::new(kind, "act_escalate", "escalate").await;
+    w.write("t-expired,t-absent,t-other-principal,t-live", "");
+    let before = w.baskets().await;
+
+    let report = w.sweep();
+    for thread in ["t-expired", "t-absent", "t-other-principal"] {
+        let r = row(&report, thread);
+        assert_eq!(r["action"]["plan"], "escalate", "{r}");
+        assert_eq!(r["action"]["outcome"], "escalated", "{r}");
+    }
+    assert!(row(&report, "t-live")["action"].is_null());
+    assert_eq!(w.baskets().await, before, "escalating mints nothing");
+
+    let state = w.state("t-expired");
+    let custody = &state["values"]["custody"];
+    assert_eq!(custody["verdict"], "escalated", "{state}");
+    assert_eq!(custody["handle_class"], "basket");
+    assert!(
+        custody["reason"]
+            .as_str()
+            .unwrap()
+            .contains("BASKET_EXPIRED"),
+        "{custody}"
+    );
+    assert_eq!(state["next"], json!(["add_item"]));
+    assert_eq!(state["interrupts"].as_array().unwrap().len(), 1, "{state}");
+    let checkpoint = state["checkpoint_id"].clone();
+
+    // Escalated once: the next sweep leaves it (and writes no checkpoint).
+    let again = w.sweep();
+    let r = row(&again, "t-expired");
+    assert_eq!(r["action"]["outcome"], "skipped", "{r}");
+    assert_eq!(r["action"]["reason"], "already escalated", "{r}");
+    assert_eq!(w.state("t-expired")["checkpoint_id"], checkpoint);
+    assert_eq!(w.unsettled().await, 0);
+
+    // Resumed, the graph takes its handle_gone route on custody's verdict.
+    let done = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));
+    let verdict = done["values"]["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("handle_gone: custody escalated: "),
+        "{done}"
+    );
+    assert_eq!(done["next"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn escalate_routes_the_graph_to_handle_gone_sqlite() {
+    escalate_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn escalate_routes_the_graph_to_handle_gone_postgres() {
+    escalate_case(Kind::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fail_writes_verdict_failed() {
+    let w = World::new(Kind::Sqlite, "act_fail", "fail").await;
+    w.write("t-expired", "");
+    let r = w.sweep();
+    assert_eq!(row(&r, "t-expired")["action"]["outcome"], "failed");
+    let done = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));
+    assert!(
+        done["values"]["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("handle_gone: custody failed: "),
+        "{done}"
+    );
+}
+
+#[test]
+fn without_apply_nothing_is_written() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&server.url(), Db::Sqlite(&db), Some("t-expired"), "");
+    let dsn = format!("sqlite://{}", db.display());
+    support::act_resources(dir.path(), &server.url(), "sqlite", &dsn, "remint");
+    let before = std::fs::read(&db).unwrap();
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let mut args = vec![
+            "sweep",
+            "--once",
+            "-o",
+            "json",
+            "-f",
+            dir.path().to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let out = support::custody(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r = row(&report, "t-expired");
+        assert_eq!(r["action"]["outcome"], "planned", "{r}");
+        assert_eq!(r["action"]["plan"], "remint", "{r}");
+    }
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "the database is unchanged"
+    );
+    let state = support::order_graph(Db::Sqlite(&db), &["state", "--thread", "t-expired"]);
+    assert_eq!(
+        state["metadata"]["source"], "loop",
+        "no checkpoint appended"
+    );
+}
+
+/// A running custody stopped at a failpoint.
+#[cfg(feature = "failpoints")]
+struct Stopped {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+#[cfg(feature = "failpoints")]
+impl Stopped {
+    /// Starts `custody sweep --apply` with `FAILPOINTS=act::<step>=<action>` and waits until it
+    /// reports reaching the step.
+    fn at(world: &World, step: &str, action: &str) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(world.args())
+            .env("FAILPOINTS", format!("act::{step}={action}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start custody");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let marker = format!("custody failpoint act::{step}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line == marker => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("custody never reached {step}; stderr:\n{}", seen.join("\n")),
+            }
+        }
+        Self { child, lines }
+    }
+}
+
+#[cfg(feature = "failpoints")]
+async fn moved_case(kind: Kind) {
+    use std::io::Write;
+    let w = World::new(kind, "act_moved", "escalate").await;
+    w.write("t-expired", "");
+    let mut stopped = Stopped::at(&w, "before-append", "return(wait)");
+    // custody has read the thread and decided; LangGraph resumes it now.
+    let resumed = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));
+    assert!(
+        resumed["values"]["verdict"]
+            .as_str()
+            .unwrap()
+            .starts_with("handle_gone: BASKET_EXPIRED"),
+        "{resumed}"
+    );
+    let checkpoint = resumed["checkpoint_id"].clone();
+    stopped
+        .child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"go\n")
+        .unwrap();
+    let out = stopped.child.wait_with_output().unwrap();
+    drop(stopped.lines);
+    assert!(out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = row(&report, "t-expired");
+    assert_eq!(r["action"]["outcome"], "skipped", "{r}");
+    assert!(
+        r["action"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("thread moved"),
+        "{r}"
+    );
+    let state = w.state("t-expired");
+    assert_eq!(state["checkpoint_id"], checkpoint, "nothing appended");
+    assert!(state["values"]["custody"].is_null(), "{state}");
+    assert_eq!(w.outcomes("t-expired").await, vec!["moved"]);
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_resumed_between_read_and_write_is_left_untouched_sqlite() {
+    moved_case(Kind::Sqlite).await;
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_resumed_between_read_and_write_is_left_untouched_postgres() {
+    moved_case(Kind::Postgres).await;
+}
+
+/// Every step of a re-mint at which the sweeper is killed.
+#[cfg(feature = "failpoints")]
+const STEPS: [&str; 7] = [
+    "after-intent",
+    "after-mint",
+    "mid-replay",
+    "after-replay",
+    "before-append",
+    "append-uncommitted",
+    "after-append",
+];
+
+#[cfg(feature = "failpoints")]
+async fn kill_case(kind: Kind) {
+    let w = World::new(kind, "act_kill", "remint").await;
+    for (i, step) in STEPS.iter().enumerate() {
+        let (thread, old) = w.filled_and_gone(&format!("k{i}-")).await;
+        let before = w.baskets().await;
+
+        let mut stopped = Stopped::at(&w, step, "return");
+        stopped.child.kill().unwrap(); // SIGKILL
+        stopped.child.wait().unwrap();
+
+        let report = w.sweep();
+        assert_eq!(
+            w.baskets().await,
+            before + 1,
+            "{step}: exactly one new basket"
+        );
+        assert_eq!(w.unsettled().await, 0, "{step}: the ledger is settled");
+        let state = w.state(&thread);
+        let basket = state["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if *step == "mid-replay" {
+            // The first replay call's answer was never recorded: escalated, not replayed twice.
+            assert_eq!(basket, old, "{step}");
+            assert_eq!(
+                state["values"]["custody"]["verdict"], "escalated",
+                "{step}: {state}"
+            );
+            assert!(
+                state["values"]["custody"]["reason"]
+                    .as_str()
+                    .unwrap()
+                    .contains("replay call 1 of 2 was interrupted"),
+                "{state}"
+            );
+        } else {
+            assert_ne!(basket, old, "{step}");
+            assert_eq!(state["values"]["custody"]["verdict"], "reminted", "{step}");
+            assert_eq!(
+                w.items(&basket).await,
+                vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+                "{step}: items replayed exactly once"
+            );
+        }
+        assert_eq!(state["next"], json!(["add_item"]), "{step}");
+        // Killed after the append committed, the entry was already done; otherwise the second
+        // sweep settled it before scanning.
+        let settled = report["stores"][0]["settled"].as_array().unwrap().len();
+        assert_eq!(
+            settled,
+            usize::from(*step != "after-append"),
+            "{step}: {report}"
+        );
+    }
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_a_remint_mints_once_sqlite() {
+    kill_case(Kind::Sqlite).await;
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_a_remint_mints_once_postgres() {
+    kill_case(Kind::Postgres).await;
+}
