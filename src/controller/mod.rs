@@ -378,7 +378,18 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("MCPServer"),
             ctx.clone(),
         )
-        .for_each(drain("MCPServer"));
+        .for_each({
+            let ctx = ctx.clone();
+            move |r| {
+                let ctx = ctx.clone();
+                async move {
+                    if let Some((ns, name)) = deleted(&r) {
+                        forget_server(&ctx, ns, name).await;
+                    }
+                    drain("MCPServer")(r).await;
+                }
+            }
+        });
 
     let assignments = Controller::new(
         Api::<Guard<AgentAssignment>>::all(client.clone()),
@@ -447,9 +458,64 @@ async fn controllers(ctx: Arc<Context>) {
         error_policy("CheckpointStore"),
         ctx.clone(),
     )
-    .for_each(drain("CheckpointStore"));
+    .for_each({
+        let ctx = ctx.clone();
+        move |r| {
+            if let Some((ns, name)) = deleted(&r) {
+                forget_store(&ctx, ns, name);
+            }
+            drain("CheckpointStore")(r)
+        }
+    });
 
     tokio::join!(servers, assignments, classes, stores);
+}
+
+/// `(namespace, name)` when a scheduled reconcile found its object deleted: kube-runtime never
+/// reconciles a deleted object, so this is where per-object state is dropped.
+fn deleted<K: Resource>(
+    r: &Result<
+        (ObjectRef<K>, Action),
+        kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
+    >,
+) -> Option<(String, String)> {
+    match r.as_ref().err()? {
+        kube::runtime::controller::Error::ObjectNotFound(obj) => {
+            Some((obj.namespace.clone().unwrap_or_default(), obj.name.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Drops a deleted MCPServer's observations and metric series.
+async fn forget_server(ctx: &Context, namespace: String, name: String) {
+    ctx.observed
+        .write()
+        .await
+        .remove(&format!("{namespace}/{name}"));
+    let labels = metrics::ObjectLabels { namespace, name };
+    ctx.metrics.server_healthy.remove(&labels);
+    ctx.metrics.server_tools.remove(&labels);
+}
+
+/// Drops a deleted CheckpointStore's metric series.
+fn forget_store(ctx: &Context, namespace: String, name: String) {
+    for verdict in ["ok", "gone", "absent", "unknown"] {
+        let labels = metrics::SweepLabels {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            verdict,
+        };
+        ctx.metrics.sweep_handles.remove(&labels);
+    }
+    for action in ["reminted", "escalated", "failed", "skipped", "error"] {
+        let labels = metrics::ActionLabels {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            action,
+        };
+        ctx.metrics.sweep_actions.remove(&labels);
+    }
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error

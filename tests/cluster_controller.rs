@@ -1,0 +1,1547 @@
+//! `custody controller` end to end against a real kube-apiserver (v1.37, with etcd and
+//! kube-controller-manager, started by tests/run.sh): the real binary runs out of cluster with
+//! the chart's controller ServiceAccount token (so the chart's RBAC is what it may do), real
+//! basket MCP servers on loopback, real LangGraph checkpoints in PostgreSQL.
+//!
+//! One controller serves the whole suite, as in a cluster: it watches every namespace, so two
+//! controllers on different Leases would both reconcile every object. Each test works in its own
+//! namespace and runs in parallel with the others under a shared lock; the leader-election test
+//! takes that lock exclusively, joins a second replica to the Lease, stops the leader and leaves
+//! the replica that took over serving the rest of the suite.
+//!
+//! The controller runs with `--health-interval-seconds 10`: health checks (which write
+//! `lastHealthCheckTime`) come often enough to see a server go down, and rarely enough to watch
+//! an unchanged status stay unwritten for 5 s in between.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PostParams, WatchEvent, WatchParams,
+};
+use serde_json::{Value, json};
+use support::{BasketServer, Db};
+
+/// Every wait's deadline (the machine may be busy).
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Poll interval of every wait.
+const POLL: Duration = Duration::from_millis(200);
+/// `--health-interval-seconds` of the controllers.
+const HEALTH_INTERVAL: i64 = 10;
+/// The Lease name (the chart's Role allows only this one).
+const LEASE: &str = "custody-controller";
+
+// ---------------------------------------------------------------------------------------------
+// The controller processes.
+
+/// Runs the controller in the background with its output in `$CUSTODY_LOG`, prints its pid, and
+/// SIGTERMs it when stdin closes: when the test drops it, or when the test process ends in any
+/// way (the pipe closes), so no controller outlives the suite. Exits with the controller's status.
+const WRAPPER: &str = r#""$@" </dev/null >>"$CUSTODY_LOG" 2>&1 &
+pid=$!
+echo "$pid"
+read -r _ || true
+kill -TERM "$pid" 2>/dev/null
+wait "$pid""#;
+
+/// One `custody controller` replica.
+struct Controller {
+    identity: String,
+    port: u16,
+    pid: u32,
+    log: PathBuf,
+    wrapper: Child,
+}
+
+impl Controller {
+    /// Starts a replica with the controller ServiceAccount's kubeconfig and waits for `/readyz`.
+    fn start(infra: &Infra) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let identity = format!("replica-{}", N.fetch_add(1, Ordering::SeqCst));
+        let port = support::free_port();
+        let log = infra.dir.join(format!("{identity}.log"));
+        let mut wrapper = Command::new("sh")
+            .args([
+                "-c",
+                WRAPPER,
+                "sh",
+                env!("CARGO_BIN_EXE_custody"),
+                "controller",
+            ])
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--lease-namespace", &infra.system_ns])
+            .args(["--identity", &identity])
+            .args(["--health-interval-seconds", &HEALTH_INTERVAL.to_string()])
+            .env("KUBECONFIG", &infra.controller_kubeconfig)
+            .env("CUSTODY_LOG", &log)
+            .env("RUST_LOG", "info,custody=debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the controller");
+        let mut line = String::new();
+        BufReader::new(wrapper.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid = line.trim().parse().expect("the controller's pid");
+        let c = Self {
+            identity,
+            port,
+            pid,
+            log,
+            wrapper,
+        };
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some((200, _)) = http_get(c.port, "/readyz") {
+                return c;
+            }
+            assert!(c.alive(), "the controller exited:\n{}", c.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "/readyz not 200 after {DEADLINE:?}:\n{}",
+                c.log_tail()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn alive(&self) -> bool {
+        // The wrapper reaps it only after stdin closes: a dead controller is a zombie until then.
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| !r.starts_with(" Z"))
+        })
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// `/metrics`.
+    fn metrics(&self) -> String {
+        match http_get(self.port, "/metrics") {
+            Some((200, body)) => body,
+            other => panic!("{}: /metrics answered {other:?}", self.identity),
+        }
+    }
+
+    /// SIGTERM, and the controller's exit status.
+    fn terminate(&mut self) -> ExitStatus {
+        drop(self.wrapper.stdin.take());
+        self.wrapper.wait().unwrap()
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1: `(status, body)`, or `None` when nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of one series (`name{labels}` exactly as exposed) in OpenMetrics text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// `custody_reconciles_total` summed over every kind.
+fn reconciles(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("custody_reconciles_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The installation every test shares.
+
+struct Infra {
+    /// The chart's release (and fullname).
+    release: String,
+    /// Its namespace: the controller ServiceAccount and the Lease.
+    system_ns: String,
+    /// A kubeconfig that authenticates as the chart's controller ServiceAccount.
+    controller_kubeconfig: PathBuf,
+    /// Logs and kubeconfigs.
+    dir: PathBuf,
+    /// The replica serving the suite (the leader-election test replaces it).
+    current: tokio::sync::Mutex<Option<Controller>>,
+}
+
+/// Tests hold it shared; the leader-election test holds it alone.
+static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Installs the chart's ServiceAccounts and RBAC (`helm template`, without the Deployment: its
+/// pods would never run here) and starts the controller as the chart's ServiceAccount.
+fn infra() -> &'static Infra {
+    static INFRA: OnceLock<Infra> = OnceLock::new();
+    INFRA.get_or_init(|| {
+        let c = cluster::cluster();
+        c.ensure_crds();
+        let pid = std::process::id();
+        let release = format!("custody-e2e-{pid}");
+        let system_ns = format!("custody-e2e-system-{pid}");
+        c.ensure_namespace(&system_ns);
+        let rendered = c
+            .helm(
+                &["template", &release, "charts/custody", "-n", &system_ns],
+                None,
+            )
+            .ok();
+        let rbac: Vec<Value> = cluster::yaml_docs(&rendered)
+            .into_iter()
+            .filter(|d| {
+                [
+                    "ServiceAccount",
+                    "ClusterRole",
+                    "ClusterRoleBinding",
+                    "Role",
+                    "RoleBinding",
+                ]
+                .contains(&d["kind"].as_str().unwrap_or_default())
+            })
+            .collect();
+        assert!(rbac.len() >= 6, "{rbac:?}");
+        c.kubectl(
+            &["apply", "-f", "-"],
+            Some(&json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string()),
+        )
+        .ok();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-e2e-{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let controller_kubeconfig = token_kubeconfig(
+            &dir.join("controller.kubeconfig"),
+            &system_ns,
+            &format!("{release}-controller"),
+        );
+        let mut infra = Infra {
+            release,
+            system_ns,
+            controller_kubeconfig,
+            dir,
+            current: tokio::sync::Mutex::new(None),
+        };
+        let first = Controller::start(&infra);
+        let deadline = Instant::now() + DEADLINE;
+        while metric(&first.metrics(), "custody_leader") != Some(1.0) {
+            assert!(
+                Instant::now() < deadline,
+                "the only replica did not take the Lease:\n{}",
+                first.log_tail()
+            );
+            std::thread::sleep(POLL);
+        }
+        *infra.current.get_mut() = Some(first);
+        infra
+    })
+}
+
+/// A kubeconfig for the cluster that authenticates with a token of ServiceAccount `ns/sa`.
+fn token_kubeconfig(path: &Path, ns: &str, sa: &str) -> PathBuf {
+    let c = cluster::cluster();
+    let token = c
+        .kubectl(&["create", "token", sa, "-n", ns, "--duration=2h"], None)
+        .ok()
+        .trim()
+        .to_owned();
+    let admin = std::fs::read_to_string(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
+    let mut kc: Value = serde_yaml::from_str(&admin).unwrap();
+    for user in kc["users"].as_array_mut().unwrap() {
+        user["user"] = json!({ "token": token });
+    }
+    std::fs::write(path, kc.to_string()).unwrap();
+    path.to_owned()
+}
+
+/// An admin client (the tests' own view of the cluster).
+async fn client() -> Client {
+    let kc = kube::config::Kubeconfig::read_from(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// A test's namespace, deleted (with everything in it) when dropped.
+struct TestNs(String);
+
+impl TestNs {
+    async fn new(client: &Client, tag: &str) -> Self {
+        let name = format!("e2e-{tag}-{}", std::process::id());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        match Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create namespace {name}: {e}"),
+        }
+        Self(name)
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = cluster::cluster().kubectl(&["delete", "namespace", &self.0, "--wait=false"], None);
+    }
+}
+
+impl std::ops::Deref for TestNs {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects.
+
+fn resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let plural = match kind {
+        "MCPServer" => "mcpservers",
+        "AgentAssignment" => "agentassignments",
+        "HandleClass" => "handleclasses",
+        "CheckpointStore" => "checkpointstores",
+        "Secret" => "secrets",
+        "ServiceAccount" => "serviceaccounts",
+        "RoleBinding" => "rolebindings",
+        other => panic!("no plural for {other}"),
+    };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+/// A custody kind's API in `ns`.
+fn custody(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &resource("custody.dev/v1alpha1", kind))
+}
+
+/// Server-side apply of one object (a test's field manager).
+async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
+    let ar = resource(
+        obj["apiVersion"].as_str().unwrap(),
+        obj["kind"].as_str().unwrap(),
+    );
+    let name = obj["metadata"]["name"].as_str().unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let out = api
+        .patch(
+            name,
+            &PatchParams::apply("custody-e2e").force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {} {ns}/{name}: {e}", obj["kind"]));
+    serde_json::to_value(out).unwrap()
+}
+
+async fn get(client: &Client, ns: &str, kind: &str, name: &str) -> Option<Value> {
+    custody(client, ns, kind)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .map(|o| serde_json::to_value(o).unwrap())
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn time(v: &Value) -> DateTime<Utc> {
+    v.as_str()
+        .unwrap_or_else(|| panic!("not a time: {v}"))
+        .parse()
+        .unwrap()
+}
+
+/// Retries `check` every 200 ms until it returns `Ok`; panics with its last error after 60 s.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// Waits until the object's conditions have these statuses, each observed at the current
+/// generation; returns the object.
+async fn wait_conditions(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    want: &[(&str, &str)],
+) -> Value {
+    eventually(
+        &format!("{kind} {ns}/{name} has conditions {want:?}"),
+        async || {
+            let obj = get(client, ns, kind, name).await.ok_or("does not exist")?;
+            let generation = &obj["metadata"]["generation"];
+            for (type_, status) in want {
+                let c = condition(&obj, type_)
+                    .ok_or_else(|| format!("no {type_}; status: {}", obj["status"]))?;
+                if c["status"] != *status || &c["observedGeneration"] != generation {
+                    return Err(format!("{c} at generation {generation}"));
+                }
+            }
+            Ok(obj)
+        },
+    )
+    .await
+}
+
+/// The events.k8s.io Events about the object `kind/name` in `ns`.
+async fn events(client: &Client, ns: &str, kind: &str, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding
+                .as_ref()
+                .is_some_and(|r| r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name))
+        })
+        .collect()
+}
+
+/// Waits for an Event of this reason and type about `kind/name`.
+async fn wait_event(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+    type_: &str,
+) -> Event {
+    eventually(
+        &format!("{type_} Event {reason} about {kind} {ns}/{name}"),
+        async || {
+            let all = events(client, ns, kind, name).await;
+            all.iter()
+                .find(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some(type_))
+                .cloned()
+                .ok_or_else(|| {
+                    let seen: Vec<_> = all.iter().map(|e| (&e.reason, &e.type_)).collect();
+                    format!("Events: {seen:?}")
+                })
+        },
+    )
+    .await
+}
+
+/// The object's modifications (status or spec writes) seen by a watch from `rv` for `window`
+/// (or only the first).
+async fn modifications(
+    api: &Api<DynamicObject>,
+    name: &str,
+    rv: &str,
+    window: Duration,
+    first_only: bool,
+) -> Vec<Value> {
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(window.as_secs() as u32 + 30);
+    let stream = api.watch(&wp, rv).await.unwrap();
+    let mut stream = std::pin::pin!(stream);
+    let deadline = tokio::time::Instant::now() + window;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => return seen,
+            Ok(Some(Ok(WatchEvent::Modified(o)))) => {
+                seen.push(serde_json::to_value(o).unwrap());
+                if first_only {
+                    return seen;
+                }
+            }
+            Ok(Some(Ok(WatchEvent::Bookmark(_)))) => {}
+            Ok(other) => panic!("watch of {name}: {other:?}"),
+        }
+    }
+}
+
+/// A MCPServer of these spec fields.
+fn mcp_server(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+/// The ServiceAccount and RoleBinding the sweep CronJobs of `ns` run as
+/// (deploy/examples/basket/sweep-access.yaml, bound to this release's sweep ClusterRole).
+fn sweep_access(infra: &Infra, ns: &str) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/sweep-access.yaml"))
+            .unwrap();
+    cluster::yaml_docs(&text)
+        .into_iter()
+        .map(|mut d| {
+            d["metadata"]["namespace"] = json!(ns);
+            if d["kind"] == "RoleBinding" {
+                d["roleRef"]["name"] = json!(format!("{}-sweep", infra.release));
+                d["subjects"][0]["namespace"] = json!(ns);
+            }
+            d
+        })
+        .collect()
+}
+
+/// Everything a namespace shows to someone without Secret access: ConfigMaps, custody objects
+/// (spec and status) and Events, as JSON text.
+async fn visible_text(client: &Client, ns: &str) -> String {
+    let mut all = Vec::new();
+    for cm in Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        all.push(serde_json::to_string(&cm).unwrap());
+    }
+    for kind in [
+        "MCPServer",
+        "AgentAssignment",
+        "HandleClass",
+        "CheckpointStore",
+    ] {
+        for o in custody(client, ns, kind)
+            .list(&Default::default())
+            .await
+            .unwrap()
+        {
+            all.push(serde_json::to_string(&o).unwrap());
+        }
+    }
+    for e in Api::<Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        all.push(serde_json::to_string(&e).unwrap());
+    }
+    all.join("\n")
+}
+
+/// Every controller log of the suite.
+fn controller_logs(infra: &Infra) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&infra.dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            text += &std::fs::read_to_string(path).unwrap_or_default();
+        }
+    }
+    text
+}
+
+/// A basket server on a given port (to bring a stopped one back); killed when dropped.
+struct Basket(Child);
+
+impl Basket {
+    fn on(port: u16) -> Self {
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(support::var("CUSTODY_TEST_BASKET_SERVER"))
+            .env("BASKET_PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        support::wait_for_port(port, DEADLINE);
+        Self(child)
+    }
+}
+
+impl Drop for Basket {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const BASKET_TOOLS: [&str; 5] = [
+    "add_item",
+    "count_baskets",
+    "create_basket",
+    "delete_basket",
+    "get_basket",
+];
+
+// ---------------------------------------------------------------------------------------------
+// The tests.
+
+/// The basket example (deploy/examples/basket, pointed at a basket server on loopback and a
+/// PostgreSQL database holding LangGraph's tables): every kind reconciles, and no Secret value
+/// appears in anything the namespace shows.
+#[tokio::test]
+async fn basket_example_reconciles_end_to_end() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "basket").await;
+
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("e2e_basket").await;
+    support::write_some_fixtures(&server.url(), Db::Postgres(&dsn), Some("t-live"), "");
+    let token = format!("e2e-token-{}", uuid::Uuid::new_v4().simple());
+    let password = format!("e2e-pw-{}", uuid::Uuid::new_v4().simple());
+    assert!(dsn.contains("://postgres@"), "{dsn}");
+    let secret_dsn = dsn.replacen("://postgres@", &format!("://postgres:{password}@"), 1);
+
+    // The example as `kubectl apply -k` would apply it, with this test's namespace, server,
+    // database, credentials and release.
+    let rendered = cluster::cluster()
+        .kubectl(&["kustomize", "deploy/examples/basket"], None)
+        .ok();
+    let docs: Vec<Value> = cluster::yaml_docs(&rendered)
+        .into_iter()
+        .map(|mut d| {
+            d["metadata"]["namespace"] = json!(&*ns);
+            match (
+                d["kind"].as_str().unwrap(),
+                d["metadata"]["name"].as_str().unwrap(),
+            ) {
+                ("Secret", "basket-mcp") => {
+                    d["stringData"]["authorization"] = json!(format!("Bearer {token}"));
+                }
+                ("Secret", "orders-checkpoints") => d["stringData"]["dsn"] = json!(secret_dsn),
+                ("MCPServer", _) => d["spec"]["url"] = json!(server.url()),
+                ("RoleBinding", _) => {
+                    d["roleRef"]["name"] = json!(format!("{}-sweep", infra.release));
+                    d["subjects"][0]["namespace"] = json!(&*ns);
+                }
+                _ => {}
+            }
+            d
+        })
+        .collect();
+    assert_eq!(docs.len(), 8, "{docs:?}");
+    cluster::cluster()
+        .kubectl(
+            &["apply", "-f", "-"],
+            Some(&json!({"apiVersion": "v1", "kind": "List", "items": docs}).to_string()),
+        )
+        .ok();
+
+    // MCPServer: discovered and healthy, catalog in status.
+    let mcps = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[
+            ("Ready", "True"),
+            ("Discovered", "True"),
+            ("Healthy", "True"),
+        ],
+    )
+    .await;
+    let status = &mcps["status"];
+    assert_eq!(status["observedGeneration"], 1, "{status}");
+    assert_eq!(status["protocolVersion"], "2026-07-28", "{status}");
+    assert_eq!(status["serverInfo"]["name"], "basket-server", "{status}");
+    assert_eq!(status["toolCount"], 5, "{status}");
+    assert_eq!(status["cacheScope"], "public", "{status}");
+    assert_eq!(status["consecutiveFailures"], 0, "{status}");
+    assert!(
+        status["catalogDigest"]
+            .as_str()
+            .is_some_and(|d| d.len() >= 16),
+        "{status}"
+    );
+    assert!(status["lastDiscoveryTime"].is_string(), "{status}");
+    assert!(status["lastHealthCheckTime"].is_string(), "{status}");
+    let tools: BTreeSet<&str> = status["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["exposedName"].as_str().unwrap())
+        .collect();
+    let want: BTreeSet<String> = BASKET_TOOLS.iter().map(|t| format!("basket_{t}")).collect();
+    assert_eq!(
+        tools,
+        want.iter().map(String::as_str).collect::<BTreeSet<_>>()
+    );
+    let get_basket = status["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["exposedName"] == "basket_get_basket")
+        .unwrap();
+    assert_eq!(get_basket["annotations"]["readOnlyHint"], true);
+    let discovered = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        "CatalogDiscovered",
+        "Normal",
+    )
+    .await;
+    assert_eq!(
+        discovered.reporting_controller.as_deref(),
+        Some("custody-controller")
+    );
+    assert!(
+        discovered
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("5 tools via 2026-07-28")),
+        "{discovered:?}"
+    );
+
+    // AgentAssignment: valid, every writing tool needs approval, the ConfigMap rendered.
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "create-agent",
+        &[
+            ("Valid", "True"),
+            ("PolicyCompliant", "True"),
+            ("Ready", "True"),
+        ],
+    )
+    .await;
+    assert_eq!(aa["status"]["configMapName"], "create-agent-mcp-config");
+    assert_eq!(aa["status"]["toolCount"], 5);
+    assert_eq!(
+        aa["status"]["secretEnv"],
+        json!([{"name": "BASKET_MCP_AUTHORIZATION", "secretKeyRef": {"name": "basket-mcp", "key": "authorization"}}])
+    );
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .get("create-agent-mcp-config")
+        .await
+        .unwrap();
+    let owner = &cm.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("AgentAssignment", "create-agent", Some(true))
+    );
+    assert_eq!(
+        Some(&owner.uid),
+        aa["metadata"]["uid"].as_str().map(String::from).as_ref()
+    );
+    let data = cm.data.unwrap();
+    let servers: Value = serde_json::from_str(&data["MCP_SERVERS"]).unwrap();
+    let basket = &servers["basket"];
+    assert_eq!(servers.as_object().unwrap().len(), 1, "{servers}");
+    assert_eq!(basket["transport"], "http");
+    assert_eq!(basket["url"], server.url());
+    assert_eq!(basket["mode"], "auto");
+    assert_eq!(basket["timeout"], 10);
+    assert_eq!(
+        basket["headers_env"],
+        json!({"Authorization": "BASKET_MCP_AUTHORIZATION"})
+    );
+    let allowlist: BTreeSet<&str> = basket["tool_allowlist"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(allowlist, BTreeSet::from(BASKET_TOOLS));
+    assert_eq!(
+        serde_json::from_str::<Value>(&data["MCP_AGENT_SERVERS"]).unwrap(),
+        json!({"create-agent": ["basket"]})
+    );
+
+    // HandleClass: its tools are in the catalog and the probe is read-only.
+    wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "basket",
+        &[("Valid", "True"), ("ProbeReadOnly", "True")],
+    )
+    .await;
+
+    // CheckpointStore: the database answers with LangGraph's tables; the sweep CronJob.
+    let store = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Reachable", "True"), ("SchemaCompatible", "True")],
+    )
+    .await;
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    assert_eq!(cron["spec"]["schedule"], "*/5 * * * *");
+    assert_eq!(cron["spec"]["concurrencyPolicy"], "Forbid");
+    assert_eq!(
+        cron["metadata"]["ownerReferences"][0]["uid"],
+        store["metadata"]["uid"]
+    );
+    assert_eq!(cron["metadata"]["ownerReferences"][0]["controller"], true);
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "custody-sweep");
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(
+        pod["securityContext"],
+        json!({"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["args"],
+        json!(["sweep", "--store", format!("{}/orders", &*ns)])
+    );
+    assert_eq!(
+        container["securityContext"],
+        json!({"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}})
+    );
+
+    // No Secret value anywhere the namespace shows, nor in the controller's logs.
+    let shown = visible_text(&client, &ns).await;
+    for secret in [&token, &password] {
+        assert!(
+            !shown.contains(secret.as_str()),
+            "a Secret value is visible in {}",
+            &*ns
+        );
+    }
+    let logs = controller_logs(infra);
+    assert!(!logs.contains(&token) && !logs.contains(&password));
+}
+
+/// A private catalog (2026-07-28 `cacheScope: private`) is counted and digested, never named.
+#[tokio::test]
+async fn private_catalog_names_no_tools() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "private").await;
+    let server = BasketServer::start(&[("BASKET_LIST_CACHE_SCOPE", "private")]);
+    apply(
+        &client,
+        &ns,
+        &mcp_server("private", json!({"url": server.url()})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                "metadata": {"name": "agent"},
+                "spec": {"agent": "agent", "servers": [{"serverRef": "private"}], "interruptOn": []}}),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "private",
+        &[("Ready", "True"), ("Discovered", "True")],
+    )
+    .await;
+    let status = &obj["status"];
+    assert_eq!(status["toolCount"], 5, "{status}");
+    assert_eq!(status["cacheScope"], "private", "{status}");
+    assert!(status["catalogDigest"].is_string(), "{status}");
+    assert!(status.get("tools").is_none(), "{status}");
+    let text = status.to_string();
+    for tool in BASKET_TOOLS {
+        assert!(!text.contains(tool), "{tool} in {text}");
+    }
+    // The policy check counts the writing tools missing from interruptOn without naming them.
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Valid", "True"), ("PolicyCompliant", "False")],
+    )
+    .await;
+    let message = condition(&aa, "PolicyCompliant").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("names withheld"), "{message}");
+    for tool in BASKET_TOOLS {
+        assert!(!message.contains(tool), "{message}");
+    }
+    for e in events(&client, &ns, "MCPServer", "private").await {
+        let note = e.note.unwrap_or_default();
+        for tool in BASKET_TOOLS {
+            assert!(!note.contains(tool), "{note}");
+        }
+    }
+}
+
+/// A spec change reaches status and every condition's observedGeneration; a settled status is
+/// not rewritten; a server that is down is retried with backoff, not in a storm.
+#[tokio::test]
+async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "generation").await;
+    let api = custody(&client, &ns, "MCPServer");
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &mcp_server("basket", json!({"url": server.url()})),
+    )
+    .await;
+    let all_true = [
+        ("Ready", "True"),
+        ("Discovered", "True"),
+        ("Healthy", "True"),
+    ];
+    let obj = wait_conditions(&client, &ns, "MCPServer", "basket", &all_true).await;
+    assert_eq!(obj["status"]["toolCount"], 5);
+
+    // Settled: no write for 5 s. Health checks (every 10 s) write lastHealthCheckTime, so the
+    // window starts right after one.
+    let mut obj = get(&client, &ns, "MCPServer", "basket").await.unwrap();
+    if Utc::now() - time(&obj["status"]["lastHealthCheckTime"]) > chrono::Duration::seconds(3) {
+        let rv = obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let next = modifications(&api, "basket", &rv, Duration::from_secs(30), true).await;
+        obj = next.into_iter().next().expect("a health check within 30 s");
+    }
+    let rv = obj["metadata"]["resourceVersion"].as_str().unwrap();
+    let writes = modifications(&api, "basket", rv, Duration::from_secs(5), false).await;
+    assert!(
+        writes.is_empty(),
+        "a settled status was rewritten {} times in 5 s; before: {}\nafter: {}",
+        writes.len(),
+        obj["status"],
+        writes[0]["status"]
+    );
+
+    // A spec change: status and every condition follow the new generation.
+    let ready_since = condition(&obj, "Ready").unwrap()["lastTransitionTime"].clone();
+    api.patch(
+        "basket",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"toolAllowlist": ["get_basket", "create_basket"]}})),
+    )
+    .await
+    .unwrap();
+    let obj = wait_conditions(&client, &ns, "MCPServer", "basket", &all_true).await;
+    assert_eq!(obj["metadata"]["generation"], 2);
+    let status = &obj["status"];
+    assert_eq!(status["observedGeneration"], 2, "{status}");
+    for c in status["conditions"].as_array().unwrap() {
+        assert_eq!(c["observedGeneration"], 2, "{c}");
+    }
+    assert_eq!(status["toolCount"], 2, "{status}");
+    let tools: Vec<&str> = status["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["exposedName"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools.iter().collect::<BTreeSet<_>>(),
+        ["basket_create_basket", "basket_get_basket"]
+            .iter()
+            .collect()
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["lastTransitionTime"],
+        ready_since,
+        "Ready did not flip"
+    );
+    wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        "CatalogChanged",
+        "Normal",
+    )
+    .await;
+
+    // A server that is down: failures are reported, and retried with backoff.
+    let closed = support::free_port();
+    apply(
+        &client,
+        &ns,
+        &mcp_server(
+            "down",
+            json!({"url": format!("http://127.0.0.1:{closed}/mcp"), "timeoutSeconds": 2}),
+        ),
+    )
+    .await;
+    let down = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "down",
+        &[
+            ("Ready", "False"),
+            ("Discovered", "False"),
+            ("Healthy", "False"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        condition(&down, "Discovered").unwrap()["reason"],
+        "ConnectFailed"
+    );
+    let rv = down["metadata"]["resourceVersion"].as_str().unwrap();
+    let writes = modifications(&api, "down", rv, Duration::from_secs(10), false).await;
+    let failures: Vec<&Value> = writes
+        .iter()
+        .map(|w| &w["status"]["consecutiveFailures"])
+        .collect();
+    eprintln!(
+        "server down: {} status writes in 10 s (consecutiveFailures {failures:?})",
+        writes.len()
+    );
+    assert!(
+        writes.len() <= 3,
+        "{} status writes in 10 s for a server that is down (consecutiveFailures: {failures:?})",
+        writes.len()
+    );
+    wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "down",
+        "DiscoveryFailed",
+        "Warning",
+    )
+    .await;
+}
+
+/// A server that stops answering turns Healthy False with a Warning Event, and back; the
+/// condition's lastTransitionTime moves only at those flips.
+#[tokio::test]
+async fn health_flips_with_events_and_transition_times() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "health").await;
+    let mut server = BasketServer::start(&[]);
+    let port = server.port;
+    apply(
+        &client,
+        &ns,
+        &mcp_server("flip", json!({"url": server.url(), "timeoutSeconds": 3})),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "flip",
+        &[("Ready", "True"), ("Healthy", "True")],
+    )
+    .await;
+    let healthy_since = condition(&obj, "Healthy").unwrap()["lastTransitionTime"].clone();
+
+    // The next health check of a healthy server keeps the transition time.
+    let obj = next_health_check(&client, &ns, "flip", &obj).await;
+    let healthy = condition(&obj, "Healthy").unwrap();
+    assert_eq!(healthy["status"], "True");
+    assert_eq!(healthy["lastTransitionTime"], healthy_since);
+
+    // Down.
+    server.stop();
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "flip",
+        &[("Healthy", "False"), ("Ready", "False")],
+    )
+    .await;
+    let unhealthy = condition(&obj, "Healthy").unwrap();
+    assert_eq!(unhealthy["reason"], "Unreachable");
+    let down_since = unhealthy["lastTransitionTime"].clone();
+    assert!(time(&down_since) > time(&healthy_since), "{unhealthy}");
+    let event = wait_event(&client, &ns, "MCPServer", "flip", "Unhealthy", "Warning").await;
+    assert_eq!(
+        event.reporting_controller.as_deref(),
+        Some("custody-controller")
+    );
+    let obj = next_health_check(&client, &ns, "flip", &obj).await;
+    let still = condition(&obj, "Healthy").unwrap();
+    assert_eq!(still["status"], "False");
+    assert_eq!(still["lastTransitionTime"], down_since);
+    assert!(obj["status"]["consecutiveFailures"].as_u64().unwrap() >= 2);
+
+    // Back on the same port.
+    let _back = Basket::on(port);
+    let obj = wait_conditions(&client, &ns, "MCPServer", "flip", &[("Healthy", "True")]).await;
+    assert!(time(&condition(&obj, "Healthy").unwrap()["lastTransitionTime"]) > time(&down_since));
+    wait_event(&client, &ns, "MCPServer", "flip", "Healthy", "Normal").await;
+}
+
+/// Waits until `lastHealthCheckTime` moves past the one in `obj`; returns the object then.
+async fn next_health_check(client: &Client, ns: &str, name: &str, obj: &Value) -> Value {
+    let before = obj["status"]["lastHealthCheckTime"].clone();
+    eventually(
+        &format!("a health check of {ns}/{name} after {before}"),
+        async || {
+            let now = get(client, ns, "MCPServer", name).await.unwrap();
+            if now["status"]["lastHealthCheckTime"] == before {
+                Err(format!("{}", now["status"]))
+            } else {
+                Ok(now)
+            }
+        },
+    )
+    .await
+}
+
+/// Deleting an AgentAssignment and a CheckpointStore removes their ConfigMap and CronJob
+/// (kube-controller-manager's garbage collector, through the controller's owner references).
+#[tokio::test]
+async fn deleting_owners_removes_what_they_own() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "gc").await;
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &mcp_server("basket", json!({"url": server.url()})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                "metadata": {"name": "agent"},
+                "spec": {"agent": "agent", "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}}),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "orders"},
+                "spec": {"backend": "sqlite", "dsn": "sqlite:///nonexistent/checkpoints.sqlite"}}),
+    )
+    .await;
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Ready", "True")],
+    )
+    .await;
+    eventually("the ConfigMap and the CronJob", async || {
+        match (
+            cms.get_opt("agent-mcp-config").await.unwrap(),
+            crons.get_opt("orders-sweep").await.unwrap(),
+        ) {
+            (Some(_), Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    for kind in ["AgentAssignment", "CheckpointStore"] {
+        let name = if kind == "AgentAssignment" {
+            "agent"
+        } else {
+            "orders"
+        };
+        custody(&client, &ns, kind)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually("the ConfigMap and the CronJob are gone", async || {
+        match (
+            cms.get_opt("agent-mcp-config").await.unwrap(),
+            crons.get_opt("orders-sweep").await.unwrap(),
+        ) {
+            (None, None) => Ok(()),
+            (cm, cron) => Err(format!(
+                "ConfigMap present: {}, CronJob present: {}",
+                cm.is_some(),
+                cron.is_some()
+            )),
+        }
+    })
+    .await;
+    // The MCPServer it used is untouched.
+    assert!(get(&client, &ns, "MCPServer", "basket").await.is_some());
+
+    // Deleting the MCPServer removes its per-object series from /metrics (metrics.rs: "removed
+    // when an object is deleted"), so a deleted server does not stay `custody_server_healthy 1`
+    // (or 0, alerting) forever.
+    let labels = format!("{{namespace=\"{}\",name=\"basket\"}}", &*ns);
+    let series = [
+        format!("custody_server_healthy{labels}"),
+        format!("custody_server_tools{labels}"),
+    ];
+    let infra = infra();
+    let text = infra.current.lock().await.as_ref().unwrap().metrics();
+    for s in &series {
+        assert!(metric(&text, s).is_some(), "{s} missing before the delete");
+    }
+    custody(&client, &ns, "MCPServer")
+        .delete("basket", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted MCPServer's series leave /metrics",
+        async || {
+            let text = infra.current.lock().await.as_ref().unwrap().metrics();
+            let left: Vec<&String> = series
+                .iter()
+                .filter(|s| metric(&text, s).is_some())
+                .collect();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still exposed: {left:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+/// Two replicas on one Lease: only the holder reconciles; after SIGTERM it releases the Lease
+/// and the other takes over and reconciles new objects.
+#[tokio::test]
+async fn only_the_leader_reconciles_and_a_standby_takes_over() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "leader").await;
+    let leases = Api::<Lease>::namespaced(client.clone(), &infra.system_ns);
+    let holder = async || {
+        leases
+            .get(LEASE)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.holder_identity)
+    };
+    let mut current = infra.current.lock().await;
+    let mut leader = current.take().expect("the suite's controller");
+    let standby = Controller::start(infra);
+
+    eventually("one leader, one standby", async || {
+        let (l, s) = (leader.metrics(), standby.metrics());
+        let h = holder().await;
+        match (metric(&l, "custody_leader"), metric(&s, "custody_leader")) {
+            (Some(1.0), Some(0.0)) if h.as_deref() == Some(&leader.identity) => Ok(()),
+            other => Err(format!(
+                "custody_leader (leader, standby): {other:?}; holder {h:?}"
+            )),
+        }
+    })
+    .await;
+    let hc = |name: &str| {
+        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": name},
+               "spec": {"serverRef": "nowhere", "statePath": "basket",
+                        "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}}})
+    };
+    let series = "custody_reconciles_total{kind=\"HandleClass\"}";
+    let before = metric(&leader.metrics(), series).unwrap_or(0.0);
+    apply(&client, &ns, &hc("first")).await;
+    let first = wait_conditions(&client, &ns, "HandleClass", "first", &[("Valid", "False")]).await;
+    assert_eq!(
+        condition(&first, "Valid").unwrap()["reason"],
+        "UnknownServer"
+    );
+    assert!(metric(&leader.metrics(), series).unwrap_or(0.0) > before);
+    let idle = standby.metrics();
+    assert_eq!(reconciles(&idle), 0.0, "the standby reconciled:\n{idle}");
+
+    // SIGTERM the leader: it exits cleanly and releases the Lease; the standby takes it.
+    let stopped = Instant::now();
+    let exit = leader.terminate();
+    assert!(exit.success(), "{exit}:\n{}", leader.log_tail());
+    eventually("the standby leads", async || {
+        let m = standby.metrics();
+        let h = holder().await;
+        match metric(&m, "custody_leader") {
+            Some(1.0) if h.as_deref() == Some(&standby.identity) => Ok(()),
+            other => Err(format!("custody_leader {other:?}; holder {h:?}")),
+        }
+    })
+    .await;
+    eprintln!("takeover after {:?}", stopped.elapsed());
+    apply(&client, &ns, &hc("second")).await;
+    wait_conditions(&client, &ns, "HandleClass", "second", &[("Valid", "False")]).await;
+    assert!(metric(&standby.metrics(), series).unwrap_or(0.0) >= 1.0);
+    *current = Some(standby);
+}
+
+/// The CronJob's command, run here with its arguments and the sweep ServiceAccount's token,
+/// sweeps the store and writes `status.lastSweep` next to the controller's conditions.
+#[tokio::test]
+async fn sweep_command_of_the_cron_job_writes_last_sweep() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "sweep").await;
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("e2e_sweep").await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+
+    for d in sweep_access(infra, &ns) {
+        apply(&client, &ns, &d).await;
+    }
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
+                "stringData": {"dsn": dsn}}),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &mcp_server("basket", json!({"url": server.url()})),
+    )
+    .await;
+    let class =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
+            .unwrap();
+    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "orders"},
+                "spec": {"backend": "postgres", "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}}),
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Reachable", "True"), ("SchemaCompatible", "True")],
+    )
+    .await;
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    assert_eq!(args, ["sweep", "--store", &format!("{}/orders", &*ns)]);
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "custody {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table: every column, every parked thread, the summary.
+    let parked: Vec<(&String, &str)> = manifest["threads"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, t)| t["parked"] == true)
+        .map(|(id, t)| (id, t["expected"].as_str().unwrap()))
+        .collect();
+    let count = |v: &str| parked.iter().filter(|(_, e)| *e == v).count();
+    assert!(
+        stdout.contains("THREAD") && stdout.contains("VERDICT"),
+        "{stdout}"
+    );
+    for (thread, _) in &parked {
+        assert!(stdout.contains(thread.as_str()), "{thread}:\n{stdout}");
+    }
+    let summary = format!(
+        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; 3 probes",
+        parked.len(),
+        parked.len(),
+        count("ok"),
+        count("gone"),
+        count("absent"),
+        count("unknown")
+    );
+    assert!(stdout.contains(&summary), "want {summary:?} in:\n{stdout}");
+
+    let store = eventually("status.lastSweep", async || {
+        let o = get(&client, &ns, "CheckpointStore", "orders")
+            .await
+            .unwrap();
+        if o["status"]["lastSweep"].is_object() {
+            Ok(o)
+        } else {
+            Err(o["status"].to_string())
+        }
+    })
+    .await;
+    let last = &store["status"]["lastSweep"];
+    assert_eq!(last["parkedThreads"], parked.len(), "{last}");
+    for verdict in ["ok", "gone", "absent", "unknown"] {
+        assert_eq!(last[verdict], count(verdict), "{verdict}: {last}");
+    }
+    assert_eq!(last["probes"], 3, "{last}");
+    assert!(last["finishedAt"].is_string(), "{last}");
+    // Written under the sweep's field manager; the controller's conditions stay.
+    assert!(
+        store["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["manager"] == "custody-sweep" && m["subresource"] == "status"),
+        "{}",
+        store["metadata"]["managedFields"]
+    );
+    assert_eq!(condition(&store, "Reachable").unwrap()["status"], "True");
+    // The controller reads it back into its gauges (and does not drop it from status).
+    let gone = format!(
+        "custody_sweep_handles{{namespace=\"{}\",name=\"orders\",verdict=\"gone\"}}",
+        &*ns
+    );
+    eventually(
+        "the sweep's counts in the controller's metrics",
+        async || {
+            let text = infra.current.lock().await.as_ref().unwrap().metrics();
+            match metric(&text, &gone) {
+                Some(n) if n == count("gone") as f64 => Ok(()),
+                other => Err(format!("{gone} = {other:?}")),
+            }
+        },
+    )
+    .await;
+    let again = get(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .unwrap();
+    assert_eq!(&again["status"]["lastSweep"], last);
+}
+
+/// Objects the CRD accepts but custody's validation rejects: the condition names the field.
+#[tokio::test]
+async fn invalid_objects_name_the_field_in_conditions() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "invalid").await;
+    let mut class = json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass",
+        "metadata": {"name": "typo"},
+        "spec": {"serverRef": "nowhere", "statePath": "basket",
+                 "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handel}}"}}}});
+    apply(&client, &ns, &class).await;
+    apply(
+        &client,
+        &ns,
+        &mcp_server(
+            "bad-header",
+            json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Bad Header": "x"}}),
+        ),
+    )
+    .await;
+
+    let obj = wait_conditions(&client, &ns, "HandleClass", "typo", &[("Valid", "False")]).await;
+    let valid = condition(&obj, "Valid").unwrap();
+    assert_eq!(valid["reason"], "InvalidSpec", "{valid}");
+    assert!(
+        valid["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.probe.arguments.basket_id: "),
+        "{valid}"
+    );
+    assert_eq!(obj["status"]["observedGeneration"], 1);
+
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "bad-header",
+        &[
+            ("Ready", "False"),
+            ("Discovered", "False"),
+            ("Healthy", "Unknown"),
+        ],
+    )
+    .await;
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(ready["reason"], "InvalidSpec", "{ready}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.headers.Bad Header: "),
+        "{ready}"
+    );
+
+    // Fixed: the template is accepted; what remains is the missing server.
+    class["spec"]["probe"]["arguments"]["basket_id"] = json!("{{handle}}");
+    apply(&client, &ns, &class).await;
+    let obj = wait_conditions(&client, &ns, "HandleClass", "typo", &[("Valid", "False")]).await;
+    assert_eq!(obj["metadata"]["generation"], 2);
+    assert_eq!(condition(&obj, "Valid").unwrap()["reason"], "UnknownServer");
+}
