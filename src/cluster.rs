@@ -178,6 +178,23 @@ impl crate::sweep::act::ActionSink for CollectingSink {
             .expect("sink lock")
             .push((e.action.outcome.is_warning(), reason, note));
     }
+
+    fn audit(&self, e: &crate::audit::AuditEvent<'_>) {
+        crate::sweep::act::LogSink.audit(e);
+        // Settled records are routine and counted in status.lastSweep.audit; a record that became
+        // unknown is an escalation a person must see.
+        let r = e.entry;
+        if r.outcome == crate::audit::AuditOutcome::Unknown {
+            let note = format!(
+                "audit record {} ({} {} of thread {}) is unknown: {}",
+                r.id, r.server, r.tool, r.thread_id, r.detail
+            );
+            self.events
+                .lock()
+                .expect("sink lock")
+                .push((true, "AuditRecordUnknown", note));
+        }
+    }
 }
 
 /// Most Events one sweep publishes: enough for any person to read, bounded so a sweep over a

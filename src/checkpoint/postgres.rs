@@ -35,6 +35,11 @@ FROM latest l
 CROSS JOIN LATERAL (
     SELECT x.checkpoint, x.metadata FROM checkpoints x
     WHERE x.thread_id = l.thread_id AND x.checkpoint_ns = '' AND x.checkpoint_id = l.checkpoint_id
+    -- OFFSET 0 keeps this a primary-key lookup per thread, in thread order. Without it the
+    -- planner underestimates `latest` ~50x, turns this into a hash join over a scan of all of
+    -- checkpoints and sorts the wide rows on disk (no first row for 28 s at 1M threads;
+    -- BENCHMARKS.md, "The query").
+    OFFSET 0
 ) c
 LEFT JOIN LATERAL (
     SELECT w.task_id FROM checkpoint_writes w

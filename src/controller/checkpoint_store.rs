@@ -76,6 +76,15 @@ pub(super) async fn reconcile(
                 .get_or_create(&labels)
                 .set(n as i64);
         }
+        for outcome in ["committed", "not_committed", "unknown", "error", "skipped"] {
+            let n = s.audit.get(outcome).copied().unwrap_or(0);
+            let labels = ActionLabels {
+                namespace: ns.clone(),
+                name: store.name_any(),
+                action: outcome,
+            };
+            ctx.metrics.sweep_audit.get_or_create(&labels).set(n as i64);
+        }
     }
     // 4. status (pure), applied when changed (API). lastSweep belongs to the sweep's field manager.
     let status = CheckpointStoreStatus {

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub sweep_handles: Family<SweepLabels, Gauge>,
     /// Actions by outcome in the store's most recent sweep.
     pub sweep_actions: Family<ActionLabels, Gauge>,
+    /// Audit records by outcome in the store's most recent sweep.
+    pub sweep_audit: Family<ActionLabels, Gauge>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
 }
@@ -90,6 +92,7 @@ impl Metrics {
             server_tools: Family::default(),
             sweep_handles: Family::default(),
             sweep_actions: Family::default(),
+            sweep_audit: Family::default(),
             leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("custody");

@@ -516,6 +516,14 @@ fn forget_store(ctx: &Context, namespace: String, name: String) {
         };
         ctx.metrics.sweep_actions.remove(&labels);
     }
+    for outcome in ["committed", "not_committed", "unknown", "error", "skipped"] {
+        let labels = metrics::ActionLabels {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            action: outcome,
+        };
+        ctx.metrics.sweep_audit.remove(&labels);
+    }
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error

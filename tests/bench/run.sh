@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# The sweep benchmark of issue 8, in one command (results and method: BENCHMARKS.md).
+#
+#   bash tests/bench/run.sh                         # everything: 10k, 100k, 1M threads + probe cost
+#   bash tests/bench/run.sh --sizes 10000 --runs 3  # a quick look
+#   bash tests/bench/run.sh --drop                  # stop the benchmark's PostgreSQL, delete its data
+#
+# Options:
+#   --sizes N,N,...   default 10000,100000,1000000
+#   --runs R          rounds of the fast sweepers (a, c, d), default 5; --runs-big R at 1M, default 3
+#   --slow-runs R     rounds of the LangGraph API sweepers (b) below 100k, default 3 (1 at 100k)
+#   --slow-max N      largest N for the b_ids sweeper, default 100000 (at 1M one run takes ~8 min);
+#                     b_api stops at 100000 whatever: list(None) holds every checkpoint in memory
+#                     (3.7 GB at 100k, tens of GB at 1M)
+#   --no-proposed     do not also time custody with the proposed PARKED_SQL (built from a copy of
+#                     src/ with OFFSET 0 added, in $CUSTODY_BENCH_DIR/proposed; src/ is not touched)
+#   --bin-proposed BIN  use this prebuilt proposed binary instead of building one
+#   --no-probe, --probe-only, --out DIR
+#
+# What it does, reusing whatever a previous run left in $CUSTODY_BENCH_DIR (default
+# target/bench; about 15 GB with the 1M database):
+#  1. builds the benchmark binary (`cargo bench --bench scan --no-run`, release profile);
+#  2. starts a private PostgreSQL 15 (tests/harness/pg.sh) with shared_buffers=1GB and jit=off
+#     (as in the perf baseline, so figures compare; see BENCHMARKS.md) and max_wal_size=1GB;
+#  3. writes the template threads with real LangGraph and a real basket MCP server
+#     (templates.py), multiplies them into a 20-thread database and checks the copies with
+#     LangGraph's own API, resuming three of them to the end (verify.py);
+#  4. builds lg_<N> for each size (multiply.sql, then VACUUM ANALYZE);
+#  5. saves EXPLAIN (ANALYZE, BUFFERS) of custody's current query and of the proposed one;
+#  6. times (a) custody, (b) LangGraph's API, (c) careful Python, (d) psql \copy to /dev/null,
+#     interleaved, median of several runs, digests compared (driver.py scan);
+#  7. probe cost: M threads holding D distinct handles across K basket servers (driver.py probe).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+sizes=10000,100000,1000000
+runs=5
+runs_big=3
+bin_proposed=""
+proposed=1
+slow_runs=3
+slow_max=100000
+probe=1
+scan=1
+drop=0
+bench_dir="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
+out=""
+# Probe-cost shape: M threads, D distinct handles, K servers.
+probe_m="${BENCH_PROBE_M:-20000}"
+probe_d="${BENCH_PROBE_D:-2000}"
+probe_k="${BENCH_PROBE_K:-4}"
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --sizes) sizes="$2"; shift 2 ;;
+        --runs) runs="$2"; shift 2 ;;
+        --runs-big) runs_big="$2"; shift 2 ;;
+        --no-proposed) proposed=0; shift ;;
+        --bin-proposed) bin_proposed="$2"; proposed=0; shift 2 ;;  # a prebuilt proposed binary
+        --slow-runs) slow_runs="$2"; shift 2 ;;
+        --slow-max) slow_max="$2"; shift 2 ;;
+        --no-probe) probe=0; shift ;;
+        --probe-only) scan=0; shift ;;
+        --out) out="$2"; shift 2 ;;
+        --drop) drop=1; shift ;;
+        *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+
+log() { echo "run.sh: $*" >&2; }
+
+if [[ $drop -eq 1 ]]; then
+    "$repo/tests/harness/pg.sh" stop "$bench_dir/pg" || true
+    rm -rf "$bench_dir/pg"
+    log "removed $bench_dir/pg"
+    exit 0
+fi
+
+out="${out:-$bench_dir/results-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$out"
+exec > >(tee -a "$out/run.log") 2>&1
+
+# 1. the benchmark binary
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+log "building the benchmark binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+bin="$(cd "$repo" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build.log" \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scan" and m.get("executable"):
+        print(m["executable"])')"
+[[ -x "$bin" ]] || { tail -20 "$out/build.log"; log "no benchmark binary"; exit 1; }
+log "binary: $bin"
+log "custody at $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo ' + uncommitted src changes'); src/checkpoint/postgres.rs sha256 $(sha256sum "$repo/src/checkpoint/postgres.rs" | cut -c1-12)"
+log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# 1b. the same binary from a copy of custody with the proposed query (package renamed so that it
+# shares the dependency build but not custody's own artifacts)
+if [[ $proposed -eq 1 ]]; then
+    copy="$bench_dir/proposed"
+    rm -rf "$copy" && mkdir -p "$copy/tests"
+    cp -r "$repo/src" "$repo/Cargo.toml" "$repo/Cargo.lock" "$copy/"
+    cp -r "$here" "$copy/tests/bench"
+    if python3 "$here/propose.py" "$copy"; then
+        log "building the proposed variant in $copy"
+        bin_proposed="$(cd "$copy" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build-proposed.log" \
+            | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scan" and m.get("executable"):
+        print(m["executable"])')"
+        log "proposed binary: $bin_proposed"
+    else
+        log "PARKED_SQL already has the proposed shape (or changed); not timing a proposed variant"
+    fi
+fi
+
+venv="$(CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}" "$repo/tests/harness/venv.sh")"
+py="$venv/bin/python"
+
+# 2. PostgreSQL
+servers=()
+cleanup() {
+    local pid
+    for pid in "${servers[@]}"; do kill "$pid" 2>/dev/null || true; done
+    "$repo/tests/harness/pg.sh" stop "$bench_dir/pg" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+url="$("$repo/tests/harness/pg.sh" start "$bench_dir/pg")"
+base="${url%/postgres}"
+if [[ "$(psql -X -Atq "$url" -c 'SHOW shared_buffers')" != "1GB" ]]; then
+    log "configuring shared_buffers=1GB jit=off max_wal_size=1GB, restarting"
+    psql -X -q "$url" -c "ALTER SYSTEM SET shared_buffers = '1GB'" -c "ALTER SYSTEM SET jit = off" \
+        -c "ALTER SYSTEM SET max_wal_size = '1GB'" -c "ALTER SYSTEM SET checkpoint_timeout = '30min'"
+    "$repo/tests/harness/pg.sh" stop "$bench_dir/pg"
+    url="$("$repo/tests/harness/pg.sh" start "$bench_dir/pg")"
+    base="${url%/postgres}"
+fi
+psql -X -Atq "$url" -c "SELECT 'settings: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM pg_settings WHERE name IN ('shared_buffers', 'jit', 'max_wal_size', 'work_mem', 'fsync', 'max_parallel_workers_per_gather', 'random_page_cost', 'effective_cache_size')"
+psql -X -Atq "$url" -c "SELECT version()"
+
+db_exists() { [[ "$(psql -X -Atq "$url" -c "SELECT count(*) FROM pg_database WHERE datname = '$1'")" == 1 ]]; }
+db_complete() { [[ "$(psql -X -Atq "$url" -c "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = '$1'")" == "bench complete" ]]; }
+
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+start_basket() {  # sets basket_url; appends the pid to servers
+    local port
+    port="$(free_port)"
+    BASKET_PORT="$port" BASKET_TTL_SECONDS=86400 "$py" "$repo/tests/py/basket_server.py" \
+        >>"$out/basket_$port.log" 2>&1 &
+    servers+=("$!")
+    local i
+    for i in $(seq 1 100); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            basket_url="http://127.0.0.1:$port/mcp"
+            return 0
+        fi
+        sleep 0.1
+    done
+    log "basket server on $port did not start"; exit 1
+}
+
+multiply() {  # multiply N DB
+    psql -X -q "$url" -c "DROP DATABASE IF EXISTS $2" -c "CREATE DATABASE $2 TEMPLATE lg_tpl"
+    local t0=$SECONDS
+    psql -X -q -v ON_ERROR_STOP=1 -v n="$1" -d "$base/$2" -f "$here/multiply.sql"
+    psql -X -q "$base/$2" -c "VACUUM (ANALYZE)" -c "COMMENT ON DATABASE $2 IS 'bench complete'"
+    log "$2: $1 threads built in $((SECONDS - t0)) s"
+}
+
+# 3. templates, checked with LangGraph
+if ! db_complete lg_tpl; then
+    psql -X -q "$url" -c "DROP DATABASE IF EXISTS lg_tpl" -c "CREATE DATABASE lg_tpl"
+    start_basket
+    log "writing templates with LangGraph against $basket_url"
+    "$py" "$here/templates.py" --postgres "$base/lg_tpl" --server "$basket_url" | tee "$out/templates.json"
+    psql -X -q "$url" -c "COMMENT ON DATABASE lg_tpl IS 'bench complete'"
+    multiply 20 lg_verify
+    "$py" "$here/verify.py" --postgres "$base/lg_verify" --n 20 | tee "$out/verify.log"
+    psql -X -q "$url" -c "DROP DATABASE lg_verify"
+fi
+
+# 4. the databases
+IFS=, read -r -a size_list <<<"$sizes"
+if [[ $scan -eq 1 ]]; then
+    for n in "${size_list[@]}"; do
+        db_complete "lg_$n" && continue
+        need_kb=$((n * 16))  # about 13 KB per thread measured, plus headroom
+        avail_kb="$(df -Pk "$bench_dir" | awk 'NR == 2 {print $4}')"
+        if (( avail_kb < need_kb + 4 * 1024 * 1024 )); then
+            log "not enough disk for lg_$n: need about $((need_kb / 1024 / 1024)) GB + 4 GB, have $((avail_kb / 1024 / 1024)) GB"
+            exit 1
+        fi
+        multiply "$n" "lg_$n"
+    done
+    for n in "${size_list[@]}"; do
+        psql -X -Atq -F $'\t' "$base/lg_$n" -c "
+            SELECT $n, relname, reltuples::bigint, pg_total_relation_size(oid), pg_size_pretty(pg_total_relation_size(oid))
+            FROM pg_class WHERE relname IN ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes')
+            UNION ALL SELECT $n, 'database', NULL, pg_database_size(current_database()), pg_size_pretty(pg_database_size(current_database()))"
+    done | tee "$out/sizes.tsv"
+
+    # 5. plans (warm: run each once first)
+    python3 - "$repo" "$out" <<'EOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1] + "/tests/bench")
+import driver
+driver.current_custody_sql(Path(sys.argv[1]), Path(sys.argv[2]))
+EOF
+    for n in "${size_list[@]}"; do
+        (( n >= 100000 )) || continue
+        for q in best:"$here/sql/best.sql" current:"$out/custody_current.sql" careful:"$here/sql/careful.sql"; do
+            name="${q%%:*}"; file="${q#*:}"
+            psql -X -q "$base/lg_$n" -c "\\copy ($(grep -v '^ *--' "$file" | tr '\n' ' ')) to '/dev/null'"
+            { echo "-- load average: $(cut -d' ' -f1-3 /proc/loadavg)"; psql -X "$base/lg_$n" -c "EXPLAIN (ANALYZE, BUFFERS) $(cat "$file")"; } \
+                >"$out/explain_${name}_$n.txt"
+            log "plan $name at $n: $(grep 'Execution Time' "$out/explain_${name}_$n.txt")"
+        done
+    done
+
+    # 6. the timings
+    log "timing sizes $sizes, $runs runs ($slow_runs for the LangGraph API sweepers)"
+    "$py" "$here/driver.py" scan --out "$out" --bin "$bin" --python "$py" --url "$base" \
+        --sizes "$sizes" --runs "$runs" --runs-big "$runs_big" --bin-proposed "$bin_proposed" --slow-runs "$slow_runs" --slow-max "$slow_max"
+fi
+
+# 7. probe cost
+if [[ $probe -eq 1 ]]; then
+    psql -X -q "$url" -c "DROP DATABASE IF EXISTS lg_probe"
+    multiply "$probe_m" lg_probe
+    urls=()
+    for _ in $(seq 1 "$probe_k"); do start_basket; urls+=("$basket_url"); done
+    rm -rf "$out/probe-resources"
+    expect="$("$py" "$here/probe_setup.py" --postgres "$base/lg_probe" --m "$probe_m" --distinct "$probe_d" \
+        --servers "$(IFS=,; echo "${urls[*]}")" --resources "$out/probe-resources" | tee "$out/probe_setup.json")"
+    expect_probes="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["expect_probes"])' "$expect")"
+    log "probe cost: $probe_m threads, $probe_d handles over $probe_k servers; expecting $expect_probes probes"
+    "$bin" scan --dsn "$base/lg_probe" >"$out/probe_scan_only.json"
+    "$py" "$here/driver.py" probe --out "$out" --bin "$bin" --resources "$out/probe-resources" \
+        --server-pids "$(IFS=,; echo "${servers[*]: -$probe_k}")" --expect-probes "$expect_probes" --runs 3
+fi
+log "results in $out"

@@ -1,0 +1,229 @@
+//! custody's side of the sweep benchmark (issue 8); driven by `tests/bench/run.sh`.
+//!
+//! Built as `[[bench]] scan` (`harness = false`) on the public library API only:
+//!
+//! ```text
+//! scan  --dsn URL [--channel basket] [--shard I/N]   scan + decode every parked thread's handle
+//!                                                   record through checkpoint::Store, no probes
+//! probe --resources DIR                              custody::sweep::run on every CheckpointStore
+//!                                                   in DIR (probes on, dry run)
+//! ```
+//!
+//! Each run prints one JSON line on stdout. `scan` reports an order-independent digest of
+//! (thread_id, handle value) so the Python sweepers can be checked against it: the wrapping sum
+//! of the first 8 bytes (big-endian) of sha256("{thread_id}\t{value or -}") over all parked
+//! threads. Peak RSS is the process's VmHWM (the whole process: tokio, sqlx, buffers).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use custody::checkpoint::{Scanned, Store};
+use custody::crd::{Backend, RecordFields};
+use custody::domain::handle::{self, Holding};
+use futures::TryStreamExt;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let Some(mode) = args.first().cloned() else {
+        // `cargo test --all-targets` runs bench targets once without arguments: there is
+        // nothing to measure then, and that is not a failure.
+        eprintln!("scan: no mode given; the benchmark runs through tests/bench/run.sh");
+        return;
+    };
+    let opts = parse(&args[1..]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let out = match mode.as_str() {
+        "scan" => rt.block_on(scan(&opts)),
+        "probe" => rt.block_on(probe(&opts)),
+        _ => usage(),
+    };
+    println!("{out}");
+}
+
+fn usage() -> ! {
+    eprintln!("usage: scan scan --dsn URL [--channel C] | scan probe --resources DIR");
+    std::process::exit(2)
+}
+
+fn parse(args: &[String]) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    let mut it = args.iter();
+    while let Some(k) = it.next() {
+        let Some(key) = k.strip_prefix("--") else {
+            usage()
+        };
+        let Some(v) = it.next() else { usage() };
+        map.insert(key.to_owned(), v.clone());
+    }
+    map
+}
+
+/// The wrapping sum of per-row digests: equal sets of rows give equal sums in any order.
+fn row_digest(thread_id: &str, value: Option<&str>) -> u64 {
+    let mut h = Sha256::new();
+    h.update(thread_id.as_bytes());
+    h.update(b"\t");
+    h.update(value.unwrap_or("-").as_bytes());
+    let d = h.finalize();
+    u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// Peak resident set of this process in KiB (VmHWM), and CPU seconds used so far.
+fn proc_stats() -> (u64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    (hwm, cpu_seconds())
+}
+
+fn cpu_seconds() -> f64 {
+    // Fields 14 and 15 of /proc/self/stat (utime, stime) in clock ticks (USER_HZ = 100).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // After "pid (comm) ", state is field 3, so utime (14) is index 11.
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
+async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
+    let dsn = opts.get("dsn").cloned().unwrap_or_else(|| usage());
+    let channel = opts
+        .get("channel")
+        .cloned()
+        .unwrap_or_else(|| "basket".into());
+    let shard = opts.get("shard").map(|s| {
+        let (i, n) = s.split_once('/').unwrap_or_else(|| usage());
+        (i.parse::<u64>().unwrap(), n.parse::<u64>().unwrap())
+    });
+    let fields = RecordFields::default();
+    let t0 = Instant::now();
+    let store = Store::connect(Backend::Postgres, &dsn)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let connected = t0.elapsed().as_secs_f64();
+    let channels = vec![channel.clone()];
+    let mut stream = store.parked_threads(&channels);
+    let (mut parked, mut with_handle, mut without, mut malformed, mut skipped) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut digest = 0u64;
+    let mut first_row = None;
+    while let Some(item) = stream
+        .try_next()
+        .await
+        .unwrap_or_else(|e| panic!("scan: {e}"))
+    {
+        if first_row.is_none() {
+            first_row = Some(t0.elapsed().as_secs_f64());
+        }
+        let thread = match item {
+            Scanned::Parked(t) => t,
+            Scanned::Skipped(_) => {
+                skipped += 1;
+                continue;
+            }
+        };
+        // Client-side shard filter, to measure what N workers would each do if the query
+        // were not sharded (the proposed SQL shard is measured separately by run.sh).
+        if let Some((i, n)) = shard
+            && shard_of(&thread.thread_id, n) != i
+        {
+            continue;
+        }
+        parked += 1;
+        let value = match handle::extract(&thread.channels, &channel, &fields) {
+            Holding::Record(r) => {
+                with_handle += 1;
+                Some(r.value)
+            }
+            Holding::Absent | Holding::NotApplicable => {
+                without += 1;
+                None
+            }
+            Holding::Malformed(_) => {
+                malformed += 1;
+                None
+            }
+        };
+        digest = digest.wrapping_add(row_digest(&thread.thread_id, value.as_deref()));
+    }
+    drop(stream);
+    let total = t0.elapsed().as_secs_f64();
+    let (rss_kb, cpu) = proc_stats();
+    json!({
+        "sweeper": "a_custody",
+        "parked": parked,
+        "with_handle": with_handle,
+        "without_handle": without,
+        "malformed": malformed,
+        "skipped": skipped,
+        "digest": format!("{digest:016x}"),
+        "connect_s": connected,
+        "first_row_s": first_row,
+        "inproc_s": total,
+        "cpu_s": cpu,
+        "peak_rss_kb": rss_kb,
+    })
+}
+
+/// The shard hash proposed for `--shard I/N` (see BENCHMARKS.md): the first 4 bytes of
+/// sha256(thread_id) as an unsigned big-endian integer, modulo N. PostgreSQL (11+) computes the
+/// same with `('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)`
+/// widened to bigint (see run.sh); stable across versions, platforms and processes, unlike
+/// `hashtext`.
+fn shard_of(thread_id: &str, n: u64) -> u64 {
+    let d = Sha256::digest(thread_id.as_bytes());
+    u64::from(u32::from_be_bytes(d[..4].try_into().expect("4 bytes"))) % n
+}
+
+async fn probe(opts: &BTreeMap<String, String>) -> serde_json::Value {
+    let dir = opts.get("resources").cloned().unwrap_or_else(|| usage());
+    let resources = custody::local::Resources::load(std::path::Path::new(&dir))
+        .unwrap_or_else(|e| panic!("resources: {e}"));
+    let targets = resources
+        .targets()
+        .unwrap_or_else(|e| panic!("targets: {e}"));
+    let mut out = Vec::new();
+    for target in &targets {
+        let cpu0 = cpu_seconds();
+        let t0 = Instant::now();
+        let report = custody::sweep::run(target, chrono::Utc::now())
+            .await
+            .unwrap_or_else(|e| panic!("sweep: {e}"));
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu0;
+        let s = &report.summary;
+        let distinct: std::collections::BTreeSet<(String, String)> = report
+            .rows
+            .iter()
+            .filter(|r| r.probed)
+            .filter_map(|r| Some((r.handle_class.clone(), r.handle.clone()?)))
+            .collect();
+        out.push(json!({
+            "store": report.store,
+            "rows": report.rows.len(),
+            "parked_threads": s.parked_threads,
+            "probes": s.probes,
+            "distinct_probed_handles": distinct.len(),
+            "ok": s.ok, "gone": s.gone, "absent": s.absent, "unknown": s.unknown,
+            "servers": report.servers.len(),
+            "connect_ms": report.servers.iter().filter_map(|c| c.connect_ms).collect::<Vec<_>>(),
+            "wall_s": wall,
+            "cpu_s": cpu,
+        }));
+    }
+    let (rss_kb, _) = proc_stats();
+    json!({"sweeper": "probe", "stores": out, "peak_rss_kb": rss_kb})
+}
