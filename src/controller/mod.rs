@@ -301,43 +301,51 @@ async fn shutdown_signal() {
 
 /// Fails early, with the fix, when a CRD is missing (otherwise every watch would error forever).
 async fn ensure_crds(client: &Client) -> anyhow::Result<()> {
+    listable::<MCPServer>(client, "MCPServers").await?;
+    listable::<AgentAssignment>(client, "AgentAssignments").await?;
+    listable::<HandleClass>(client, "HandleClasses").await?;
+    listable::<CheckpointStore>(client, "CheckpointStores").await
+}
+
+async fn listable<K>(client: &Client, kind: &str) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
     let lp = kube::api::ListParams::default().limit(1);
-    let check = |r: Result<(), kube::Error>, kind: &str| {
-        r.map_err(|e| {
+    Api::<K>::all(client.clone())
+        .list_metadata(&lp)
+        .await
+        .map(drop)
+        .map_err(|e| {
             anyhow::anyhow!(
                 "cannot list {kind}: {e}; are the CRDs installed (kubectl apply -f crds/crds.yaml)?"
             )
         })
-    };
-    check(
-        Api::<MCPServer>::all(client.clone())
-            .list_metadata(&lp)
-            .await
-            .map(drop),
-        "MCPServers",
-    )?;
-    check(
-        Api::<AgentAssignment>::all(client.clone())
-            .list_metadata(&lp)
-            .await
-            .map(drop),
-        "AgentAssignments",
-    )?;
-    check(
-        Api::<HandleClass>::all(client.clone())
-            .list_metadata(&lp)
-            .await
-            .map(drop),
-        "HandleClasses",
-    )?;
-    check(
-        Api::<CheckpointStore>::all(client.clone())
-            .list_metadata(&lp)
-            .await
-            .map(drop),
-        "CheckpointStores",
-    )?;
-    Ok(())
+}
+
+/// The objects in `store`, in `referenced`'s namespace, whose spec `refers` to its name: how a
+/// change to a Secret or an MCPServer reaches the objects that use it.
+fn referrers<K, O>(
+    store: &kube::runtime::reflector::Store<Guard<K>>,
+    referenced: &O,
+    refers: impl Fn(&K, &str) -> bool,
+) -> Vec<ObjectRef<Guard<K>>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    O: ResourceExt,
+{
+    let ns = referenced.namespace();
+    let name = referenced.name_any();
+    store
+        .state()
+        .into_iter()
+        .filter(|o| o.namespace() == ns)
+        .filter(|o| o.0.as_ref().is_ok_and(|k| refers(k, &name)))
+        .map(|o| ObjectRef::from_obj(&*o))
+        .collect()
 }
 
 type Guard<K> = kube::core::DeserializeGuard<K>;
@@ -355,22 +363,12 @@ async fn controllers(ctx: Arc<Context>) {
             wc.clone(),
             move |secret: Secret| {
                 // A rotated headersFrom Secret reconciles the servers that use it.
-                let ns = secret.namespace();
-                let name = secret.name_any();
-                server_store
-                    .state()
-                    .into_iter()
-                    .filter(|s| s.namespace() == ns)
-                    .filter(|s| {
-                        s.0.as_ref().is_ok_and(|s| {
-                            s.spec
-                                .headers_from
-                                .iter()
-                                .any(|h| h.secret_key_ref.name == name)
-                        })
-                    })
-                    .map(|s| ObjectRef::from_obj(&*s))
-                    .collect::<Vec<_>>()
+                referrers(&server_store, &secret, |s: &MCPServer, name| {
+                    s.spec
+                        .headers_from
+                        .iter()
+                        .any(|h| h.secret_key_ref.name == name)
+                })
             },
         )
         .run(
@@ -402,18 +400,9 @@ async fn controllers(ctx: Arc<Context>) {
             Api::<MCPServer>::all(client.clone()),
             wc.clone(),
             move |server: MCPServer| {
-                let ns = server.namespace();
-                let name = server.name_any();
-                assignment_store
-                    .state()
-                    .into_iter()
-                    .filter(|a| a.namespace() == ns)
-                    .filter(|a| {
-                        a.0.as_ref()
-                            .is_ok_and(|a| a.spec.servers.iter().any(|s| s.server_ref == name))
-                    })
-                    .map(|a| ObjectRef::from_obj(&*a))
-                    .collect::<Vec<_>>()
+                referrers(&assignment_store, &server, |a: &AgentAssignment, name| {
+                    a.spec.servers.iter().any(|s| s.server_ref == name)
+                })
             },
         )
         .run(
@@ -430,15 +419,9 @@ async fn controllers(ctx: Arc<Context>) {
             Api::<MCPServer>::all(client.clone()),
             wc.clone(),
             move |server: MCPServer| {
-                let ns = server.namespace();
-                let name = server.name_any();
-                class_store
-                    .state()
-                    .into_iter()
-                    .filter(|c| c.namespace() == ns)
-                    .filter(|c| c.0.as_ref().is_ok_and(|c| c.spec.server_ref == name))
-                    .map(|c| ObjectRef::from_obj(&*c))
-                    .collect::<Vec<_>>()
+                referrers(&class_store, &server, |c: &HandleClass, name| {
+                    c.spec.server_ref == name
+                })
             },
         )
         .run(
