@@ -8,6 +8,8 @@
 #    kubectl + helm, built once from Go modules (tests/cluster/build.sh, ~12 min, cached), on
 #    127.0.0.1, stopped on exit                                  (tests/cluster/up.sh, down.sh)
 # 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets --features failpoints
+# 5. every cargo-fuzz target for 20 s (tests/fuzz.sh: a pinned nightly and cargo-fuzz, installed
+#    once into rustup and ${CUSTODY_CACHE})
 #
 # The tests find their peers through these variables:
 #   CUSTODY_TEST_PYTHON        the venv's python (runs tests/py/*.py)
@@ -101,5 +103,8 @@ cargo clippy --all-targets --features failpoints -- -D warnings
 # they stay inert unless a test sets FAILPOINTS.
 step "cargo test --all-targets --features failpoints"
 cargo test --all-targets --features failpoints
+
+step "fuzzing: every target in fuzz/ for 20 s (tests/fuzz.sh --dev)"
+bash tests/fuzz.sh --dev --seconds 20
 
 step "all checks passed in $((SECONDS - started))s"

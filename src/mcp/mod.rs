@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ClientRequest,
-    ContentBlock, Implementation, ListToolsResult, PaginatedRequestParams, PingRequest,
-    ProtocolVersion,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientRequest, ContentBlock, Implementation, ListToolsResult, PaginatedRequestParams,
+    PingRequest, ProtocolVersion,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -274,20 +274,7 @@ impl Connection {
                 "the server asked for input or started a task; a probe must answer at once".into(),
             ));
         };
-        let text = result
-            .content
-            .iter()
-            .filter_map(|c| match c {
-                ContentBlock::Text(t) => Some(t.text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        Ok(ToolResult {
-            is_error: result.is_error.unwrap_or(false),
-            text,
-            structured: result.structured_content,
-        })
+        Ok(ToolResult::from(result))
     }
 
     /// Ends the session (DELETE in the handshake era); errors are irrelevant at this point.
@@ -305,6 +292,28 @@ pub struct ToolResult {
     pub text: String,
     /// `structuredContent`.
     pub structured: Option<Value>,
+}
+
+impl From<CallToolResult> for ToolResult {
+    /// Reads a final `tools/call` result as data: text blocks are joined, every other content
+    /// type (image, audio, resource links, types newer than this build) is ignored, and nothing
+    /// in it is ever rendered or executed.
+    fn from(result: CallToolResult) -> Self {
+        let text = result
+            .content
+            .iter()
+            .filter_map(|c| match c {
+                ContentBlock::Text(t) => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        ToolResult {
+            is_error: result.is_error.unwrap_or(false),
+            text,
+            structured: result.structured_content,
+        }
+    }
 }
 
 impl From<Result<ToolResult, McpError>> for ProbeOutcome {
