@@ -131,11 +131,26 @@ fn convert(value: &Mp, depth: usize) -> Result<Value, DecodeError> {
     })
 }
 
-/// ormsgpack's `OPT_NON_STR_KEYS` allows int, float, bool and None keys; JSON needs strings.
+/// ormsgpack's `OPT_NON_STR_KEYS` allows int, float, bool and None keys (and extension types
+/// that read as one, such as a UUID); JSON needs strings. A key that reads as a map or an array
+/// is refused: LangGraph never writes one, and rendering nested keys as JSON text re-escapes
+/// each level, so a few hundred bytes of nested keys would grow exponentially (found by the
+/// `msgpack_decode` fuzz target).
 fn key_text(key: &Mp, depth: usize) -> Result<String, DecodeError> {
     match key {
         Mp::String(s) => Ok(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        other => Ok(convert(other, depth + 1)?.to_string()),
+        Mp::Map(_) | Mp::Array(_) => Err(DecodeError(
+            "map key is a map or an array; only scalar keys are supported".into(),
+        )),
+        other => match convert(other, depth + 1)? {
+            Value::String(s) => Ok(s),
+            scalar @ (Value::Null | Value::Bool(_) | Value::Number(_)) => Ok(scalar.to_string()),
+            Value::Array(_) | Value::Object(_) => Err(DecodeError(
+                "map key is an extension value that reads as a map or an array; only scalar keys \
+                 are supported"
+                    .into(),
+            )),
+        },
     }
 }
 
@@ -230,6 +245,33 @@ mod tests {
         let mut out = Vec::new();
         rmpv::encode::write_value(&mut out, v).unwrap();
         out
+    }
+
+    /// Regression for a fuzz finding: keys nested in keys made the JSON key text grow
+    /// exponentially (each level re-escapes the one below), so ~1 KB of msgpack hung the decoder.
+    #[test]
+    fn nested_map_keys_are_refused_in_linear_time() {
+        let mut key = Mp::from("k");
+        for _ in 0..60 {
+            key = Mp::Map(vec![(key, Mp::Nil)]);
+        }
+        let bytes = encode(&Mp::Map(vec![(key, Mp::from(1))]));
+        let started = std::time::Instant::now();
+        let err = decode_typed("msgpack", Some(&bytes)).unwrap_err();
+        assert!(err.0.contains("only scalar keys"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let found = include_bytes!(
+            "../../fuzz/regressions/msgpack_decode/timeout-7e4f3b01d3d425c165f8b28403c67e448200a259"
+        );
+        let _ = decode_typed("msgpack", Some(&found[1..]));
+        let ok = encode(&Mp::Map(vec![
+            (Mp::from(7), Mp::from(1)),
+            (Mp::Nil, Mp::from(2)),
+        ]));
+        assert_eq!(
+            decode_typed("msgpack", Some(&ok)).unwrap(),
+            Some(json!({"7": 1, "null": 2}))
+        );
     }
 
     fn ext_of(code: i8, inner: Mp) -> Mp {
