@@ -41,6 +41,8 @@ if [[ ! -x "$fuzz_root/bin/cargo-fuzz" ]]; then
     cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked --root "$fuzz_root"
 fi
 export PATH="$fuzz_root/bin:$PATH"
+# The sanitizer flags differ from a normal build's: never share the main build's target dir.
+export CARGO_TARGET_DIR="${CUSTODY_FUZZ_TARGET_DIR:-$PWD/fuzz/target}"
 
 cargo "+$toolchain" fuzz build "${profile[@]}"
 for target in "${targets[@]}"; do
