@@ -7,12 +7,13 @@
 //! | row | test | fault or bad input | what must hold |
 //! |---|---|---|---|
 //! | F1 | [`leader_lease_taken_mid_discovery`] | the Lease passes to another replica while the leader's discovery against a slow server is in flight | the old leader writes no status after the takeover; it reports the loss (log, `custody_leader` 0, `/readyz` body `ready: standby`) and stops reconciling; the new leader completes the discovery |
+//! | F1b | [`paused_leader_replaced_mid_discovery`] | the leader is paused (SIGSTOP) while its discovery is in flight; a standby takes the expired Lease; the old leader resumes | the same, with the standby completing the discovery |
 //! | F2 | [`secret_deleted_while_referenced`] | the `headersFrom` Secret of an MCPServer and the `dsnFrom` Secret of a CheckpointStore are deleted | conditions name the Secret and key, never the value; Warning Events; not ready; counted in `custody_reconcile_failures_total`; other objects stay ready; recreating the Secrets recovers both without a restart, within seconds (a watch, not the 5-minute recheck) |
 //! | B1–B51 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
-//! controllers would both reconcile every object. Tests hold a shared lock; F1 holds it alone,
-//! replaces the serving controller and leaves the replica that took over serving the rest.
+//! controllers would both reconcile every object. Tests hold a shared lock; F1 and F1b hold it
+//! alone, replace the serving controller and leave the replica that took over serving the rest.
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -58,11 +59,15 @@ struct Infra {
     current: tokio::sync::Mutex<Option<ControllerProcess>>,
 }
 
-/// Tests hold it shared; F1 holds it alone.
+/// Tests hold it shared; F1 and F1b hold it alone.
 static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 impl Infra {
     fn start(&self, identity: &str) -> ControllerProcess {
+        self.start_with(identity, LEASE_SECONDS)
+    }
+
+    fn start_with(&self, identity: &str, lease_seconds: i32) -> ControllerProcess {
         ControllerProcess::start(
             std::path::Path::new(env!("CARGO_BIN_EXE_custody")),
             &self.kubeconfig,
@@ -72,7 +77,7 @@ impl Infra {
                 "--lease-namespace",
                 &self.system_ns,
                 "--lease-seconds",
-                &LEASE_SECONDS.to_string(),
+                &lease_seconds.to_string(),
             ],
         )
     }
@@ -572,6 +577,129 @@ async fn leader_lease_taken_mid_discovery() {
     let exit = old.terminate();
     assert!(exit.success(), "{exit}:\n{}", old.log_tail());
     *current = Some(new);
+}
+
+/// F1b. The realistic takeover: the leader is paused (SIGSTOP) while its discovery is in
+/// flight, a standby takes the expired Lease and completes the discovery, then the old leader
+/// runs again with its discovery's answer waiting. It must write nothing, report the loss and
+/// stop. Both replicas run with 10 s leases here, so the takeover takes seconds.
+#[tokio::test]
+async fn paused_leader_replaced_mid_discovery() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "paused").await;
+    let slow = SlowServer::start(&infra.dir);
+    let mut current = infra.current.lock().await;
+    let mut serving = current.take().expect("the serving controller");
+    let exit = serving.terminate();
+    assert!(
+        exit.success(),
+        "{exit}:
+{}",
+        serving.log_tail()
+    );
+    let pid = std::process::id();
+    let mut paused = infra.start_with(&format!("faults-paused-{pid}"), 10);
+    eventually("the first replica leads", async || {
+        match metric(&paused.metrics(), "custody_leader") {
+            Some(1.0) => Ok(()),
+            other => Err(format!("custody_leader {other:?}")),
+        }
+    })
+    .await;
+    let standby = infra.start_with(&format!("faults-standby-{pid}"), 10);
+    assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(0.0));
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "slow",
+            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
+        ),
+    )
+    .await;
+    eventually("the leader's tools/list in flight", async || {
+        let log = slow.log();
+        if log.contains("listing 1 started") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+    paused.signal("STOP");
+    let servers = api(&client, &ns, "MCPServer");
+    let rv = servers
+        .get("slow")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let writes = Recorder::start(&servers, "slow", &rv).await;
+
+    // The standby takes the expired Lease and completes the discovery.
+    let obj = eventually("the standby's catalog in status", async || {
+        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
+        let names = tools(&obj);
+        match condition(&obj, "Ready") {
+            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
+                Ok(obj)
+            }
+            other => Err(format!("Ready {other:?}, tools {names:?}")),
+        }
+    })
+    .await;
+    assert_eq!(obj["status"]["observedGeneration"], 1);
+    assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(1.0));
+
+    // The old leader runs again: it reports the loss, writes nothing and stops reconciling.
+    paused.signal("CONT");
+    eventually("the resumed replica reports the loss", async || {
+        let m = paused.metrics();
+        let ready = paused.get("/readyz");
+        match (metric(&m, "custody_leader"), &ready) {
+            (Some(0.0), Some((200, body)))
+                if body == "ready: standby"
+                    && paused.log_text().contains("lost the leader lease") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("custody_leader, /readyz: {other:?}")),
+        }
+    })
+    .await;
+    let before = metric_sum(&paused.metrics(), "custody_reconciles_total");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_sum(&paused.metrics(), "custody_reconciles_total"),
+        before,
+        "the resumed replica still reconciles:\n{}",
+        paused.log_tail()
+    );
+    for w in writes.seen() {
+        assert!(
+            !tools(&w).contains(&"slow_listing_1".to_owned()),
+            "a write after the pause carries the paused leader's listing: {}",
+            w["status"]
+        );
+    }
+    let lease = Api::<Lease>::namespaced(client.clone(), &infra.system_ns)
+        .get(LEASE)
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(
+        lease.holder_identity.as_deref(),
+        Some(standby.identity.as_str())
+    );
+    let exit = paused.terminate();
+    assert!(exit.success(), "{exit}:\n{}", paused.log_tail());
+    *current = Some(standby);
 }
 
 // ---------------------------------------------------------------------------------------------
