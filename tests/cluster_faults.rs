@@ -9,7 +9,7 @@
 //! | F1 | [`leader_lease_taken_mid_discovery`] | the Lease passes to another replica while the leader's discovery against a slow server is in flight | the old leader writes no status after the takeover; it reports the loss (log, `custody_leader` 0, `/readyz` body `ready: standby`) and stops reconciling; the new leader completes the discovery |
 //! | F1b | [`paused_leader_replaced_mid_discovery`] | the leader is paused (SIGSTOP) while its discovery is in flight; a standby takes the expired Lease; the old leader resumes | the same, with the standby completing the discovery |
 //! | F2 | [`secret_deleted_while_referenced`] | the `headersFrom` Secret of an MCPServer and the `dsnFrom` Secret of a CheckpointStore are deleted | conditions name the Secret and key, never the value; Warning Events; not ready; counted in `custody_reconcile_failures_total`; other objects stay ready; recreating the Secrets recovers both without a restart, within seconds (a watch, not the 5-minute recheck) |
-//! | B1–B51 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
+//! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
 //! controllers would both reconcile every object. Tests hold a shared lock; F1 and F1b hold it
@@ -1362,6 +1362,13 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
         Row {
             id: "B51",
             kind: "CheckpointStore",
+            what: "schedule of cron form with a field out of range",
+            spec: with(store_spec(), json!({"schedule": "61 * * * *"})),
+            want: Condition("Scheduled", "CronJobRefused", "spec.schedule"),
+        },
+        Row {
+            id: "B52",
+            kind: "CheckpointStore",
             what: "empty principalKey",
             spec: with(store_spec(), json!({"principalKey": ""})),
             want: Condition("Reachable", "InvalidSpec", "spec.principalKey"),
@@ -1369,7 +1376,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
     ]
 }
 
-/// B1–B51. Every row of [`bad_input_rows`] in one namespace, next to one good object of each
+/// B1–B52. Every row of [`bad_input_rows`] in one namespace, next to one good object of each
 /// kind (created first, so the good assignment is the older one for B26). Rejected rows must
 /// name the field in the API server's answer; accepted ones in a condition; the good objects
 /// (and one created after all the bad ones) still reconcile; failures are counted per kind and

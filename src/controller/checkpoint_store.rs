@@ -57,8 +57,38 @@ pub(super) async fn reconcile(
             .await;
         }
     }
-    // 2. the sweep CronJob (pure build, API apply)
-    ensure_cron_job(store, &ctx).await?;
+    // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
+    // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
+    // fault: retrying cannot help, so it becomes a condition instead of an endless error.
+    let scheduled = match ensure_cron_job(store, &ctx).await {
+        Ok(()) => Cond::yes(
+            "Scheduled",
+            "CronJobApplied",
+            format!(
+                "CronJob {}-sweep on {}",
+                store.name_any(),
+                store.spec.schedule
+            ),
+        ),
+        Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
+            ctx.count_unusable("CheckpointStore", "CronJobRefused");
+            let field = if refused.message.contains("spec.schedule") {
+                "spec.schedule: "
+            } else {
+                ""
+            };
+            Cond::no(
+                "Scheduled",
+                "CronJobRefused",
+                format!(
+                    "{field}the API server refuses CronJob {}-sweep: {}",
+                    store.name_any(),
+                    refused.message
+                ),
+            )
+        }
+        Err(e) => return Err(e),
+    };
     // 3. metrics from the last sweep the CronJob wrote (pure)
     if let Some(s) = &current.last_sweep {
         for (verdict, n) in [
@@ -104,7 +134,7 @@ pub(super) async fn reconcile(
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
-            vec![reachable, schema],
+            vec![reachable, schema, scheduled],
             store.metadata.generation,
             &time(Utc::now()),
         ),

@@ -152,7 +152,7 @@ pub enum Backend {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointStoreStatus {
-    /// `Reachable` and `SchemaCompatible`.
+    /// `Reachable`, `SchemaCompatible` and `Scheduled` (the sweep CronJob was applied).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
