@@ -55,6 +55,7 @@ pub(super) async fn reconcile(
     let outcome = validate_assignment(a, &ctx).await?;
     let (valid, policy, validated, requeue) = match outcome {
         Check::Invalid(reason, message) => {
+            ctx.count_unusable("AgentAssignment", reason);
             (Cond::no("Valid", reason, message), None, None, RECHECK)
         }
         Check::Waiting(message) => (
@@ -94,6 +95,7 @@ pub(super) async fn reconcile(
             },
             "data": data,
         });
+        ctx.lease.check().await?;
         Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
             .patch(
                 &cm_name,
@@ -140,7 +142,7 @@ pub(super) async fn reconcile(
         secret_env,
     };
     let before = a.status.as_ref().map(serde_json::to_value).transpose()?;
-    apply_status(&api, a, before, serde_json::to_value(status)?).await?;
+    apply_status(&ctx, &api, a, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -179,7 +181,7 @@ async fn validate_assignment<'a>(
         return Ok(Check::Invalid(
             "DuplicateAssignment",
             format!(
-                "agent {} is already assigned by AgentAssignment {}",
+                "spec.agent: agent {} is already assigned by AgentAssignment {}",
                 a.spec.agent,
                 first.name_any()
             ),
@@ -242,7 +244,7 @@ async fn validate_assignment<'a>(
                 return Ok(Check::Invalid(
                     "ToolNameCollision",
                     format!(
-                        "final tool name {name} comes from both MCPServer {other} and {}",
+                        "spec.servers[{i}].alias: final tool name {name} comes from both MCPServer {other} and {}",
                         s.server_ref
                     ),
                 ));

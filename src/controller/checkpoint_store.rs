@@ -7,6 +7,7 @@ use chrono::Utc;
 use k8s_openapi::api::batch::v1::CronJob;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use serde_json::json;
@@ -41,10 +42,53 @@ pub(super) async fn reconcile(
     let ns = store.namespace().unwrap_or_default();
     let current = store.status.clone().unwrap_or_default();
 
-    // 1. reachability and schema (API for the Secret, then DB)
+    // 1. reachability and schema (API for the Secret, then DB); Events and counts (API)
     let (reachable, schema) = check(store, &ctx).await?;
-    // 2. the sweep CronJob (pure build, API apply)
-    ensure_cron_job(store, &ctx).await?;
+    if reachable.status == "False" {
+        ctx.count_unusable("CheckpointStore", reachable.reason);
+        let was = current.conditions.iter().find(|c| c.type_ == "Reachable");
+        if was.is_none_or(|c| c.status != "False" || c.reason != reachable.reason) {
+            ctx.event(
+                store,
+                EventType::Warning,
+                reachable.reason,
+                reachable.message.clone(),
+            )
+            .await;
+        }
+    }
+    // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
+    // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
+    // fault: retrying cannot help, so it becomes a condition instead of an endless error.
+    let scheduled = match ensure_cron_job(store, &ctx).await {
+        Ok(()) => Cond::yes(
+            "Scheduled",
+            "CronJobApplied",
+            format!(
+                "CronJob {}-sweep on {}",
+                store.name_any(),
+                store.spec.schedule
+            ),
+        ),
+        Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
+            ctx.count_unusable("CheckpointStore", "CronJobRefused");
+            let field = if refused.message.contains("spec.schedule") {
+                "spec.schedule: "
+            } else {
+                ""
+            };
+            Cond::no(
+                "Scheduled",
+                "CronJobRefused",
+                format!(
+                    "{field}the API server refuses CronJob {}-sweep: {}",
+                    store.name_any(),
+                    refused.message
+                ),
+            )
+        }
+        Err(e) => return Err(e),
+    };
     // 3. metrics from the last sweep the CronJob wrote (pure)
     if let Some(s) = &current.last_sweep {
         for (verdict, n) in [
@@ -90,7 +134,7 @@ pub(super) async fn reconcile(
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
-            vec![reachable, schema],
+            vec![reachable, schema, scheduled],
             store.metadata.generation,
             &time(Utc::now()),
         ),
@@ -101,6 +145,7 @@ pub(super) async fn reconcile(
     before.last_sweep = None;
     let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(
+        &ctx,
         &api,
         store,
         Some(serde_json::to_value(&before)?),
@@ -205,6 +250,7 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), E
             }},
         },
     });
+    ctx.lease.check().await?;
     Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
         .patch(
             &name,

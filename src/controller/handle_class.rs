@@ -74,6 +74,12 @@ pub(super) async fn reconcile(
             Some(catalog) => conds.extend(check_tools(class, catalog)),
         }
     }
+    if let Some(bad) = conds
+        .iter()
+        .find(|c| c.type_ == "Valid" && c.status == "False")
+    {
+        ctx.count_unusable("HandleClass", bad.reason);
+    }
     let status = HandleClassStatus {
         conditions: merge(
             &current.conditions,
@@ -89,7 +95,7 @@ pub(super) async fn reconcile(
         .as_ref()
         .map(serde_json::to_value)
         .transpose()?;
-    apply_status(&api, class, before, serde_json::to_value(status)?).await?;
+    apply_status(&ctx, &api, class, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -144,7 +150,7 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{context, expect};
+    use crate::controller::fixtures::{context, expect, expect_lease};
     use serde_json::json;
 
     fn class(spec: serde_json::Value) -> Arc<Guard<HandleClass>> {
@@ -168,6 +174,7 @@ mod tests {
         let server = tokio::spawn(async move {
             expect(&mut api, "GET", "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/billing", 404,
                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+            expect_lease(&mut api).await;
             expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
                    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await
         });
@@ -196,6 +203,7 @@ mod tests {
         let mut spec = valid_spec();
         spec["probe"]["arguments"]["basket_id"] = json!("{{handel}}");
         let server = tokio::spawn(async move {
+            expect_lease(&mut api).await;
             expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
                    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await
         });

@@ -1,5 +1,7 @@
 //! `/metrics` (OpenMetrics text), `/healthz` (the process is up) and `/readyz` (the CRDs are
-//! installed and the client works; standby replicas are ready too: they only wait for the lease).
+//! installed and the client works; standby replicas are ready too: they only wait for the lease,
+//! and a replica that lost it keeps serving `/metrics`). `/readyz` says which in its body:
+//! `ready: leading` or `ready: standby`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -10,25 +12,32 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone)]
 struct AppState {
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    leader: Gauge,
 }
 
-/// Serves until the task is aborted.
+/// Serves until the task is aborted; `leader` is the `custody_leader` gauge.
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    leader: Gauge,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(AppState { registry, ready });
+        .with_state(AppState {
+            registry,
+            ready,
+            leader,
+        });
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     axum::serve(listener, app).await
@@ -52,7 +61,12 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     if s.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready")
+        let role = if s.leader.get() == 1 {
+            "ready: leading"
+        } else {
+            "ready: standby"
+        };
+        (StatusCode::OK, role)
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting")
     }

@@ -46,7 +46,9 @@ pub(super) async fn reconcile(
     // 1. validate (pure)
     if let Err(e) = validate::mcp_server(&server.spec) {
         let status = broken(server, &current, "InvalidSpec", e.to_string(), now);
+        unusable(server, &current, "InvalidSpec", e.to_string(), &ctx).await;
         apply_status(
+            &ctx,
             &api,
             server,
             to_value(&server.status)?,
@@ -60,7 +62,9 @@ pub(super) async fn reconcile(
         Ok(c) => c,
         Err(cluster::ClusterError::Resources(e)) => {
             let status = broken(server, &current, "SecretNotResolved", e.to_string(), now);
+            unusable(server, &current, "SecretNotResolved", e.to_string(), &ctx).await;
             apply_status(
+                &ctx,
                 &api,
                 server,
                 to_value(&server.status)?,
@@ -133,6 +137,7 @@ pub(super) async fn reconcile(
     // 6. status (pure), applied when it changed (API)
     let status = status(server, &current, &observed, now);
     apply_status(
+        &ctx,
         &api,
         server,
         to_value(&server.status)?,
@@ -210,6 +215,22 @@ fn broken(
         ),
         observed_generation: server.metadata.generation,
         ..current.clone()
+    }
+}
+
+/// Counts a spec or reference that cannot be used, and says so in a Warning Event when the
+/// `Ready` condition did not already give this reason (a requeue does not repeat it).
+async fn unusable(
+    server: &MCPServer,
+    current: &MCPServerStatus,
+    reason: &'static str,
+    message: String,
+    ctx: &Context,
+) {
+    ctx.count_unusable("MCPServer", reason);
+    let ready = current.conditions.iter().find(|c| c.type_ == "Ready");
+    if ready.is_none_or(|c| c.status != "False" || c.reason != reason) {
+        ctx.event(server, EventType::Warning, reason, message).await;
     }
 }
 
@@ -382,7 +403,7 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{context, expect};
+    use crate::controller::fixtures::{context, expect, expect_lease};
     use serde_json::json;
 
     #[tokio::test]
@@ -398,6 +419,16 @@ mod tests {
         let mock = tokio::spawn(async move {
             expect(&mut api, "GET", "/api/v1/namespaces/shop/secrets/token", 404,
                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+            // The Warning Event, then the status, each after the Lease check.
+            expect_lease(&mut api).await;
+            let event = expect(&mut api, "POST", "/apis/events.k8s.io/v1/namespaces/shop/events", 201,
+                               json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e"}, "eventTime": null})).await;
+            assert_eq!(
+                (event["reason"].as_str(), event["type"].as_str()),
+                (Some("SecretNotResolved"), Some("Warning")),
+                "{event}"
+            );
+            expect_lease(&mut api).await;
             expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/basket/status", 200,
                    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer", "metadata": {"name": "basket"},
                           "spec": {"url": "http://127.0.0.1:1/mcp"}})).await

@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -124,10 +126,85 @@ pub struct Context {
     pub observed: RwLock<HashMap<String, Observed>>,
     /// Options.
     pub opts: Options,
+    /// The leader lease, checked before every write.
+    pub lease: LeaseFence,
+}
+
+/// The check every write makes first: this replica holds the Lease right now.
+///
+/// kube-lease-manager learns that the Lease moved only when it next renews (every
+/// `lease_seconds - grace`), and a paused process learns nothing until it runs again; a
+/// reconcile in flight meanwhile (a discovery against a slow server) would otherwise write its
+/// result over the new leader's. Reading the Lease before a write narrows that window to the
+/// read itself.
+pub struct LeaseFence {
+    leases: Api<Lease>,
+    name: String,
+    identity: String,
+    lost: tokio::sync::Notify,
+}
+
+impl LeaseFence {
+    /// A fence on Lease `namespace/name` for `identity`.
+    pub fn new(client: Client, namespace: &str, name: &str, identity: &str) -> Self {
+        Self {
+            leases: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            lost: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// `Ok` while the Lease names this replica and its `renewTime + leaseDurationSeconds` has not
+    /// passed.
+    ///
+    /// # Errors
+    /// [`Error::LostLease`] naming the holder (and waking [`Self::lost`]); [`Error::Kube`] when
+    /// the Lease cannot be read (not a loss: the write is retried).
+    pub async fn check(&self) -> Result<(), Error> {
+        let spec = self.leases.get(&self.name).await?.spec.unwrap_or_default();
+        let holder = spec.holder_identity.unwrap_or_default();
+        let until =
+            spec.renew_time
+                .zip(spec.lease_duration_seconds)
+                .and_then(|(renewed, seconds)| {
+                    renewed
+                        .0
+                        .checked_add(jiff::SignedDuration::from_secs(i64::from(seconds)))
+                        .ok()
+                });
+        if holder == self.identity && until.is_some_and(|u| jiff::Timestamp::now() < u) {
+            return Ok(());
+        }
+        // Only the waiter of the current leadership: no permit is left for a later one.
+        self.lost.notify_waiters();
+        Err(Error::LostLease(if holder.is_empty() {
+            "nobody".into()
+        } else {
+            holder
+        }))
+    }
+
+    /// Resolves once a [`Self::check`] has found the Lease lost.
+    pub async fn lost(&self) {
+        self.lost.notified().await;
+    }
 }
 
 impl Context {
+    /// Counts a reconcile that found its object unusable (an invalid spec, a reference that does
+    /// not resolve) in `custody_reconcile_failures_total{kind,reason}`. `reason` is the
+    /// condition's reason (`InvalidSpec`, `UnknownServer`, `SecretNotResolved`, …), so a failure
+    /// in the metrics leads to the condition that explains it.
+    pub fn count_unusable(&self, kind: &'static str, reason: &'static str) {
+        self.metrics
+            .failures
+            .get_or_create(&metrics::FailureLabels { kind, reason })
+            .inc();
+    }
+
     /// Publishes an Event about `obj`; failures are logged, never fatal (Events are best effort).
+    /// A replica that no longer holds the Lease publishes nothing.
     pub async fn event<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,
@@ -135,6 +212,9 @@ impl Context {
         reason: &str,
         note: String,
     ) {
+        if self.lease.check().await.is_err() {
+            return;
+        }
         let event = Event {
             type_,
             reason: reason.into(),
@@ -160,6 +240,9 @@ pub enum Error {
     /// Rendering or serializing failed.
     #[error("{0}")]
     Serialize(#[from] serde_json::Error),
+    /// Another replica holds the leader lease (or it expired): nothing was written.
+    #[error("the leader lease is held by {0}, not this replica; not writing")]
+    LostLease(String),
 }
 
 impl Error {
@@ -169,6 +252,7 @@ impl Error {
             Self::Kube(_) => "api",
             Self::Cluster(_) => "resources",
             Self::Serialize(_) => "serialize",
+            Self::LostLease(_) => "lost_lease",
         }
     }
 }
@@ -214,12 +298,19 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         recorder: Recorder::new(client.clone(), reporter),
         observed: RwLock::default(),
         opts: opts.clone(),
+        lease: LeaseFence::new(
+            client.clone(),
+            &opts.lease_namespace,
+            &opts.lease_name,
+            &identity,
+        ),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let server = tokio::spawn(http::serve(
         opts.metrics_addr,
         Arc::new(registry),
         ready.clone(),
+        ctx.metrics.leader.clone(),
     ));
 
     ensure_crds(&client).await?;
@@ -233,6 +324,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         .build()
         .await?;
     let (mut leader, lease_task) = lease.watch().await;
+    // How long to wait before asking the Lease again when the lease manager says this replica
+    // leads but the Lease says otherwise (the manager catches up at its next renewal).
+    let recheck = Duration::from_secs(opts.lease_seconds.div_ceil(5).max(1));
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
@@ -242,6 +336,15 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 changed = leader.changed() => if changed.is_err() { anyhow::bail!("leader election stopped") },
                 () = &mut shutdown => return finish(leader, lease_task, server).await,
             }
+        }
+        if let Err(e) = ctx.lease.check().await {
+            tracing::info!(%identity, error = %e, "the lease manager says leading, the Lease does not yet");
+            tokio::select! {
+                _ = leader.changed() => {}
+                () = tokio::time::sleep(recheck) => {}
+                () = &mut shutdown => return finish(leader, lease_task, server).await,
+            }
+            continue;
         }
         tracing::info!(%identity, "leading: starting controllers");
         ctx.metrics.leader.set(1);
@@ -255,6 +358,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         tokio::select! {
             () = controllers(ctx.clone()) => {}
             () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
+            () = ctx.lease.lost() => tracing::warn!(%identity, "lost the leader lease (seen before a write): stopping controllers"),
             () = &mut shutdown => {
                 ctx.metrics.leader.set(0);
                 return finish(leader, lease_task, server).await;
@@ -434,22 +538,35 @@ async fn controllers(ctx: Arc<Context>) {
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),
         wc.clone(),
-    )
-    .owns(Api::<CronJob>::all(client.clone()), wc.clone())
-    .run(
-        checkpoint_store::reconcile,
-        error_policy("CheckpointStore"),
-        ctx.clone(),
-    )
-    .for_each({
-        let ctx = ctx.clone();
-        move |r| {
-            if let Some((ns, name)) = deleted(&r) {
-                forget_store(&ctx, ns, name);
+    );
+    let store_store = stores.store();
+    let stores = stores
+        .owns(Api::<CronJob>::all(client.clone()), wc.clone())
+        .watches(
+            Api::<Secret>::all(client.clone()),
+            wc.clone(),
+            move |secret: Secret| {
+                // A deleted, recreated or rotated dsnFrom Secret rechecks the stores that use it
+                // now, not at the next 5-minute recheck.
+                referrers(&store_store, &secret, |s: &CheckpointStore, name| {
+                    s.spec.dsn_from.as_ref().is_some_and(|r| r.name == name)
+                })
+            },
+        )
+        .run(
+            checkpoint_store::reconcile,
+            error_policy("CheckpointStore"),
+            ctx.clone(),
+        )
+        .for_each({
+            let ctx = ctx.clone();
+            move |r| {
+                if let Some((ns, name)) = deleted(&r) {
+                    forget_store(&ctx, ns, name);
+                }
+                drain("CheckpointStore")(r)
             }
-            drain("CheckpointStore")(r)
-        }
-    });
+        });
 
     tokio::join!(servers, assignments, classes, stores);
 }
@@ -544,8 +661,10 @@ fn skip_invalid(
     Action::await_change()
 }
 
-/// Applies a status with server-side apply, unless it equals the current one.
+/// Applies a status with server-side apply, unless it equals the current one or this replica no
+/// longer holds the leader lease ([`LeaseFence::check`]).
 async fn apply_status<K>(
+    ctx: &Context,
     api: &Api<K>,
     obj: &K,
     current: Option<serde_json::Value>,
@@ -557,6 +676,7 @@ where
     if current.as_ref() == Some(&status) {
         return Ok(());
     }
+    ctx.lease.check().await?;
     let patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -607,11 +727,28 @@ pub(crate) mod fixtures {
         let ctx = Context {
             client: client.clone(),
             metrics: Metrics::new(&mut Registry::default()),
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter),
             observed: RwLock::default(),
             opts: Wrapper::parse_from(["custody"]).opts,
+            lease: LeaseFence::new(client, "default", "custody-controller", "test"),
         };
         (Arc::new(ctx), handle)
+    }
+
+    /// Answers the Lease read that precedes every write: held by this replica, renewed now.
+    pub async fn expect_lease(handle: &mut Handle<Request<Body>, Response<Body>>) {
+        let renewed = jiff::Timestamp::now().to_string();
+        expect(
+            handle,
+            "GET",
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases/custody-controller",
+            200,
+            serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                               "metadata": {"name": "custody-controller", "namespace": "default"},
+                               "spec": {"holderIdentity": "test", "leaseDurationSeconds": 15,
+                                        "renewTime": renewed}}),
+        )
+        .await;
     }
 
     /// Answers the next request after checking its method and path; returns its body as JSON.

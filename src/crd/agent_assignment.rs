@@ -33,7 +33,9 @@ pub struct AgentAssignmentSpec {
     pub agent: String,
 
     /// The servers this agent uses. An empty list removes MCP tools from the agent.
+    // Bounded so the CEL rules' estimated cost stays within the API server's budget.
     #[serde(default)]
+    #[schemars(length(max = 64))]
     pub servers: Vec<ServerAssignment>,
 
     /// Final tool names (`<alias>_<tool>`) that need human approval before they run. Every
@@ -43,10 +45,13 @@ pub struct AgentAssignmentSpec {
 }
 
 /// One server of an assignment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerAssignment {
     /// MCPServer name in the same namespace.
+    #[x_kube(validation = Rule::new("self != ''").message("serverRef must name an MCPServer"))]
+    #[x_kube(validation = Rule::new(super::schema::OBJECT_NAME_RULE).message(super::schema::SERVER_REF_MESSAGE))]
+    #[schemars(length(max = 253))]
     pub server_ref: String,
     /// Alias in the agent service's configuration and prefix of the final tool names; defaults
     /// to `serverRef`. Starts with a letter; letters, digits, `_`, `-`; at most 32 characters.

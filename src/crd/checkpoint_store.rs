@@ -54,8 +54,11 @@ pub struct CheckpointStoreSpec {
     #[serde(default)]
     pub min_parked_seconds: u64,
 
-    /// Cron schedule of the sweep CronJob the controller creates, e.g. `*/15 * * * *`.
+    /// Cron schedule of the sweep CronJob the controller creates, e.g. `*/15 * * * *`: five
+    /// fields or a macro (`@hourly`, `@every 30m`), as CronJob `spec.schedule` takes them.
     #[serde(default = "default_schedule")]
+    #[x_kube(validation = Rule::new("self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9a-z.]+|[^ ]+( +[^ ]+){4})$')").message("schedule must be five cron fields (minute hour day-of-month month day-of-week) or a macro such as @hourly"))]
+    #[schemars(length(max = 128))]
     pub schedule: String,
 
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
@@ -149,7 +152,7 @@ pub enum Backend {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointStoreStatus {
-    /// `Reachable` and `SchemaCompatible`.
+    /// `Reachable`, `SchemaCompatible` and `Scheduled` (the sweep CronJob was applied).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,

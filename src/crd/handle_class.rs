@@ -33,6 +33,8 @@ use serde::{Deserialize, Serialize};
 pub struct HandleClassSpec {
     /// Name of the MCPServer (same namespace) that mints and answers for these handles.
     #[x_kube(validation = Rule::new("self != ''").message("serverRef must name an MCPServer"))]
+    #[x_kube(validation = Rule::new(super::schema::OBJECT_NAME_RULE).message(super::schema::SERVER_REF_MESSAGE))]
+    #[schemars(length(max = 253))]
     pub server_ref: String,
 
     /// Where the handle record lives in graph state: a channel name, optionally followed by

@@ -2,6 +2,15 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
+/// CEL rule for a reference to an object in the same namespace: empty (left to the rule that
+/// says a name is required) or a DNS-1123 subdomain, the form of every object name (Kubernetes
+/// `IsDNS1123Subdomain`). A `namespace/name` or an upper-case name can never resolve, so the API
+/// server rejects it instead of the controller reporting "no such MCPServer".
+pub const OBJECT_NAME_RULE: &str = "self == '' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
+
+/// The message of [`OBJECT_NAME_RULE`] on a `serverRef`.
+pub const SERVER_REF_MESSAGE: &str = "serverRef must be the name of an MCPServer in the same namespace: lowercase letters, digits, '-' and '.', no namespace/ prefix";
+
 /// An object of arbitrary JSON, kept as written (`x-kubernetes-preserve-unknown-fields`).
 ///
 /// Used for argument templates, whose shape is the MCP tool's input schema, not ours.

@@ -128,6 +128,23 @@ fn header_name(name: &str) -> Result<(), String> {
         .map_err(|_| format!("{name:?} is not a valid HTTP header name"))
 }
 
+/// A reference to an object in the same namespace: a DNS-1123 subdomain, the form of every
+/// object name (Kubernetes `IsDNS1123Subdomain`: at most 253 characters). The CRDs reject other
+/// `serverRef`s (`crd::schema::OBJECT_NAME_RULE`); local mode has no API server to do it.
+fn object_ref(name: &str) -> Result<(), String> {
+    static NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+            .expect("a valid regex")
+    });
+    if name.len() <= 253 && NAME.is_match(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an object name in this namespace: lowercase letters, digits, '-' and '.', no namespace/ prefix"
+        ))
+    }
+}
+
 /// Validates a HandleClass spec and compiles its probe template and gone rule.
 ///
 /// # Errors
@@ -137,6 +154,7 @@ pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), Fiel
     if spec.server_ref.is_empty() {
         return Err(err("spec.serverRef", "must name an MCPServer"));
     }
+    object_ref(&spec.server_ref).map_err(|m| err("spec.serverRef", m))?;
     if spec.state_path.split('.').any(str::is_empty) {
         return Err(err(
             "spec.statePath",
@@ -293,6 +311,7 @@ pub fn agent_assignment(spec: &super::AgentAssignmentSpec) -> Result<(), FieldEr
                 "must name an MCPServer",
             ));
         }
+        object_ref(&s.server_ref).map_err(|m| err(format!("spec.servers[{i}].serverRef"), m))?;
         alias(s.alias()).map_err(|m| err(format!("spec.servers[{i}].alias"), m))?;
         if !seen_servers.insert(s.server_ref.as_str()) {
             return Err(err(
@@ -413,6 +432,9 @@ mod tests {
         spec.probe
             .arguments
             .insert("basket_id".into(), serde_json::json!("{{handle}}"));
+        spec.server_ref = "other-namespace/basket".into();
+        assert_eq!(handle_class(&spec).unwrap_err().field, "spec.serverRef");
+        spec.server_ref = "basket".into();
         spec.state_path = "order..basket".into();
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.statePath");
         spec.state_path = "basket".into();

@@ -339,8 +339,8 @@ impl Resources {
             .find(|s| namespace(*s) == ns && s.name_any() == r.name)
             .ok_or_else(|| {
                 missing(format!(
-                    "no Secret {:?} in namespace {ns} among the files",
-                    r.name
+                    "no Secret {:?} in namespace {ns} (for its key {:?})",
+                    r.name, r.key
                 ))
             })?;
         if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(&r.key)) {

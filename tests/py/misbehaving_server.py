@@ -43,6 +43,9 @@ MISBEHAVE_CASE (one per process):
   slow_bytes           tools/list -> correct SSE reply, one byte every MISBEHAVE_BYTE_DELAY_MS
   wrong_id             tools/list -> a response whose id is not the request's
   invalid_utf8         tools/list -> application/json with invalid UTF-8 inside a string
+  slow_list            tools/list -> the correct reply after MISBEHAVE_LIST_DELAY_MS, plus a
+                       read-only tool listing_<N> numbering the listings (1, 2, ...), so a test
+                       can tell whose listing reached a status; logs `listing <N> started`
 
 Environment:
   MISBEHAVE_PORT           TCP port on 127.0.0.1 (required; 0 = any free port, see stderr)
@@ -50,6 +53,7 @@ Environment:
   MISBEHAVE_PATH           endpoint path                               (/mcp)
   MISBEHAVE_EVENT_BYTES    huge_event: the event exceeds this size     (2097152)
   MISBEHAVE_BYTE_DELAY_MS  slow_bytes: delay between body bytes        (200)
+  MISBEHAVE_LIST_DELAY_MS  slow_list: delay before the tools/list reply (5000)
   MISBEHAVE_PAGINATE       1 = tools/list in two pages in every case   (forget_session and
                            stale_session_400 always paginate)
 
@@ -87,6 +91,7 @@ CASES = (
     "slow_bytes",
     "wrong_id",
     "invalid_utf8",
+    "slow_list",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -122,6 +127,7 @@ PORT = _env_int("MISBEHAVE_PORT", 0)
 PATH = os.environ.get("MISBEHAVE_PATH", "/mcp")
 EVENT_BYTES = _env_int("MISBEHAVE_EVENT_BYTES", 2 * 1024 * 1024, minimum=1)
 BYTE_DELAY_S = _env_int("MISBEHAVE_BYTE_DELAY_MS", 200, minimum=1) / 1000.0
+LIST_DELAY_S = _env_int("MISBEHAVE_LIST_DELAY_MS", 5000) / 1000.0
 PAGINATE = os.environ.get("MISBEHAVE_PAGINATE", "0").strip() in ("1", "true", "yes", "on")
 PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
 
@@ -252,6 +258,7 @@ class State:
     forget: str = "armed"
     doomed_sid: str | None = None
     cursor_loop_pages: int = 0
+    listings: int = 0
     resumes: int = 0
 
 
@@ -758,6 +765,18 @@ async def tools_list(conn: Conn, what: str, sid: str, session: Session, rid: Any
         await conn.chunk(ts_event("", event=False))
         await asyncio.sleep(DROP_AFTER_S)
         raise Close
+
+    if CASE == "slow_list":
+        STATE.listings += 1
+        n = STATE.listings
+        log(f"{what} -> listing {n} started; answering in {LIST_DELAY_S:g} s")
+        await asyncio.sleep(LIST_DELAY_S)
+        numbered = _tool(f"listing_{n}", f"Listing {n}", f"Marks tools/list answer number {n}.",
+                         {"type": "object", "properties": {}}, {"type": "object"}, read_only=True)
+        response["result"] = {**page, "tools": page["tools"] + [numbered]}
+        log(f"{what} -> 200 SSE, listing {n}")
+        await send_sse(conn, sid, response)
+        return
 
     if CASE == "slow_bytes":
         body = py_event(response)

@@ -299,3 +299,226 @@ pub fn key(obj: &Value) -> (String, String, String) {
         s(&obj["metadata"]["name"]),
     )
 }
+
+// ---------------------------------------------------------------------------------------------
+// `custody controller` replicas (tests/cluster_faults.rs).
+
+/// Runs the controller in the background with its output in `$CUSTODY_LOG`, prints its pid, and
+/// SIGTERMs it when stdin closes: when the test drops it, or when the test process ends in any
+/// way (the pipe closes), so no controller outlives the test. Exits with the controller's status.
+const WRAPPER: &str = r#""$@" </dev/null >>"$CUSTODY_LOG" 2>&1 &
+pid=$!
+echo "$pid"
+read -r _ || true
+kill -TERM "$pid" 2>/dev/null
+kill -CONT "$pid" 2>/dev/null
+wait "$pid""#;
+
+/// One `custody controller` replica, SIGTERMed when dropped.
+pub struct ControllerProcess {
+    /// Its identity in the Lease.
+    pub identity: String,
+    /// Port of `/metrics`, `/healthz`, `/readyz` on 127.0.0.1.
+    pub port: u16,
+    /// The controller's pid (not the wrapper's).
+    pub pid: u32,
+    /// Its stdout and stderr.
+    pub log: PathBuf,
+    wrapper: std::process::Child,
+}
+
+impl ControllerProcess {
+    /// Starts `custody controller --identity IDENTITY ARGS…` authenticated by `kubeconfig`,
+    /// logging to `log`, and waits until `/readyz` answers 200.
+    pub fn start(
+        binary: &Path,
+        kubeconfig: &Path,
+        identity: &str,
+        log: &Path,
+        args: &[&str],
+    ) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let mut wrapper = Command::new("sh")
+            .args(["-c", WRAPPER, "sh"])
+            .arg(binary)
+            .arg("controller")
+            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .args(["--identity", identity])
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env("CUSTODY_LOG", log)
+            .env("RUST_LOG", "info,custody=debug")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the controller");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(wrapper.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let c = Self {
+            identity: identity.to_owned(),
+            port,
+            pid: line.trim().parse().expect("the controller's pid"),
+            log: log.to_owned(),
+            wrapper,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while c.get("/readyz").is_none_or(|(status, _)| status != 200) {
+            assert!(c.alive(), "the controller exited:\n{}", c.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "/readyz not 200 after 60 s:\n{}",
+                c.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c
+    }
+
+    /// Whether the controller still runs (a dead one is a zombie until the wrapper reaps it).
+    pub fn alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| !r.starts_with(" Z"))
+        })
+    }
+
+    /// Its whole log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last 40 lines of its log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// A GET on its HTTP server: `(status, body)`, or `None` when nothing answers.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.port, path)
+    }
+
+    /// `/metrics`.
+    pub fn metrics(&self) -> String {
+        match self.get("/metrics") {
+            Some((200, body)) => body,
+            other => panic!("{}: /metrics answered {other:?}", self.identity),
+        }
+    }
+
+    /// Sends a signal (`STOP`, `CONT`) to the controller.
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} {}", self.pid);
+    }
+
+    /// SIGTERM, and the controller's exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        drop(self.wrapper.stdin.take());
+        self.wrapper.wait().unwrap()
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.terminate();
+    }
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1: `(status, body)`, or `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The value of one series (`name{labels}` exactly as exposed) in OpenMetrics text.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (name, value) = l.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// The sum of every series of the metric `name` (e.g. `custody_reconciles_total`).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Applies the chart's ServiceAccounts and RBAC for release `release` in `system_ns` (`helm
+/// template`, without the Deployment: its pods would never run here) and writes a kubeconfig
+/// at `path` that authenticates as the controller's ServiceAccount, so the chart's RBAC is
+/// what the controller may do.
+pub fn controller_kubeconfig(release: &str, system_ns: &str, path: &Path) -> PathBuf {
+    let c = cluster();
+    c.ensure_namespace(system_ns);
+    let rendered = c
+        .helm(
+            &["template", release, "charts/custody", "-n", system_ns],
+            None,
+        )
+        .ok();
+    let rbac: Vec<Value> = yaml_docs(&rendered)
+        .into_iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap_or_default())
+        })
+        .collect();
+    assert!(rbac.len() >= 6, "{rbac:?}");
+    c.kubectl(
+        &["apply", "-f", "-"],
+        Some(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string()),
+    )
+    .ok();
+    token_kubeconfig(path, system_ns, &format!("{release}-controller"))
+}
+
+/// A kubeconfig at `path` for the cluster that authenticates with a token of ServiceAccount
+/// `ns/sa`.
+pub fn token_kubeconfig(path: &Path, ns: &str, sa: &str) -> PathBuf {
+    let token = cluster()
+        .kubectl(&["create", "token", sa, "-n", ns, "--duration=2h"], None)
+        .ok()
+        .trim()
+        .to_owned();
+    let admin = std::fs::read_to_string(var("CUSTODY_TEST_KUBECONFIG")).unwrap();
+    let mut kc: Value = serde_yaml::from_str(&admin).unwrap();
+    for user in kc["users"].as_array_mut().unwrap() {
+        user["user"] = serde_json::json!({ "token": token });
+    }
+    std::fs::write(path, kc.to_string()).unwrap();
+    path.to_owned()
+}

@@ -1,0 +1,1527 @@
+//! Controller rows of issue 9's fault matrix and bad-input matrix, against a real kube-apiserver
+//! (v1.37, with etcd and kube-controller-manager, started by tests/run.sh). The real `custody
+//! controller` runs out of cluster as the chart's controller ServiceAccount; its peers are real
+//! MCP servers (tests/py/basket_server.py, the `slow_list` case of
+//! tests/py/misbehaving_server.py) and a real PostgreSQL holding LangGraph's tables.
+//!
+//! | row | test | fault or bad input | what must hold |
+//! |---|---|---|---|
+//! | F1 | [`leader_lease_taken_mid_discovery`] | the Lease passes to another replica while the leader's discovery against a slow server is in flight | the old leader writes no status after the takeover; it reports the loss (log, `custody_leader` 0, `/readyz` body `ready: standby`) and stops reconciling; the new leader completes the discovery |
+//! | F1b | [`paused_leader_replaced_mid_discovery`] | the leader is paused (SIGSTOP) while its discovery is in flight; a standby takes the expired Lease; the old leader resumes | the same, with the standby completing the discovery |
+//! | F2 | [`secret_deleted_while_referenced`] | the `headersFrom` Secret of an MCPServer and the `dsnFrom` Secret of a CheckpointStore are deleted | conditions name the Secret and key, never the value; Warning Events; not ready; counted in `custody_reconcile_failures_total`; other objects stay ready; recreating the Secrets recovers both without a restart, within seconds (a watch, not the 5-minute recheck) |
+//! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
+//!
+//! One controller serves the whole file, as in a cluster: it watches every namespace, so two
+//! controllers would both reconcile every object. Tests hold a shared lock; F1 and F1b hold it
+//! alone, replace the serving controller and leave the replica that took over serving the rest.
+
+#[path = "support/cluster.rs"]
+mod cluster;
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use cluster::{ControllerProcess, metric, metric_sum};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::Client;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    PostParams, WatchEvent, WatchParams,
+};
+use serde_json::{Value, json};
+use support::{BasketServer, Db};
+
+/// Every wait's deadline (the machine may be busy).
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Poll interval of every wait.
+const POLL: Duration = Duration::from_millis(200);
+/// The Lease name (the chart's Role allows only this one).
+const LEASE: &str = "custody-controller";
+/// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
+/// 40 s) cannot be what notices a takeover in F1; the check before each write must.
+const LEASE_SECONDS: i32 = 60;
+/// How long the slow server takes to answer `tools/list` in F1.
+const LIST_DELAY_MS: u64 = 6000;
+
+// ---------------------------------------------------------------------------------------------
+// The controller every test shares.
+
+struct Infra {
+    system_ns: String,
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+    current: tokio::sync::Mutex<Option<ControllerProcess>>,
+}
+
+/// Tests hold it shared; F1 and F1b hold it alone.
+static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+impl Infra {
+    fn start(&self, identity: &str) -> ControllerProcess {
+        self.start_with(identity, LEASE_SECONDS)
+    }
+
+    fn start_with(&self, identity: &str, lease_seconds: i32) -> ControllerProcess {
+        ControllerProcess::start(
+            std::path::Path::new(env!("CARGO_BIN_EXE_custody")),
+            &self.kubeconfig,
+            identity,
+            &self.dir.join(format!("{identity}.log")),
+            &[
+                "--lease-namespace",
+                &self.system_ns,
+                "--lease-seconds",
+                &lease_seconds.to_string(),
+            ],
+        )
+    }
+
+    /// Every controller log of this file.
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        for entry in std::fs::read_dir(&self.dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "log") {
+                text += &std::fs::read_to_string(path).unwrap_or_default();
+            }
+        }
+        text
+    }
+
+    async fn metrics(&self) -> String {
+        self.current.lock().await.as_ref().unwrap().metrics()
+    }
+}
+
+fn infra() -> &'static Infra {
+    static INFRA: OnceLock<Infra> = OnceLock::new();
+    INFRA.get_or_init(|| {
+        let c = cluster::cluster();
+        c.ensure_crds();
+        let pid = std::process::id();
+        let release = format!("custody-faults-{pid}");
+        let system_ns = format!("custody-faults-system-{pid}");
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = cluster::controller_kubeconfig(
+            &release,
+            &system_ns,
+            &dir.join("controller.kubeconfig"),
+        );
+        let mut infra = Infra {
+            system_ns,
+            kubeconfig,
+            dir,
+            current: tokio::sync::Mutex::new(None),
+        };
+        let first = infra.start(&format!("faults-first-{pid}"));
+        let deadline = Instant::now() + DEADLINE;
+        while metric(&first.metrics(), "custody_leader") != Some(1.0) {
+            assert!(
+                Instant::now() < deadline,
+                "the only replica did not take the Lease:\n{}",
+                first.log_tail()
+            );
+            std::thread::sleep(POLL);
+        }
+        *infra.current.get_mut() = Some(first);
+        infra
+    })
+}
+
+/// An admin client (the tests' own view of the cluster).
+async fn client() -> Client {
+    let kc = kube::config::Kubeconfig::read_from(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// A test's namespace, deleted (with everything in it) when dropped.
+struct TestNs(String);
+
+impl TestNs {
+    async fn new(client: &Client, tag: &str) -> Self {
+        let name = format!("faults-{tag}-{}", std::process::id());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        match Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create namespace {name}: {e}"),
+        }
+        Self(name)
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = cluster::cluster().kubectl(&["delete", "namespace", &self.0, "--wait=false"], None);
+    }
+}
+
+impl std::ops::Deref for TestNs {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Objects.
+
+fn resource(kind: &str) -> ApiResource {
+    let (group, version, plural) = match kind {
+        "Secret" => ("", "v1", "secrets"),
+        "MCPServer" => ("custody.dev", "v1alpha1", "mcpservers"),
+        "AgentAssignment" => ("custody.dev", "v1alpha1", "agentassignments"),
+        "HandleClass" => ("custody.dev", "v1alpha1", "handleclasses"),
+        "CheckpointStore" => ("custody.dev", "v1alpha1", "checkpointstores"),
+        other => panic!("no plural for {other}"),
+    };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+fn api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &resource(kind))
+}
+
+/// A custody object of `kind` with this spec.
+fn object(kind: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "custody.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec})
+}
+
+fn secret(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
+}
+
+/// Server-side apply of one object (the tests' field manager).
+async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
+    let name = obj["metadata"]["name"].as_str().unwrap();
+    let out = api(client, ns, obj["kind"].as_str().unwrap())
+        .patch(
+            name,
+            &PatchParams::apply("custody-faults").force(),
+            &Patch::Apply(obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {} {ns}/{name}: {e}", obj["kind"]));
+    serde_json::to_value(out).unwrap()
+}
+
+async fn get(client: &Client, ns: &str, kind: &str, name: &str) -> Option<Value> {
+    api(client, ns, kind)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .map(|o| serde_json::to_value(o).unwrap())
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+/// Retries `check` every 200 ms until it returns `Ok`; panics with its last error after 60 s.
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// Waits until the object's conditions have these statuses, each observed at the current
+/// generation; returns the object.
+async fn wait_conditions(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    want: &[(&str, &str)],
+) -> Value {
+    eventually(
+        &format!("{kind} {ns}/{name} has conditions {want:?}"),
+        async || {
+            let obj = get(client, ns, kind, name).await.ok_or("does not exist")?;
+            let generation = &obj["metadata"]["generation"];
+            for (type_, status) in want {
+                let c = condition(&obj, type_)
+                    .ok_or_else(|| format!("no {type_}; status: {}", obj["status"]))?;
+                if c["status"] != *status || &c["observedGeneration"] != generation {
+                    return Err(format!("{c} at generation {generation}"));
+                }
+            }
+            Ok(obj)
+        },
+    )
+    .await
+}
+
+/// Waits for a Warning Event of this reason about `kind/name`; returns its note.
+async fn wait_warning(client: &Client, ns: &str, kind: &str, name: &str, reason: &str) -> String {
+    eventually(
+        &format!("Warning Event {reason} about {kind} {ns}/{name}"),
+        async || {
+            let all = Api::<Event>::namespaced(client.clone(), ns)
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            all.items
+                .iter()
+                .find(|e| {
+                    e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                    }) && e.reason.as_deref() == Some(reason)
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .map(|e| e.note.clone().unwrap_or_default())
+                .ok_or_else(|| format!("{} Events, none matching", all.items.len()))
+        },
+    )
+    .await
+}
+
+/// Every object and Event in the namespace (no Secrets), as JSON text: what someone without
+/// Secret access sees.
+async fn visible_text(client: &Client, ns: &str) -> String {
+    let mut all = Vec::new();
+    for kind in [
+        "MCPServer",
+        "AgentAssignment",
+        "HandleClass",
+        "CheckpointStore",
+    ] {
+        for o in api(client, ns, kind)
+            .list(&Default::default())
+            .await
+            .unwrap()
+        {
+            all.push(serde_json::to_string(&o).unwrap());
+        }
+    }
+    for e in Api::<Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        all.push(serde_json::to_string(&e).unwrap());
+    }
+    all.join("\n")
+}
+
+/// `custody_reconcile_failures_total{kind,reason}` of the serving controller.
+fn failures(metrics: &str, kind: &str, reason: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("custody_reconcile_failures_total{{kind=\"{kind}\",reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// A PostgreSQL database holding LangGraph's checkpoint tables (written by the real graph).
+async fn langgraph_database(tag: &str) -> String {
+    let dsn = support::fresh_pg_database(tag).await;
+    let server = BasketServer::start(&[]);
+    support::write_some_fixtures(&server.url(), Db::Postgres(&dsn), Some("t-live"), "");
+    dsn
+}
+
+// ---------------------------------------------------------------------------------------------
+// F1: the leader lease taken over in the middle of a reconcile.
+
+/// tests/py/misbehaving_server.py in its `slow_list` case, its request log in a file.
+struct SlowServer {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl SlowServer {
+    fn start(dir: &std::path::Path) -> Self {
+        let port = support::free_port();
+        let log = dir.join(format!("slow-server-{port}.txt"));
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(cluster::repo().join("tests/py/misbehaving_server.py"))
+            .env("MISBEHAVE_PORT", port.to_string())
+            .env("MISBEHAVE_CASE", "slow_list")
+            .env("MISBEHAVE_LIST_DELAY_MS", LIST_DELAY_MS.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        support::wait_for_port(port, DEADLINE);
+        Self { child, port, log }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SlowServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Collects every modification of one object from a resourceVersion on, until dropped.
+struct Recorder {
+    seen: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    async fn start(api: &Api<DynamicObject>, name: &str, rv: &str) -> Self {
+        let wp = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(290);
+        let stream = api.watch(&wp, rv).await.unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(WatchEvent::Modified(o)) => {
+                        sink.lock().unwrap().push(serde_json::to_value(o).unwrap());
+                    }
+                    Ok(WatchEvent::Bookmark(_)) => {}
+                    other => panic!("watch: {other:?}"),
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    fn seen(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The exposed tool names in an MCPServer's status.
+fn tools(obj: &Value) -> Vec<String> {
+    obj["status"]["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["exposedName"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// F1. The leader's discovery is in flight (the server answers `tools/list` after 6 s) when the
+/// Lease is written for another replica, as a replica that won an election writes it. The old
+/// leader's lease manager would notice only at its renewal, 40 s later; its discovery finishes
+/// long before. It must write nothing after the takeover (the server's listing number tells
+/// whose result a status carries), report the loss, and stop reconciling; the new replica
+/// takes over at once and completes the discovery.
+#[tokio::test]
+async fn leader_lease_taken_mid_discovery() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "lease").await;
+    let slow = SlowServer::start(&infra.dir);
+    let mut current = infra.current.lock().await;
+    let mut old = current.take().expect("the serving controller");
+    assert_eq!(metric(&old.metrics(), "custody_leader"), Some(1.0));
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "slow",
+            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
+        ),
+    )
+    .await;
+    eventually("the old leader's tools/list in flight", async || {
+        let log = slow.log();
+        if log.contains("listing 1 started") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+
+    // The takeover: the Lease now names a replica that is not running yet.
+    let new_identity = format!("faults-takeover-{}", std::process::id());
+    let leases = Api::<Lease>::namespaced(client.clone(), &infra.system_ns);
+    let transitions = leases.get(LEASE).await.unwrap().spec.unwrap_or_default();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            LEASE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": new_identity, "acquireTime": now, "renewTime": now,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "leaseTransitions": transitions.lease_transitions.unwrap_or(0) + 1}})),
+        )
+        .await
+        .unwrap();
+    let taken = Instant::now();
+    let servers = api(&client, &ns, "MCPServer");
+    let rv = servers
+        .get("slow")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let writes = Recorder::start(&servers, "slow", &rv).await;
+    let new = infra.start(&new_identity);
+
+    // The new leader completes the work.
+    let obj = eventually("the new leader's catalog in status", async || {
+        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
+        let names = tools(&obj);
+        match condition(&obj, "Ready") {
+            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
+                Ok(obj)
+            }
+            other => Err(format!("Ready {other:?}, tools {names:?}")),
+        }
+    })
+    .await;
+    assert_eq!(obj["status"]["observedGeneration"], 1);
+    assert_eq!(metric(&new.metrics(), "custody_leader"), Some(1.0));
+    assert!(metric_sum(&new.metrics(), "custody_reconciles_total") >= 1.0);
+
+    // No write after the takeover carries the old leader's listing.
+    let seen = writes.seen();
+    assert!(!seen.is_empty(), "the new leader's status write was seen");
+    for w in &seen {
+        let names = tools(w);
+        assert!(
+            !names.contains(&"slow_listing_1".to_owned()),
+            "a write after the takeover carries the old leader's listing: {}",
+            w["status"]
+        );
+    }
+    // The old leader: its discovery completed, the check before the write found the Lease
+    // gone, and it says so ...
+    eventually("the old leader reports the loss", async || {
+        let m = old.metrics();
+        let ready = old.get("/readyz");
+        let log = old.log_text();
+        match (metric(&m, "custody_leader"), &ready) {
+            (Some(0.0), Some((200, body)))
+                if body == "ready: standby"
+                    && log.contains("lost the leader lease (seen before a write)") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("custody_leader, /readyz: {other:?}")),
+        }
+    })
+    .await;
+    eprintln!("loss reported {:?} after the takeover", taken.elapsed());
+    assert!(
+        taken.elapsed() < Duration::from_secs(30),
+        "the old leader noticed only at its lease renewal"
+    );
+    assert!(
+        slow.log().contains("listing 1\n") || slow.log().contains("-> 200 SSE, listing 1"),
+        "the old leader's listing was answered (its write was refused, not cancelled):\n{}",
+        slow.log()
+    );
+
+    // ... and reconciles no more.
+    let before = metric_sum(&old.metrics(), "custody_reconciles_total");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_sum(&old.metrics(), "custody_reconciles_total"),
+        before,
+        "the old leader still reconciles:\n{}",
+        old.log_tail()
+    );
+    let lease = leases.get(LEASE).await.unwrap().spec.unwrap();
+    assert_eq!(
+        lease.holder_identity.as_deref(),
+        Some(new_identity.as_str())
+    );
+    let exit = old.terminate();
+    assert!(exit.success(), "{exit}:\n{}", old.log_tail());
+    *current = Some(new);
+}
+
+/// F1b. The realistic takeover: the leader is paused (SIGSTOP) while its discovery is in
+/// flight, a standby takes the expired Lease and completes the discovery, then the old leader
+/// runs again with its discovery's answer waiting. It must write nothing, report the loss and
+/// stop. Both replicas run with 10 s leases here, so the takeover takes seconds.
+#[tokio::test]
+async fn paused_leader_replaced_mid_discovery() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "paused").await;
+    let slow = SlowServer::start(&infra.dir);
+    let mut current = infra.current.lock().await;
+    let mut serving = current.take().expect("the serving controller");
+    let exit = serving.terminate();
+    assert!(
+        exit.success(),
+        "{exit}:
+{}",
+        serving.log_tail()
+    );
+    let pid = std::process::id();
+    let mut paused = infra.start_with(&format!("faults-paused-{pid}"), 10);
+    eventually("the first replica leads", async || {
+        match metric(&paused.metrics(), "custody_leader") {
+            Some(1.0) => Ok(()),
+            other => Err(format!("custody_leader {other:?}")),
+        }
+    })
+    .await;
+    let standby = infra.start_with(&format!("faults-standby-{pid}"), 10);
+    assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(0.0));
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "slow",
+            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
+        ),
+    )
+    .await;
+    eventually("the leader's tools/list in flight", async || {
+        let log = slow.log();
+        if log.contains("listing 1 started") {
+            Ok(())
+        } else {
+            Err(log)
+        }
+    })
+    .await;
+    paused.signal("STOP");
+    let servers = api(&client, &ns, "MCPServer");
+    let rv = servers
+        .get("slow")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let writes = Recorder::start(&servers, "slow", &rv).await;
+
+    // The standby takes the expired Lease and completes the discovery.
+    let obj = eventually("the standby's catalog in status", async || {
+        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
+        let names = tools(&obj);
+        match condition(&obj, "Ready") {
+            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
+                Ok(obj)
+            }
+            other => Err(format!("Ready {other:?}, tools {names:?}")),
+        }
+    })
+    .await;
+    assert_eq!(obj["status"]["observedGeneration"], 1);
+    assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(1.0));
+
+    // The old leader runs again: it reports the loss, writes nothing and stops reconciling.
+    paused.signal("CONT");
+    eventually("the resumed replica reports the loss", async || {
+        let m = paused.metrics();
+        let ready = paused.get("/readyz");
+        match (metric(&m, "custody_leader"), &ready) {
+            (Some(0.0), Some((200, body)))
+                if body == "ready: standby"
+                    && paused.log_text().contains("lost the leader lease") =>
+            {
+                Ok(())
+            }
+            other => Err(format!("custody_leader, /readyz: {other:?}")),
+        }
+    })
+    .await;
+    let before = metric_sum(&paused.metrics(), "custody_reconciles_total");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_sum(&paused.metrics(), "custody_reconciles_total"),
+        before,
+        "the resumed replica still reconciles:\n{}",
+        paused.log_tail()
+    );
+    for w in writes.seen() {
+        assert!(
+            !tools(&w).contains(&"slow_listing_1".to_owned()),
+            "a write after the pause carries the paused leader's listing: {}",
+            w["status"]
+        );
+    }
+    let lease = Api::<Lease>::namespaced(client.clone(), &infra.system_ns)
+        .get(LEASE)
+        .await
+        .unwrap()
+        .spec
+        .unwrap();
+    assert_eq!(
+        lease.holder_identity.as_deref(),
+        Some(standby.identity.as_str())
+    );
+    let exit = paused.terminate();
+    assert!(exit.success(), "{exit}:\n{}", paused.log_tail());
+    *current = Some(standby);
+}
+
+// ---------------------------------------------------------------------------------------------
+// F2: Secrets deleted while referenced.
+
+/// F2. An MCPServer's `headersFrom` Secret and a CheckpointStore's `dsnFrom` Secret are deleted
+/// while both objects are ready, next to a server and a store that use no Secret.
+#[tokio::test]
+async fn secret_deleted_while_referenced() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "secret").await;
+    let server = BasketServer::start(&[]);
+    let dsn = langgraph_database("faults_secret").await;
+    let token = format!("faults-token-{}", uuid::Uuid::new_v4().simple());
+    let password = format!("faults-pw-{}", uuid::Uuid::new_v4().simple());
+    assert!(dsn.contains("://postgres@"), "{dsn}");
+    let secret_dsn = dsn.replacen("://postgres@", &format!("://postgres:{password}@"), 1);
+    let token_secret = secret(
+        "mcp-token",
+        json!({"authorization": format!("Bearer {token}")}),
+    );
+    let dsn_secret = secret("orders-dsn", json!({"dsn": secret_dsn}));
+    apply(&client, &ns, &token_secret).await;
+    apply(&client, &ns, &dsn_secret).await;
+    apply(&client, &ns, &object("MCPServer", "basket", json!({"url": server.url(),
+        "headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "mcp-token", "key": "authorization"}}]})))
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "plain", json!({"url": server.url()})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres",
+        "dsnFrom": {"name": "orders-dsn", "key": "dsn"}}),
+        ),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "plain",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    let ready = [("Ready", "True")];
+    let reachable = [("Reachable", "True")];
+    for (server, store) in [("basket", "orders"), ("plain", "plain")] {
+        wait_conditions(&client, &ns, "MCPServer", server, &ready).await;
+        wait_conditions(&client, &ns, "CheckpointStore", store, &reachable).await;
+    }
+    let pid = infra.current.lock().await.as_ref().unwrap().pid;
+
+    // Delete both Secrets.
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let deleted = Instant::now();
+    for name in ["mcp-token", "orders-dsn"] {
+        secrets
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[("Ready", "False"), ("Discovered", "False")],
+    )
+    .await;
+    let c = condition(&obj, "Ready").unwrap();
+    assert_eq!(c["reason"], "SecretNotResolved", "{c}");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.headersFrom[0].secretKeyRef: no Secret \"mcp-token\"")
+            && message.contains("\"authorization\""),
+        "{message}"
+    );
+    let note = wait_warning(&client, &ns, "MCPServer", "basket", "SecretNotResolved").await;
+    assert!(note.contains("mcp-token"), "{note}");
+
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Reachable", "False"), ("SchemaCompatible", "Unknown")],
+    )
+    .await;
+    let c = condition(&obj, "Reachable").unwrap();
+    assert_eq!(c["reason"], "SecretNotResolved", "{c}");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.dsnFrom: no Secret \"orders-dsn\"") && message.contains("\"dsn\""),
+        "{message}"
+    );
+    let note = wait_warning(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "SecretNotResolved",
+    )
+    .await;
+    assert!(note.contains("orders-dsn"), "{note}");
+    eprintln!("both reported {:?} after the deletion", deleted.elapsed());
+
+    // Nothing else broken; the failures are counted; no value anywhere.
+    wait_conditions(&client, &ns, "MCPServer", "plain", &ready).await;
+    wait_conditions(&client, &ns, "CheckpointStore", "plain", &reachable).await;
+    let m = infra.metrics().await;
+    for kind in ["MCPServer", "CheckpointStore"] {
+        assert!(
+            failures(&m, kind, "SecretNotResolved") >= 1.0,
+            "{kind}:\n{m}"
+        );
+    }
+    let shown = visible_text(&client, &ns).await + &infra.logs();
+    for value in [&token, &password] {
+        assert!(!shown.contains(value.as_str()), "a Secret value is shown");
+    }
+
+    // Recreated: both recover, without a restart, long before the store's 5-minute recheck.
+    let recreated = Instant::now();
+    apply(&client, &ns, &token_secret).await;
+    apply(&client, &ns, &dsn_secret).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[("Ready", "True"), ("Discovered", "True")],
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Reachable", "True"), ("SchemaCompatible", "True")],
+    )
+    .await;
+    eprintln!(
+        "recovered {:?} after the Secrets came back",
+        recreated.elapsed()
+    );
+    let current = infra.current.lock().await;
+    let serving = current.as_ref().unwrap();
+    assert_eq!(serving.pid, pid, "the controller was restarted");
+    assert!(serving.alive());
+}
+
+// ---------------------------------------------------------------------------------------------
+// B: the bad-input matrix.
+
+/// What must happen to a bad object.
+enum Want {
+    /// The API server refuses it; its message holds the field path and this text.
+    Rejected(&'static str, &'static str),
+    /// Accepted; the controller sets condition `type_` False with `reason`, and the message
+    /// holds `<field path>: `.
+    Condition(&'static str, &'static str, &'static str),
+}
+
+/// One row of the matrix: a bad object of `kind` and what must happen to it.
+struct Row {
+    id: &'static str,
+    kind: &'static str,
+    what: &'static str,
+    spec: Value,
+    want: Want,
+}
+
+fn server_spec(url: &str) -> Value {
+    json!({"url": url})
+}
+
+fn class_spec() -> Value {
+    json!({"serverRef": "basket", "statePath": "basket",
+           "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}})
+}
+
+fn assignment_spec() -> Value {
+    json!({"agent": "bad-agent", "servers": [{"serverRef": "basket"}]})
+}
+
+fn store_spec() -> Value {
+    json!({"backend": "postgres", "dsnFrom": {"name": "good-dsn", "key": "dsn"}})
+}
+
+/// `base` with the fields of `patch` set (JSON merge patch: `null` removes a field).
+fn with(mut base: Value, patch: Value) -> Value {
+    json_patch_merge(&mut base, &patch);
+    base
+}
+
+fn json_patch_merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    json_patch_merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// Every row of the bad-input matrix, by kind. `url` is the good basket server's endpoint.
+fn bad_input_rows(url: &str) -> Vec<Row> {
+    use Want::{Condition, Rejected};
+    let s = || server_spec(url);
+    vec![
+        // MCPServer: the schema and CEL rules.
+        Row {
+            id: "B1",
+            kind: "MCPServer",
+            what: "missing url",
+            spec: json!({}),
+            want: Rejected("spec.url", "Required value"),
+        },
+        Row {
+            id: "B2",
+            kind: "MCPServer",
+            what: "url of the wrong type",
+            spec: json!({"url": 42}),
+            want: Rejected("spec.url", "must be of type string"),
+        },
+        Row {
+            id: "B3",
+            kind: "MCPServer",
+            what: "url with another scheme",
+            spec: server_spec("ftp://basket/mcp"),
+            want: Rejected("spec.url", "url must start with http:// or https://"),
+        },
+        Row {
+            id: "B4",
+            kind: "MCPServer",
+            what: "timeoutSeconds of the wrong type",
+            spec: with(s(), json!({"timeoutSeconds": "ten"})),
+            want: Rejected("spec.timeoutSeconds", "must be of type integer"),
+        },
+        Row {
+            id: "B5",
+            kind: "MCPServer",
+            what: "timeoutSeconds below range",
+            spec: with(s(), json!({"timeoutSeconds": 0})),
+            want: Rejected(
+                "spec.timeoutSeconds",
+                "timeoutSeconds must be between 1 and 300",
+            ),
+        },
+        Row {
+            id: "B6",
+            kind: "MCPServer",
+            what: "timeoutSeconds above range",
+            spec: with(s(), json!({"timeoutSeconds": 301})),
+            want: Rejected(
+                "spec.timeoutSeconds",
+                "timeoutSeconds must be between 1 and 300",
+            ),
+        },
+        Row {
+            id: "B7",
+            kind: "MCPServer",
+            what: "unknown mode",
+            spec: with(s(), json!({"mode": "modern"})),
+            want: Rejected("spec.mode", "Unsupported value: \"modern\""),
+        },
+        Row {
+            id: "B8",
+            kind: "MCPServer",
+            what: "headersFrom without secretKeyRef",
+            spec: with(s(), json!({"headersFrom": [{"name": "Authorization"}]})),
+            want: Rejected("spec.headersFrom[0].secretKeyRef", "Required value"),
+        },
+        Row {
+            id: "B9",
+            kind: "MCPServer",
+            what: "reconciliation whose found can never say not found",
+            spec: with(
+                s(),
+                json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {}, "found": {}, "idField": "id"}}]}),
+            ),
+            want: Rejected(
+                "spec.reconciliation[0].lookup.found",
+                "found needs path or notFoundErrorPrefixes",
+            ),
+        },
+        Row {
+            id: "B10",
+            kind: "MCPServer",
+            what: "unknown field (strict field validation)",
+            spec: with(s(), json!({"uri": url})),
+            want: Rejected("spec.uri", "unknown field"),
+        },
+        // MCPServer: what only custody can check.
+        Row {
+            id: "B11",
+            kind: "MCPServer",
+            what: "invalid header name",
+            spec: with(s(), json!({"headers": {"Bad Header": "x"}})),
+            want: Condition("Ready", "InvalidSpec", "spec.headers.Bad Header"),
+        },
+        Row {
+            id: "B12",
+            kind: "MCPServer",
+            what: "url without a host",
+            spec: server_spec("http://"),
+            want: Condition("Ready", "InvalidSpec", "spec.url"),
+        },
+        Row {
+            id: "B13",
+            kind: "MCPServer",
+            what: "lookup that is the write tool itself",
+            spec: with(
+                s(),
+                json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "create_ticket", "arguments": {}, "found": {"path": "ticket"}, "idField": "id"}}]}),
+            ),
+            want: Condition("Ready", "InvalidSpec", "spec.reconciliation[0].lookup.tool"),
+        },
+        Row {
+            id: "B14",
+            kind: "MCPServer",
+            what: "lookup placeholder that does not exist",
+            spec: with(
+                s(),
+                json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {"key": "{{handle}}"}, "found": {"path": "ticket"}, "idField": "id"}}]}),
+            ),
+            want: Condition(
+                "Ready",
+                "InvalidSpec",
+                "spec.reconciliation[0].lookup.arguments.key",
+            ),
+        },
+        Row {
+            id: "B15",
+            kind: "MCPServer",
+            what: "headersFrom Secret that does not exist",
+            spec: with(
+                s(),
+                json!({"headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "no-such-secret", "key": "token"}}]}),
+            ),
+            want: Condition(
+                "Ready",
+                "SecretNotResolved",
+                "spec.headersFrom[0].secretKeyRef",
+            ),
+        },
+        // AgentAssignment: the schema and CEL rules.
+        Row {
+            id: "B16",
+            kind: "AgentAssignment",
+            what: "missing agent",
+            spec: json!({"servers": []}),
+            want: Rejected("spec.agent", "Required value"),
+        },
+        Row {
+            id: "B17",
+            kind: "AgentAssignment",
+            what: "empty agent",
+            spec: with(assignment_spec(), json!({"agent": ""})),
+            want: Rejected("spec.agent", "agent must not be empty"),
+        },
+        Row {
+            id: "B18",
+            kind: "AgentAssignment",
+            what: "servers of the wrong type",
+            spec: with(assignment_spec(), json!({"servers": "basket"})),
+            want: Rejected("spec.servers", "must be of type array"),
+        },
+        Row {
+            id: "B19",
+            kind: "AgentAssignment",
+            what: "server without serverRef",
+            spec: with(assignment_spec(), json!({"servers": [{"alias": "shop"}]})),
+            want: Rejected("spec.servers[0].serverRef", "Required value"),
+        },
+        Row {
+            id: "B20",
+            kind: "AgentAssignment",
+            what: "serverRef into another namespace",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "elsewhere/basket"}]}),
+            ),
+            want: Rejected(
+                "spec.servers[0].serverRef",
+                "serverRef must be the name of an MCPServer in the same namespace",
+            ),
+        },
+        // AgentAssignment: references and the agent toolkit's rules.
+        Row {
+            id: "B21",
+            kind: "AgentAssignment",
+            what: "server that does not exist",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "nowhere"}]}),
+            ),
+            want: Condition("Valid", "UnknownServer", "spec.servers[0].serverRef"),
+        },
+        Row {
+            id: "B22",
+            kind: "AgentAssignment",
+            what: "server that exists only in another namespace",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "elsewhere"}]}),
+            ),
+            want: Condition("Valid", "UnknownServer", "spec.servers[0].serverRef"),
+        },
+        Row {
+            id: "B23",
+            kind: "AgentAssignment",
+            what: "allowlisted tool the server does not offer",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "basket", "toolAllowlist": ["no_such_tool"]}]}),
+            ),
+            want: Condition("Valid", "ToolNotOffered", "spec.servers[0].toolAllowlist"),
+        },
+        Row {
+            id: "B24",
+            kind: "AgentAssignment",
+            what: "one server assigned twice",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "basket"}, {"serverRef": "basket", "alias": "again"}]}),
+            ),
+            want: Condition("Valid", "InvalidSpec", "spec.servers[1].serverRef"),
+        },
+        Row {
+            id: "B25",
+            kind: "AgentAssignment",
+            what: "alias not starting with a letter",
+            spec: with(
+                assignment_spec(),
+                json!({"servers": [{"serverRef": "basket", "alias": "1shop"}]}),
+            ),
+            want: Condition("Valid", "InvalidSpec", "spec.servers[0].alias"),
+        },
+        Row {
+            id: "B26",
+            kind: "AgentAssignment",
+            what: "second assignment for an assigned agent",
+            spec: with(assignment_spec(), json!({"agent": "good-agent"})),
+            want: Condition("Valid", "DuplicateAssignment", "spec.agent"),
+        },
+        // HandleClass: the schema and CEL rules.
+        Row {
+            id: "B27",
+            kind: "HandleClass",
+            what: "missing probe",
+            spec: with(class_spec(), json!({"probe": null})),
+            want: Rejected("spec.probe", "Required value"),
+        },
+        Row {
+            id: "B28",
+            kind: "HandleClass",
+            what: "missing statePath",
+            spec: with(class_spec(), json!({"statePath": null})),
+            want: Rejected("spec.statePath", "Required value"),
+        },
+        Row {
+            id: "B29",
+            kind: "HandleClass",
+            what: "probe arguments of the wrong type",
+            spec: with(class_spec(), json!({"probe": {"arguments": "basket_id"}})),
+            want: Rejected("spec.probe.arguments", "must be of type object"),
+        },
+        Row {
+            id: "B30",
+            kind: "HandleClass",
+            what: "unknown onGone",
+            spec: with(class_spec(), json!({"onGone": "retry"})),
+            want: Rejected("spec.onGone", "Unsupported value: \"retry\""),
+        },
+        Row {
+            id: "B31",
+            kind: "HandleClass",
+            what: "onGone remint without mint",
+            spec: with(
+                class_spec(),
+                json!({"onGone": "remint", "mintInputsPath": "mint_inputs"}),
+            ),
+            want: Rejected("spec", "onGone: remint requires mint"),
+        },
+        Row {
+            id: "B32",
+            kind: "HandleClass",
+            what: "statePath with an empty key",
+            spec: with(class_spec(), json!({"statePath": "order..basket"})),
+            want: Rejected(
+                "spec.statePath",
+                "statePath must be dot-separated non-empty keys",
+            ),
+        },
+        Row {
+            id: "B33",
+            kind: "HandleClass",
+            what: "negative declaredTtlSeconds",
+            spec: with(class_spec(), json!({"declaredTtlSeconds": -1})),
+            want: Rejected("spec.declaredTtlSeconds", "greater than or equal to 0"),
+        },
+        Row {
+            id: "B34",
+            kind: "HandleClass",
+            what: "serverRef that is no object name",
+            spec: with(class_spec(), json!({"serverRef": "Basket"})),
+            want: Rejected(
+                "spec.serverRef",
+                "serverRef must be the name of an MCPServer in the same namespace",
+            ),
+        },
+        // HandleClass: references, the catalog, templates.
+        Row {
+            id: "B35",
+            kind: "HandleClass",
+            what: "server that does not exist",
+            spec: with(class_spec(), json!({"serverRef": "nowhere"})),
+            want: Condition("Valid", "UnknownServer", "spec.serverRef"),
+        },
+        Row {
+            id: "B36",
+            kind: "HandleClass",
+            what: "server that exists only in another namespace",
+            spec: with(class_spec(), json!({"serverRef": "elsewhere"})),
+            want: Condition("Valid", "UnknownServer", "spec.serverRef"),
+        },
+        Row {
+            id: "B37",
+            kind: "HandleClass",
+            what: "probe tool the server does not list",
+            spec: with(class_spec(), json!({"probe": {"tool": "no_such_tool"}})),
+            want: Condition("Valid", "ToolNotOffered", "spec.probe.tool"),
+        },
+        Row {
+            id: "B38",
+            kind: "HandleClass",
+            what: "mint tool the server does not list",
+            spec: with(
+                class_spec(),
+                json!({"mint": {"tool": "no_such_tool", "handleField": "basket_id"}}),
+            ),
+            want: Condition("Valid", "ToolNotOffered", "spec.mint.tool"),
+        },
+        Row {
+            id: "B39",
+            kind: "HandleClass",
+            what: "misspelt placeholder",
+            spec: with(
+                class_spec(),
+                json!({"probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+            ),
+            want: Condition("Valid", "InvalidSpec", "spec.probe.arguments.basket_id"),
+        },
+        Row {
+            id: "B40",
+            kind: "HandleClass",
+            what: "gone regex that does not compile",
+            spec: with(
+                class_spec(),
+                json!({"probe": {"goneWhen": {"errorTextRegex": "("}}}),
+            ),
+            want: Condition("Valid", "InvalidSpec", "spec.probe.goneWhen.errorTextRegex"),
+        },
+        // CheckpointStore: the schema and CEL rules.
+        Row {
+            id: "B41",
+            kind: "CheckpointStore",
+            what: "missing backend",
+            spec: with(store_spec(), json!({"backend": null})),
+            want: Rejected("spec.backend", "Required value"),
+        },
+        Row {
+            id: "B42",
+            kind: "CheckpointStore",
+            what: "unknown backend",
+            spec: with(store_spec(), json!({"backend": "mysql"})),
+            want: Rejected("spec.backend", "Unsupported value: \"mysql\""),
+        },
+        Row {
+            id: "B43",
+            kind: "CheckpointStore",
+            what: "both dsn and dsnFrom",
+            spec: with(store_spec(), json!({"dsn": "postgres://x"})),
+            want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
+        },
+        Row {
+            id: "B44",
+            kind: "CheckpointStore",
+            what: "neither dsn nor dsnFrom",
+            spec: with(store_spec(), json!({"dsnFrom": null})),
+            want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
+        },
+        Row {
+            id: "B45",
+            kind: "CheckpointStore",
+            what: "dsnFrom without key",
+            spec: with(store_spec(), json!({"dsnFrom": {"key": null}})),
+            want: Rejected("spec.dsnFrom.key", "Required value"),
+        },
+        Row {
+            id: "B46",
+            kind: "CheckpointStore",
+            what: "audit maxAgeSeconds not above graceSeconds",
+            spec: with(
+                store_spec(),
+                json!({"audit": {"graceSeconds": 600, "maxAgeSeconds": 60}}),
+            ),
+            want: Rejected(
+                "spec.audit",
+                "maxAgeSeconds must be greater than graceSeconds",
+            ),
+        },
+        Row {
+            id: "B47",
+            kind: "CheckpointStore",
+            what: "minParkedSeconds of the wrong type",
+            spec: with(store_spec(), json!({"minParkedSeconds": "soon"})),
+            want: Rejected("spec.minParkedSeconds", "must be of type integer"),
+        },
+        Row {
+            id: "B48",
+            kind: "CheckpointStore",
+            what: "schedule that is not cron",
+            spec: with(store_spec(), json!({"schedule": "every five minutes"})),
+            want: Rejected("spec.schedule", "schedule must be five cron fields"),
+        },
+        // CheckpointStore: references.
+        Row {
+            id: "B49",
+            kind: "CheckpointStore",
+            what: "dsnFrom Secret that does not exist",
+            spec: with(store_spec(), json!({"dsnFrom": {"name": "no-such-secret"}})),
+            want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
+        },
+        Row {
+            id: "B50",
+            kind: "CheckpointStore",
+            what: "dsnFrom key the Secret lacks",
+            spec: with(store_spec(), json!({"dsnFrom": {"key": "no-such-key"}})),
+            want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
+        },
+        Row {
+            id: "B51",
+            kind: "CheckpointStore",
+            what: "schedule of cron form with a field out of range",
+            spec: with(store_spec(), json!({"schedule": "61 * * * *"})),
+            want: Condition("Scheduled", "CronJobRefused", "spec.schedule"),
+        },
+        Row {
+            id: "B52",
+            kind: "CheckpointStore",
+            what: "empty principalKey",
+            spec: with(store_spec(), json!({"principalKey": ""})),
+            want: Condition("Reachable", "InvalidSpec", "spec.principalKey"),
+        },
+    ]
+}
+
+/// B1–B52. Every row of [`bad_input_rows`] in one namespace, next to one good object of each
+/// kind (created first, so the good assignment is the older one for B26). Rejected rows must
+/// name the field in the API server's answer; accepted ones in a condition; the good objects
+/// (and one created after all the bad ones) still reconcile; failures are counted per kind and
+/// reason.
+#[tokio::test]
+async fn bad_resources_are_rejected_or_named_in_conditions() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "badinput").await;
+    let other = TestNs::new(&client, "badinput-other").await;
+    let server = BasketServer::start(&[]);
+    let dsn = langgraph_database("faults_badinput").await;
+
+    // The good neighbours, and the server of another namespace that B22 and B36 name.
+    apply(
+        &client,
+        &other,
+        &object("MCPServer", "elsewhere", server_spec(&server.url())),
+    )
+    .await;
+    apply(&client, &ns, &secret("good-dsn", json!({"dsn": dsn}))).await;
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    apply(&client, &ns, &object("HandleClass", "good", class_spec())).await;
+    apply(
+        &client,
+        &ns,
+        &object("CheckpointStore", "good", store_spec()),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "good",
+            json!({"agent": "good-agent",
+        "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+        ),
+    )
+    .await;
+    let goods: [(&str, &[(&str, &str)]); 4] = [
+        ("MCPServer", &[("Ready", "True")]),
+        ("HandleClass", &[("Valid", "True")]),
+        (
+            "CheckpointStore",
+            &[("Reachable", "True"), ("SchemaCompatible", "True")],
+        ),
+        ("AgentAssignment", &[("Ready", "True")]),
+    ];
+    for (kind, want) in goods {
+        let name = if kind == "MCPServer" {
+            "basket"
+        } else {
+            "good"
+        };
+        wait_conditions(&client, &ns, kind, name, want).await;
+    }
+
+    let rows = bad_input_rows(&server.url());
+    let mut accepted = Vec::new();
+    for row in &rows {
+        let name = format!("bad-{}", row.id.to_lowercase());
+        let mut spec = row.spec.clone();
+        if spec["agent"] == "bad-agent" {
+            // One agent per assignment, so only B26 is a duplicate.
+            spec["agent"] = json!(name);
+        }
+        let manifest = object(row.kind, &name, spec).to_string();
+        let created =
+            cluster::cluster().kubectl(&["create", "-n", &ns, "-f", "-"], Some(&manifest));
+        match row.want {
+            Want::Rejected(field, text) => {
+                let err = created.fails();
+                assert!(
+                    err.contains(&format!("{field}: ")) || err.contains(&format!("\"{field}\"")),
+                    "{} {} ({}): the refusal does not name {field}:\n{err}",
+                    row.id,
+                    row.kind,
+                    row.what
+                );
+                assert!(
+                    err.contains(text),
+                    "{} ({}): want {text:?} in:\n{err}",
+                    row.id,
+                    row.what
+                );
+            }
+            Want::Condition(..) => {
+                created.ok();
+                accepted.push((row, name));
+            }
+        }
+    }
+    for (row, name) in &accepted {
+        let Want::Condition(type_, reason, field) = row.want else {
+            unreachable!()
+        };
+        let obj = wait_conditions(&client, &ns, row.kind, name, &[(type_, "False")]).await;
+        let c = condition(&obj, type_).unwrap();
+        let message = c["message"].as_str().unwrap();
+        assert!(
+            c["reason"] == reason && message.contains(&format!("{field}: ")),
+            "{} {} ({}): want {reason} naming {field}, got {c}",
+            row.id,
+            row.kind,
+            row.what
+        );
+    }
+
+    // The good ones are still fine, and an object created after all the bad ones reconciles.
+    for (kind, want) in goods {
+        let name = if kind == "MCPServer" {
+            "basket"
+        } else {
+            "good"
+        };
+        wait_conditions(&client, &ns, kind, name, want).await;
+    }
+    apply(&client, &ns, &object("HandleClass", "late", class_spec())).await;
+    wait_conditions(&client, &ns, "HandleClass", "late", &[("Valid", "True")]).await;
+
+    // Counted, by kind and the condition's reason.
+    let m = infra.metrics().await;
+    for (row, _) in &accepted {
+        let Want::Condition(_, reason, _) = row.want else {
+            unreachable!()
+        };
+        assert!(
+            failures(&m, row.kind, reason) >= 1.0,
+            "{} {}: no custody_reconcile_failures_total{{kind={:?},reason={reason:?}}}",
+            row.id,
+            row.what,
+            row.kind
+        );
+    }
+    eprintln!(
+        "{} rows: {} rejected by the API server, {} named in conditions",
+        rows.len(),
+        rows.len() - accepted.len(),
+        accepted.len()
+    );
+}
