@@ -96,7 +96,53 @@ pub enum McpError {
         method: String,
         /// rmcp's error text.
         reason: String,
+        /// What kind of failure, from [`REQUEST_CATEGORIES`].
+        category: &'static str,
     },
+}
+
+/// The bounded categories of [`McpError::Request`], as [`McpError::category`] names them:
+/// `transport` (the connection failed, an HTTP error status, or the reply stream ended without
+/// a response: rmcp reports a malformed or oversized SSE event, or one with another request's
+/// JSON-RPC id, only as a closed stream), `protocol` (a reply that is not a JSON-RPC message of
+/// the expected shape: not JSON, invalid UTF-8, a wrong content type, a result of another kind),
+/// `too_large` (a JSON reply over [`ServerConfig::max_response_bytes`]), `rpc_error` (the server
+/// answered with a JSON-RPC error).
+pub const REQUEST_CATEGORIES: [&str; 4] = ["transport", "protocol", "too_large", "rpc_error"];
+
+impl McpError {
+    /// A bounded category for metric labels: `config`, `timeout`, `connect`, or one of
+    /// [`REQUEST_CATEGORIES`]. Never error text.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Config { .. } => "config",
+            Self::Timeout { .. } => "timeout",
+            Self::Connect { .. } => "connect",
+            Self::Request { category, .. } => category,
+        }
+    }
+}
+
+/// Classifies a failed request by rmcp's typed errors (never by message text).
+fn request_category(e: &rmcp::ServiceError) -> &'static str {
+    use rmcp::ServiceError as S;
+    use rmcp::transport::streamable_http_client::StreamableHttpError as H;
+    match e {
+        S::McpError(_) => "rpc_error",
+        S::Timeout { .. } => "timeout",
+        S::TransportSend(t) => match t.error.downcast_ref::<H<reqwest::Error>>() {
+            Some(H::ResponseBodyTooLarge { .. }) => "too_large",
+            Some(
+                H::Deserialize(_)
+                | H::UnexpectedServerResponse(_)
+                | H::UnexpectedContentType(_)
+                | H::Sse(_),
+            ) => "protocol",
+            _ => "transport",
+        },
+        S::UnexpectedResponse | S::InputRequiredRoundsExceeded { .. } => "protocol",
+        _ => "transport",
+    }
 }
 
 /// A negotiated session with one server (a stateless one in the 2026-07-28 era).
@@ -220,6 +266,7 @@ impl Connection {
                 server: self.server.clone(),
                 method: "tools/list".into(),
                 reason: plain(&e),
+                category: request_category(&e),
             })
     }
 
@@ -241,6 +288,7 @@ impl Connection {
                 server: self.server.clone(),
                 method: "ping".into(),
                 reason: plain(&e),
+                category: request_category(&e),
             })
     }
 
@@ -255,10 +303,11 @@ impl Connection {
         arguments: Map<String, Value>,
     ) -> Result<ToolResult, McpError> {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let request = |reason: String| McpError::Request {
+        let request = |reason: String, category| McpError::Request {
             server: self.server.clone(),
             method: "tools/call".into(),
             reason,
+            category,
         };
         let response =
             tokio::time::timeout(self.timeout, self.service.peer().call_tool_once(params))
@@ -268,10 +317,11 @@ impl Connection {
                     step: format!("tools/call {tool}"),
                     after: self.timeout,
                 })?
-                .map_err(|e| request(plain(&e)))?;
+                .map_err(|e| request(plain(&e), request_category(&e)))?;
         let CallToolResponse::Complete(result) = response else {
             return Err(request(
                 "the server asked for input or started a task; a probe must answer at once".into(),
+                "protocol",
             ));
         };
         let text = result
