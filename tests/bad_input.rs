@@ -23,6 +23,30 @@
 //! (both also assert: the counts by reason in JSON and in the table, peak memory of the sweep
 //! below the huge value's size, and that an acting sweep writes nothing to a bad thread while it
 //! escalates the good ones).
+//!
+//! Bad MCP replies come from tests/py/bad_reply_server.py, one process per case, next to the
+//! real basket server; probes in [`bad_probe_replies_are_unknown_never_gone`] (one sweep, two
+//! threads, every bad server a HandleClass of its own on the same `basket` channel), discovery
+//! in [`bad_discovery_replies_are_named_errors`] (the library's category and `custody discover`):
+//!
+//! | case | probe (tools/call): verdict, `probeErrors` reason | discovery (tools/list): category |
+//! |---|---|---|
+//! | `wrong_id` (the result carries another request's id) | `unknown`, `transport` | `transport` |
+//! | `unknown_content` (a block of a type the spec does not define) | `unknown`, `protocol` | — |
+//! | `extra_content` (image, audio, resource_link, resource blocks; `_meta` and unknown fields) | `ok` | — |
+//! | `huge_event` (one SSE event over 1 MiB) | `unknown`, `transport` | `transport` |
+//! | `huge_body` (a JSON body over 1 MiB) | `unknown`, `too_large` | `too_large` |
+//! | `invalid_utf8` (in a JSON body) | `unknown`, `protocol` | `protocol` |
+//! | `invalid_utf8_sse` (in an SSE event) | `unknown`, `transport` | `transport` |
+//! | `not_json` (an HTML page as application/json) | `unknown`, `protocol` | `protocol` |
+//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `transport` | `transport` |
+//!
+//! Lenient where the spec is extensible (extra fields, `_meta`, every defined block type: rmcp
+//! accepts them and the probe succeeds), strict where the reply is broken. rmcp reports every
+//! broken SSE reply only as a closed stream, so those are `transport` with a reason that says
+//! what can cause it; a broken JSON body is parsed by rmcp, and its error names the cause and
+//! position (custody drops the reply body rmcp quotes). In every probe case the basket server's
+//! handles on the same threads keep their verdicts (`ok`, `gone`).
 
 mod support;
 
@@ -688,4 +712,278 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(pg_counts(&dsn)))
     };
     check_acting(res.path(), &before, after, &expect);
+}
+
+// ------------------------------------------------------------------------------- MCP replies
+
+/// tests/py/bad_reply_server.py with one case on one method; killed when dropped.
+struct BadReplyServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl BadReplyServer {
+    fn start(case: &str, on: &str) -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/bad_reply_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("BAD_REPLY_PORT", port.to_string())
+            .env("BAD_REPLY_CASE", case)
+            .env("BAD_REPLY_ON", on)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start bad_reply_server.py");
+        support::wait_for_port(port, std::time::Duration::from_secs(30));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for BadReplyServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (case, verdict of the probe, failure category, fragment of the reason)
+const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
+    (
+        "wrong_id",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "unknown_content",
+        "unknown",
+        Some("protocol"),
+        "a content block type the protocol does not define",
+    ),
+    ("extra_content", "ok", None, "probe answered success"),
+    (
+        "huge_event",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "huge_body",
+        "unknown",
+        Some("too_large"),
+        "exceeded the maximum size of 1048576 bytes",
+    ),
+    (
+        "invalid_utf8",
+        "unknown",
+        Some("protocol"),
+        "invalid unicode code point at line 1 column 281 (reply body not shown)",
+    ),
+    (
+        "invalid_utf8_sse",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "not_json",
+        "unknown",
+        Some("protocol"),
+        "expected value at line 1 column 1 (reply body not shown)",
+    ),
+    (
+        "not_json_sse",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+];
+
+#[test]
+fn bad_probe_replies_are_unknown_never_gone() {
+    let basket = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    support::basket_resources(
+        dir.path(),
+        &basket.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let bad: Vec<BadReplyServer> = PROBE_CASES
+        .iter()
+        .map(|(case, ..)| BadReplyServer::start(case, "tools/call"))
+        .collect();
+    for ((case, ..), server) in PROBE_CASES.iter().zip(&bad) {
+        let name = case.replace('_', "-");
+        support::write_file(
+            dir.path(),
+            &format!("bad-{name}.yaml"),
+            &format!(
+                r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: {name}}}
+spec: {{url: "{url}", timeoutSeconds: 5}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: {name}}}
+spec:
+  serverRef: {name}
+  statePath: basket
+  mint: {{tool: create_basket, handleField: basket_id}}
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
+"#,
+                url = server.url()
+            ),
+        );
+    }
+    let started = std::time::Instant::now();
+    let report = support::sweep_json(dir.path());
+    let elapsed = started.elapsed();
+    let rows = report["stores"][0]["rows"].as_array().unwrap();
+    let row = |thread: &str, class: &str| {
+        rows.iter()
+            .find(|r| r["thread_id"] == thread && r["handle_class"] == class)
+            .unwrap_or_else(|| panic!("no row {thread}/{class}"))
+    };
+    // The real server's handles on the same threads are unaffected.
+    assert_eq!(row("t-live", "basket")["verdict"], "ok");
+    assert_eq!(row("t-expired", "basket")["verdict"], "gone");
+    let mut failures = BTreeMap::new();
+    let mut report_lines = Vec::new();
+    for (case, verdict, category, fragment) in PROBE_CASES {
+        let class = case.replace('_', "-");
+        for thread in ["t-live", "t-expired"] {
+            let r = row(thread, &class);
+            let reason = r["reason"].as_str().unwrap();
+            let fine = r["verdict"] == verdict && reason.contains(fragment);
+            report_lines.push(format!(
+                "{} {case} {thread}: {} {reason}",
+                if fine { "PASS" } else { "FAIL" },
+                r["verdict"]
+            ));
+            if verdict == "unknown" {
+                assert!(
+                    reason.starts_with(&format!(
+                        "probe failed: server {class}: tools/call failed: "
+                    )),
+                    "{case}: the reason names the server and the step: {reason}"
+                );
+                assert!(!reason.contains("WorkerTransport"), "{reason}");
+            }
+        }
+        if let Some(category) = category {
+            *failures.entry(category.to_owned()).or_insert(0u64) += 2;
+        }
+    }
+    let text = report_lines.join("\n");
+    assert!(!text.contains("FAIL"), "\n{text}");
+    assert_eq!(
+        report["stores"][0]["summary"]["probeErrors"],
+        json!(failures)
+    );
+    assert!(
+        elapsed < std::time::Duration::from_secs(20),
+        "no bad reply costs more than its server's timeout: {elapsed:?}"
+    );
+}
+
+/// (case, category, fragment of the error) when the bad reply answers `tools/list`.
+const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
+    ("wrong_id", "transport", "closed without a response"),
+    ("huge_event", "transport", "closed without a response"),
+    (
+        "huge_body",
+        "too_large",
+        "exceeded the maximum size of 1048576 bytes",
+    ),
+    (
+        "invalid_utf8",
+        "protocol",
+        "invalid unicode code point at line 1 column 49 (reply body not shown)",
+    ),
+    ("invalid_utf8_sse", "transport", "closed without a response"),
+    (
+        "not_json",
+        "protocol",
+        "expected value at line 1 column 1 (reply body not shown)",
+    ),
+    ("not_json_sse", "transport", "closed without a response"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_discovery_replies_are_named_errors() {
+    use custody::mcp::discovery::{self, DEFAULT_PAGE_CAP};
+    let servers: Vec<BadReplyServer> = DISCOVERY_CASES
+        .iter()
+        .map(|(case, ..)| BadReplyServer::start(case, "tools/list"))
+        .chain([BadReplyServer::start("ok", "tools/list")])
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    for ((case, category, fragment), server) in DISCOVERY_CASES.iter().zip(&servers) {
+        let name = case.replace('_', "-");
+        let cfg = custody::mcp::ServerConfig {
+            name: name.clone(),
+            url: server.url(),
+            headers: vec![],
+            timeout: std::time::Duration::from_secs(5),
+            mode: custody::crd::ProtocolMode::Auto,
+            max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+        };
+        let e = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{case}: discovery succeeded"));
+        assert_eq!(e.category(), *category, "{case}: {e}");
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!("server {name}: tools/list failed: "))
+                && message.contains(fragment),
+            "{case}: {message}"
+        );
+        support::write_file(
+            dir.path(),
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: {name}}}\n\
+                 spec: {{url: \"{}\", timeoutSeconds: 5}}\n",
+                server.url()
+            ),
+        );
+    }
+    // The CLI: every bad server is a named error, the good one is listed, exit status 1.
+    support::write_file(
+        dir.path(),
+        "ok.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: good}}\n\
+             spec: {{url: \"{}\", timeoutSeconds: 5}}\n",
+            servers.last().unwrap().url()
+        ),
+    );
+    let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: BTreeMap<&str, &Value> = doc["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), &s["error"]))
+        .collect();
+    assert!(errors["good"].is_null(), "{doc}");
+    for (case, _, fragment) in DISCOVERY_CASES {
+        let error = errors[case.replace('_', "-").as_str()].as_str().unwrap();
+        assert!(error.contains(fragment), "{case}: {error}");
+    }
 }

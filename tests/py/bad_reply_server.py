@@ -18,9 +18,11 @@ BAD_REPLY_CASE (one per process), applied to every request of method BAD_REPLY_O
   wrong_id           a valid result whose JSON-RPC id is the request's + 1000
   unknown_content    a successful result whose content holds a block of type "hologram"
                      (not in the spec's ContentBlock union) before the text block
+                     (tools/call only; other methods answer correctly)
   extra_content      a successful result with the spec's other block types (image, audio,
                      resource_link, embedded resource) and unknown extra fields (`_meta`,
                      `annotations`, a field the spec does not define): valid, extensible
+                     (tools/call only)
   huge_event         SSE whose one event is larger than BAD_REPLY_BYTES
   huge_body          application/json whose body is larger than BAD_REPLY_BYTES
   invalid_utf8       application/json whose body has the bytes E9, FF FE and C3 28 in a string
@@ -130,14 +132,15 @@ class Reply:
 async def answer(reply: Reply, sid: str, rid: Any, method: str, params: dict) -> None:
     result = good_result(method, params)
     message = {"jsonrpc": "2.0", "id": rid, "result": result}
-    if method != ON or CASE == "ok":
+    content_case = CASE in ("unknown_content", "extra_content")
+    if method != ON or CASE == "ok" or (content_case and method != "tools/call"):
         await reply.sse(dumps(message), sid)
         return
     log(f"{method} id={rid} -> {CASE}")
     if CASE == "wrong_id":
         message["id"] = rid + 1000 if isinstance(rid, int) else f"{rid}-wrong"
         await reply.sse(dumps(message), sid)
-    elif CASE in ("unknown_content", "extra_content"):
+    elif content_case:
         message["result"] = bad_result(result)
         await reply.sse(dumps(message), sid)
     elif CASE in ("huge_event", "huge_body"):
