@@ -102,16 +102,12 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         write_audit(out, audit)?;
     }
     for s in &r.skipped {
-        writeln!(
-            out,
-            "skipped thread {} (checkpoint {}): {}",
-            s.thread_id, s.checkpoint_id, s.reason
-        )?;
+        writeln!(out, "skipped {s}")?;
     }
     let s = &r.summary;
     writeln!(
         out,
-        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes; {} skipped, {} parked too recently; {} ms",
+        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}, {} parked too recently; {} ms",
         s.parked_threads,
         r.rows.len(),
         s.ok,
@@ -119,11 +115,27 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         s.absent,
         s.unknown,
         s.probes,
+        by_reason(&s.probe_errors, "failed"),
         s.skipped_threads,
+        by_reason(&s.skipped_by_reason, ""),
         r.too_recent,
         s.duration_ms
     )?;
     writeln!(out)
+}
+
+/// ` (2 failed: 1 protocol, 1 timeout)`, or nothing when there are no counts.
+fn by_reason(counts: &std::collections::BTreeMap<String, u64>, what: &str) -> String {
+    if counts.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    if what.is_empty() {
+        format!(" ({})", parts.join(", "))
+    } else {
+        let total: u64 = counts.values().sum();
+        format!(" ({total} {what}: {})", parts.join(", "))
+    }
 }
 
 /// One line per audit record the sweep handled, then the counts by outcome.
@@ -300,6 +312,17 @@ fn age(seconds: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_by_reason() {
+        let counts = [("protocol".to_owned(), 1), ("timeout".to_owned(), 2)].into();
+        assert_eq!(
+            super::by_reason(&counts, "failed"),
+            " (3 failed: 1 protocol, 2 timeout)"
+        );
+        assert_eq!(super::by_reason(&counts, ""), " (1 protocol, 2 timeout)");
+        assert_eq!(super::by_reason(&Default::default(), "failed"), "");
+    }
+
     #[test]
     fn ages() {
         assert_eq!(super::age(5), "5s");

@@ -260,15 +260,19 @@ async fn misbehaving_servers_fail_cleanly() {
         ("stale_session_400", Err("timeout"), "timed out"),
         ("hang", Err("timeout"), "timed out"),
         ("hang_after_init", Err("timeout"), "timed out"),
-        ("invalid_json", Err("request"), ""),
-        ("huge_event", Err("request"), ""),
+        ("invalid_json", Err("protocol"), "reply body not shown"),
+        ("huge_event", Err("transport"), "closed without a response"),
         ("cursor_loop", Err("pagination"), "again after"),
-        ("jsonrpc_error", Err("request"), "internal error"),
-        ("http_500", Err("request"), "500"),
+        ("jsonrpc_error", Err("rpc_error"), "internal error"),
+        ("http_500", Err("transport"), "500"),
         ("drop_mid_stream", Err("timeout"), "timed out"),
         ("slow_bytes", Err("timeout"), "timed out"),
-        ("wrong_id", Err("request"), "closed"),
-        ("invalid_utf8", Err("request"), ""),
+        ("wrong_id", Err("transport"), "closed without a response"),
+        (
+            "invalid_utf8",
+            Err("protocol"),
+            "invalid unicode code point",
+        ),
     ];
     let peers: Vec<Peer> = cases
         .iter()

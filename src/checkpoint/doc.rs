@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 use rmpv::Value as Mp;
 use serde_json::Value;
 
+#[cfg(doc)]
+use super::serde::DecodeKind;
 use super::serde::{DecodeError, to_data};
 
 /// The parts of a checkpoint document the sweep reads.
@@ -26,6 +28,10 @@ pub struct CheckpointDoc {
 }
 
 const TRIGGER_PREFIX: &str = "branch:to:";
+
+/// The newest checkpoint format custody reads (`LATEST_VERSION` in
+/// `langgraph/pregel/_checkpoint.py`, LangGraph 1.2).
+pub const LATEST_FORMAT: u64 = 4;
 
 impl CheckpointDoc {
     /// Nodes due to run next: a trigger is present and newer than what the node has seen
@@ -49,39 +55,78 @@ impl CheckpointDoc {
 
     /// Reads the document from PostgreSQL's JSONB `checkpoint` column.
     ///
+    /// Older formats (`v` 1–3, with `pending_sends`) are read like v4: the fields the sweep
+    /// needs have not changed since v1 (`langgraph/checkpoint/base/__init__.py`).
+    ///
     /// # Errors
-    /// The document is not an object or lacks `id`.
+    /// [`DecodeKind::UnsupportedFormat`] for a format newer than [`LATEST_FORMAT`];
+    /// [`DecodeKind::Decode`] when the document is not an object, lacks a string `id`, or a field
+    /// the format fixes has another type (`ts` not a string, `channel_versions` not a map of
+    /// versions, `versions_seen` not a map of such maps, `channel_values` not a map). Lenient
+    /// here would be wrong: a thread whose versions silently read as empty looks as if it held
+    /// no handle.
     pub fn from_json(doc: &Value) -> Result<Self, DecodeError> {
         let obj = doc
             .as_object()
-            .ok_or_else(|| DecodeError("checkpoint is not a JSON object".into()))?;
+            .ok_or_else(|| DecodeError::malformed("checkpoint is not a JSON object"))?;
+        match obj.get("v") {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_u64() {
+                Some(v) if v <= LATEST_FORMAT => {}
+                Some(v) => {
+                    return Err(DecodeError::unsupported(format!(
+                        "checkpoint format v{v} is newer than v{LATEST_FORMAT}, the newest custody reads"
+                    )));
+                }
+                None => {
+                    return Err(DecodeError::malformed(format!(
+                        "checkpoint format version {v} is not a number"
+                    )));
+                }
+            },
+        }
+        let id = match obj.get("id") {
+            Some(Value::String(id)) => id.clone(),
+            None | Some(Value::Null) => return Err(DecodeError::malformed("checkpoint has no id")),
+            Some(_) => return Err(DecodeError::malformed("checkpoint id is not a string")),
+        };
+        let ts = match obj.get("ts") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(ts)) => parse_ts(ts),
+            Some(_) => return Err(DecodeError::malformed("checkpoint ts is not a string")),
+        };
+        let channel_versions = versions(obj.get("channel_versions"), "channel_versions")?;
+        let versions_seen = match obj.get("versions_seen") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| Ok((k.clone(), versions(Some(v), "versions_seen")?)))
+                .collect::<Result<_, DecodeError>>()?,
+            Some(_) => {
+                return Err(DecodeError::malformed(
+                    "checkpoint versions_seen is not a map",
+                ));
+            }
+        };
+        let triggers = match obj.get("channel_values") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Object(m)) => m
+                .keys()
+                .filter(|k| k.starts_with(TRIGGER_PREFIX))
+                .cloned()
+                .collect(),
+            Some(_) => {
+                return Err(DecodeError::malformed(
+                    "checkpoint channel_values is not a map",
+                ));
+            }
+        };
         Ok(Self {
-            id: obj
-                .get("id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| DecodeError("checkpoint has no id".into()))?
-                .to_owned(),
-            ts: obj.get("ts").and_then(Value::as_str).and_then(parse_ts),
-            channel_versions: versions(obj.get("channel_versions")),
-            versions_seen: obj
-                .get("versions_seen")
-                .and_then(Value::as_object)
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| (k.clone(), versions(Some(v))))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            triggers: obj
-                .get("channel_values")
-                .and_then(Value::as_object)
-                .map(|m| {
-                    m.keys()
-                        .filter(|k| k.starts_with(TRIGGER_PREFIX))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default(),
+            id,
+            ts,
+            channel_versions,
+            versions_seen,
+            triggers,
         })
     }
 
@@ -96,7 +141,7 @@ impl CheckpointDoc {
         channels: &[String],
     ) -> Result<(Self, BTreeMap<String, super::Channel>), DecodeError> {
         let Mp::Map(entries) = doc else {
-            return Err(DecodeError("checkpoint is not a msgpack map".into()));
+            return Err(DecodeError::malformed("checkpoint is not a msgpack map"));
         };
         let field = |name: &str| {
             entries
@@ -107,9 +152,15 @@ impl CheckpointDoc {
         let small = |name: &str| field(name).map(to_data).transpose();
         let values = match field("channel_values") {
             Some(Mp::Map(values)) => values.as_slice(),
-            _ => &[],
+            None | Some(Mp::Nil) => &[],
+            Some(_) => {
+                return Err(DecodeError::malformed(
+                    "checkpoint channel_values is not a map",
+                ));
+            }
         };
         let parsed = Self::from_json(&serde_json::json!({
+            "v": small("v")?,
             "id": small("id")?,
             "ts": small("ts")?,
             "channel_versions": small("channel_versions")?,
@@ -129,7 +180,7 @@ impl CheckpointDoc {
             let state = match value {
                 Some((_, v)) => match to_data(v) {
                     Ok(v) => super::Channel::Value(v),
-                    Err(e) => super::Channel::Undecodable(e.0),
+                    Err(e) => super::Channel::Undecodable(e),
                 },
                 None if parsed.channel_versions.contains_key(channel) => super::Channel::Empty,
                 None => continue,
@@ -140,21 +191,25 @@ impl CheckpointDoc {
     }
 }
 
-fn versions(v: Option<&Value>) -> BTreeMap<String, String> {
-    v.and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| {
-                    let version = match v {
-                        Value::String(s) => s.clone(),
-                        Value::Number(n) => format!("{:032}", n.as_u64()?),
-                        _ => return None,
-                    };
-                    Some((k.clone(), version))
-                })
-                .collect()
+/// A map of channel versions: strings as LangGraph 1.x writes them, or the non-negative
+/// integers of other savers (zero-padded so both compare as strings).
+fn versions(v: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, DecodeError> {
+    let wrong = || DecodeError::malformed(format!("checkpoint {field} is not a map of versions"));
+    let map = match v {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(wrong()),
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let version = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => format!("{:032}", n.as_u64().ok_or_else(wrong)?),
+                _ => return Err(wrong()),
+            };
+            Ok((k.clone(), version))
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// Parses LangGraph's `ts` (`datetime.isoformat()`, always with an offset).
@@ -167,6 +222,7 @@ pub fn parse_ts(s: &str) -> Option<DateTime<Utc>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::DecodeKind;
     use serde_json::json;
 
     #[test]
@@ -207,6 +263,62 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(doc.next_nodes(), vec!["b"]);
+    }
+
+    #[test]
+    fn older_formats_are_read_and_newer_ones_refused() {
+        let v1 = json!({"v": 1, "id": "x", "ts": "2024-01-01T00:00:00+00:00", "pending_sends": [],
+                        "channel_values": {"branch:to:b": null}, "channel_versions": {"branch:to:b": 2},
+                        "versions_seen": {"b": {"branch:to:b": 1}}});
+        assert_eq!(
+            CheckpointDoc::from_json(&v1).unwrap().next_nodes(),
+            vec!["b"]
+        );
+        let e = CheckpointDoc::from_json(&json!({"v": 5, "id": "x"})).unwrap_err();
+        assert_eq!(e.kind, DecodeKind::UnsupportedFormat);
+        assert_eq!(
+            e.message,
+            "checkpoint format v5 is newer than v4, the newest custody reads"
+        );
+    }
+
+    #[test]
+    fn wrong_types_are_decode_errors_not_empty_state() {
+        for (doc, message) in [
+            (
+                json!({"v": "4", "id": "x"}),
+                "checkpoint format version \"4\" is not a number",
+            ),
+            (json!({"id": 7}), "checkpoint id is not a string"),
+            (json!({"id": "x", "ts": 1}), "checkpoint ts is not a string"),
+            (
+                json!({"id": "x", "channel_versions": "x"}),
+                "checkpoint channel_versions is not a map of versions",
+            ),
+            (
+                json!({"id": "x", "channel_versions": {"a": -1}}),
+                "checkpoint channel_versions is not a map of versions",
+            ),
+            (
+                json!({"id": "x", "versions_seen": []}),
+                "checkpoint versions_seen is not a map",
+            ),
+            (
+                json!({"id": "x", "versions_seen": {"n": {"a": [1]}}}),
+                "checkpoint versions_seen is not a map of versions",
+            ),
+            (
+                json!({"id": "x", "channel_values": [1]}),
+                "checkpoint channel_values is not a map",
+            ),
+        ] {
+            let e = CheckpointDoc::from_json(&doc).unwrap_err();
+            assert_eq!(
+                (e.kind, e.message.as_str()),
+                (DecodeKind::Decode, message),
+                "{doc}"
+            );
+        }
     }
 
     #[test]

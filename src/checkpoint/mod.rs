@@ -20,10 +20,11 @@ pub mod writer;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use serde_json::Value;
 
 pub use doc::CheckpointDoc;
+pub use serde::{DecodeError, DecodeKind, MAX_VALUE_BYTES};
 
 use crate::crd::Backend;
 
@@ -54,8 +55,9 @@ pub enum Channel {
     Value(Value),
     /// The channel has a version but no value (consumed, or a legacy `empty` blob).
     Empty,
-    /// The value exists but could not be decoded; the reason names the problem.
-    Undecodable(String),
+    /// The value exists but could not be decoded; the error names the problem. The scan turns a
+    /// thread with such a channel into a [`SkippedThread`] (see [`Store::parked_threads`]).
+    Undecodable(DecodeError),
 }
 
 /// The latest root checkpoint of a parked thread, with the channels the sweep asked for.
@@ -86,8 +88,47 @@ pub struct SkippedThread {
     pub thread_id: String,
     /// The checkpoint that failed to decode.
     pub checkpoint_id: String,
+    /// The state channel whose value failed, when the failure is in one channel's value rather
+    /// than in the checkpoint document or its metadata.
+    pub channel: Option<String>,
+    /// The bounded category (`decode`, `too_large`, `unsupported_format`).
+    pub kind: DecodeKind,
     /// What was wrong, without the row's contents.
     pub reason: String,
+}
+
+impl SkippedThread {
+    /// A thread skipped because of `error`, in `channel` when the error is about one value.
+    pub fn new(
+        thread_id: String,
+        checkpoint_id: String,
+        channel: Option<String>,
+        error: DecodeError,
+    ) -> Self {
+        Self {
+            thread_id,
+            checkpoint_id,
+            channel,
+            kind: error.kind,
+            reason: error.message,
+        }
+    }
+}
+
+impl std::fmt::Display for SkippedThread {
+    /// `thread T, checkpoint C, channel basket: <kind>: <reason>`: everything needed to find the
+    /// row, and the cause.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "thread {}, checkpoint {}",
+            self.thread_id, self.checkpoint_id
+        )?;
+        if let Some(channel) = &self.channel {
+            write!(f, ", channel {channel}")?;
+        }
+        write!(f, ": {}: {}", self.kind.as_str(), self.reason)
+    }
 }
 
 /// What the scan yields per thread.
@@ -155,15 +196,21 @@ impl Store {
     /// Streams the parked threads, one item per thread, ordered by `thread_id`.
     ///
     /// `channels` names the state channels to read (the first segment of each handle class's
-    /// `statePath`). Memory stays flat in the number of threads: rows are decoded as they arrive.
+    /// `statePath`). Memory stays flat in the number of threads: rows are decoded as they arrive,
+    /// and no value over [`MAX_VALUE_BYTES`] is fetched. A thread whose checkpoint, metadata or
+    /// requested channel does not decode comes out as [`Scanned::Skipped`], naming the channel:
+    /// acting on a thread whose state custody could only partly read could overwrite what it did
+    /// not understand. Channels that were not requested are never decoded, so a broken value in
+    /// one of them (say an unknown ext code in a message list) costs nothing.
     pub fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
-        match self {
+        let scan = match self {
             Self::Postgres(r) => r.parked_threads(channels),
             Self::Sqlite(r) => r.parked_threads(channels),
-        }
+        };
+        scan.map_ok(skip_undecodable).boxed()
     }
 }
 
@@ -233,6 +280,30 @@ fn redact_query_password(tail: &str) -> String {
     format!("{path}?{}", query.join("&"))
 }
 
+/// A parked thread with a requested channel that did not decode becomes a skipped one (the
+/// first such channel, in name order, is named).
+fn skip_undecodable(scanned: Scanned) -> Scanned {
+    let Scanned::Parked(thread) = scanned else {
+        return scanned;
+    };
+    let bad = thread
+        .channels
+        .iter()
+        .find_map(|(name, channel)| match channel {
+            Channel::Undecodable(e) => Some((name.clone(), e.clone())),
+            _ => None,
+        });
+    match bad {
+        Some((channel, error)) => Scanned::Skipped(SkippedThread::new(
+            thread.thread_id,
+            thread.checkpoint_id,
+            Some(channel),
+            error,
+        )),
+        None => Scanned::Parked(thread),
+    }
+}
+
 /// Builds a [`ParkedThread`] from a decoded checkpoint, or `None` when the thread is not parked.
 fn classify(
     thread_id: String,
@@ -265,6 +336,44 @@ fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parked(channels: BTreeMap<String, Channel>) -> Scanned {
+        Scanned::Parked(ParkedThread {
+            thread_id: "t-1".into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "1f0-c".into(),
+            parked_by: ParkedBy::Interrupt,
+            checkpoint_ts: None,
+            metadata: serde_json::Map::new(),
+            next_nodes: vec!["add_item".into()],
+            channels,
+        })
+    }
+
+    #[test]
+    fn an_undecodable_requested_channel_skips_the_thread_and_names_it() {
+        let channels = BTreeMap::from([
+            (
+                "basket".to_owned(),
+                Channel::Value(serde_json::json!("bsk_1")),
+            ),
+            (
+                "items".to_owned(),
+                Channel::Undecodable(DecodeError::malformed("unknown msgpack ext code 42")),
+            ),
+        ]);
+        let Scanned::Skipped(s) = skip_undecodable(parked(channels)) else {
+            panic!("not skipped")
+        };
+        assert_eq!(
+            s.to_string(),
+            "thread t-1, checkpoint 1f0-c, channel items: decode: unknown msgpack ext code 42"
+        );
+        assert_eq!(s.kind, DecodeKind::Decode);
+
+        let fine = BTreeMap::from([("basket".to_owned(), Channel::Empty)]);
+        assert!(matches!(skip_undecodable(parked(fine)), Scanned::Parked(_)));
+    }
 
     #[test]
     fn redacts_passwords() {

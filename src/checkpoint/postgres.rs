@@ -9,7 +9,10 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
-use super::{Channel, CheckpointDoc, Scanned, SkippedThread, StoreError, classify, redact_dsn};
+use super::{
+    Channel, CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, SkippedThread, StoreError,
+    classify, redact_dsn,
+};
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
 /// warning since every migration so far only added tables, indexes and columns.
@@ -30,7 +33,7 @@ WITH latest AS (
 )
 SELECT l.thread_id, l.checkpoint_id, c.checkpoint, c.metadata,
        (p.task_id IS NOT NULL) AS pending_interrupt,
-       bl.channels, bl.types, bl.blobs
+       bl.channels, bl.types, bl.blobs, bl.sizes
 FROM latest l
 CROSS JOIN LATERAL (
     SELECT x.checkpoint, x.metadata FROM checkpoints x
@@ -50,7 +53,10 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) p ON true
 LEFT JOIN LATERAL (
-    SELECT array_agg(b.channel) AS channels, array_agg(b.type) AS types, array_agg(b.blob) AS blobs
+    -- A blob over $2 bytes is not fetched, only its size (octet_length reads the TOAST header).
+    SELECT array_agg(b.channel) AS channels, array_agg(b.type) AS types,
+           array_agg(CASE WHEN octet_length(b.blob) <= $2 THEN b.blob END) AS blobs,
+           array_agg(octet_length(b.blob)) AS sizes
     FROM unnest($1::text[]) AS ch(name)
     JOIN checkpoint_blobs b
       ON b.thread_id = l.thread_id AND b.checkpoint_ns = '' AND b.channel = ch.name
@@ -119,6 +125,7 @@ impl Reader {
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         sqlx::query(PARKED_SQL)
             .bind(channels.to_vec())
+            .bind(i32::try_from(MAX_VALUE_BYTES).unwrap_or(i32::MAX))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
                 match row {
@@ -144,34 +151,46 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
     let names: Option<Vec<String>> = row.try_get("channels")?;
     let types: Option<Vec<String>> = row.try_get("types")?;
     let blobs: Option<Vec<Option<Vec<u8>>>> = row.try_get("blobs")?;
+    let sizes: Option<Vec<Option<i32>>> = row.try_get("sizes")?;
 
-    let skip = |reason: String| {
-        Ok(Some(Scanned::Skipped(SkippedThread {
-            thread_id: thread_id.clone(),
-            checkpoint_id: checkpoint_id.clone(),
-            reason,
-        })))
+    let skip = |error: DecodeError| {
+        Ok(Some(Scanned::Skipped(SkippedThread::new(
+            thread_id.clone(),
+            checkpoint_id.clone(),
+            None,
+            error,
+        ))))
     };
     let doc = match CheckpointDoc::from_json(&checkpoint) {
         Ok(doc) => doc,
-        Err(e) => return skip(e.0),
+        Err(e) => return skip(e),
     };
     let Value::Object(metadata) = metadata else {
-        return skip("checkpoint metadata is not a JSON object".into());
+        return skip(DecodeError::malformed(
+            "checkpoint metadata is not a JSON object",
+        ));
     };
 
     let mut channels = BTreeMap::new();
     let inline = checkpoint.get("channel_values").and_then(Value::as_object);
-    for ((name, type_), blob) in names
+    for (((name, type_), blob), size) in names
         .unwrap_or_default()
         .into_iter()
         .zip(types.unwrap_or_default())
         .zip(blobs.unwrap_or_default())
+        .zip(sizes.unwrap_or_default())
     {
-        let state = match super::serde::decode_typed(&type_, blob.as_deref()) {
+        let decoded = match (blob, size) {
+            (None, Some(size)) => Err(DecodeError::too_large(
+                &format!("the {type_} blob"),
+                usize::try_from(size).unwrap_or(usize::MAX),
+            )),
+            (blob, _) => super::serde::decode_typed(&type_, blob.as_deref()),
+        };
+        let state = match decoded {
             Ok(Some(v)) => Channel::Value(v),
             Ok(None) => Channel::Empty,
-            Err(e) => Channel::Undecodable(e.0),
+            Err(e) => Channel::Undecodable(e),
         };
         channels.insert(name, state);
     }

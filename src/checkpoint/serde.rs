@@ -24,14 +24,83 @@ use serde_json::{Map, Number, Value};
 /// treated as hostile input rather than recursed into.
 pub const MAX_DEPTH: usize = 128;
 
+/// The largest stored value custody decodes, in bytes: one PostgreSQL blob, or one whole SQLite
+/// checkpoint document (SqliteSaver keeps every channel value inside it). 16 MiB is far above a
+/// handle record or a long conversation, and keeps a sweep inside the sweep CronJob's 256 MiB
+/// memory limit: decoding costs a few times the input, and an oversized value is not even
+/// fetched (the readers compare `octet_length`/`length` in SQL first).
+pub const MAX_VALUE_BYTES: usize = 16 << 20;
+
+/// Why a stored value was not decoded: a bounded category, used as the metric label
+/// `custody_sweep_skipped_threads{reason}` and in `SweepSummary::skipped_by_reason`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecodeKind {
+    /// Malformed or truncated msgpack or JSON, an unknown msgpack ext code, a value of the wrong
+    /// type where the checkpoint format fixes one.
+    Decode,
+    /// Larger than [`MAX_VALUE_BYTES`].
+    TooLarge,
+    /// A format custody does not read: `pickle`, an encrypted `<type>+<cipher>` value, a
+    /// checkpoint document newer than format v4, a SQLite checkpoint not stored as msgpack.
+    UnsupportedFormat,
+}
+
+impl DecodeKind {
+    /// Every kind, in label order.
+    pub const ALL: [Self; 3] = [Self::Decode, Self::TooLarge, Self::UnsupportedFormat];
+
+    /// The snake_case name, as serialized and as a metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Decode => "decode",
+            Self::TooLarge => "too_large",
+            Self::UnsupportedFormat => "unsupported_format",
+        }
+    }
+}
+
 /// Why bytes could not be decoded. The message names the problem, never the bytes themselves
 /// (they may hold user data).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodeError(pub String);
+pub struct DecodeError {
+    /// The bounded category.
+    pub kind: DecodeKind,
+    /// What was wrong, in one line.
+    pub message: String,
+}
+
+impl DecodeError {
+    /// A [`DecodeKind::Decode`] error.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self {
+            kind: DecodeKind::Decode,
+            message: message.into(),
+        }
+    }
+
+    /// A [`DecodeKind::UnsupportedFormat`] error.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self {
+            kind: DecodeKind::UnsupportedFormat,
+            message: message.into(),
+        }
+    }
+
+    /// A [`DecodeKind::TooLarge`] error for a value of `len` bytes (`what` names the value).
+    pub fn too_large(what: &str, len: usize) -> Self {
+        Self {
+            kind: DecodeKind::TooLarge,
+            message: format!(
+                "{what} is {len} bytes, over custody's limit of {MAX_VALUE_BYTES} bytes; not decoded"
+            ),
+        }
+    }
+}
 
 impl fmt::Display for DecodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
@@ -40,13 +109,17 @@ impl std::error::Error for DecodeError {}
 /// Reads exactly one msgpack document from `bytes`.
 ///
 /// # Errors
-/// Truncated or malformed msgpack, nesting beyond [`MAX_DEPTH`], or trailing bytes.
+/// More than [`MAX_VALUE_BYTES`], truncated or malformed msgpack, nesting beyond [`MAX_DEPTH`],
+/// or trailing bytes.
 pub fn read(bytes: &[u8]) -> Result<Mp, DecodeError> {
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(DecodeError::too_large("the msgpack value", bytes.len()));
+    }
     let mut cursor = bytes;
     let value = rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH)
-        .map_err(|e| DecodeError(format!("malformed msgpack: {e}")))?;
+        .map_err(|e| DecodeError::malformed(format!("malformed msgpack: {e}")))?;
     if !cursor.is_empty() {
-        return Err(DecodeError(format!(
+        return Err(DecodeError::malformed(format!(
             "malformed msgpack: {} trailing bytes after the document",
             cursor.len()
         )));
@@ -60,27 +133,36 @@ pub fn read(bytes: &[u8]) -> Result<Mp, DecodeError> {
 /// types are understood: `msgpack`, `null`, `json`, `bytes`/`bytearray`.
 ///
 /// # Errors
-/// An unsupported type (`pickle`, an encrypted `msgpack+aes`, anything unknown) or bytes that do
-/// not decode as that type.
+/// An unsupported type (`pickle`, an encrypted `msgpack+aes`, anything unknown), more than
+/// [`MAX_VALUE_BYTES`], or bytes that do not decode as that type.
 pub fn decode_typed(type_: &str, bytes: Option<&[u8]>) -> Result<Option<Value>, DecodeError> {
+    if let Some(b) = bytes
+        && b.len() > MAX_VALUE_BYTES
+    {
+        return Err(DecodeError::too_large(
+            &format!("the {type_} value"),
+            b.len(),
+        ));
+    }
     match type_ {
         "empty" => Ok(None),
         "null" => Ok(Some(Value::Null)),
         "msgpack" => {
-            let bytes = bytes.ok_or_else(|| DecodeError("msgpack value with no bytes".into()))?;
+            let bytes =
+                bytes.ok_or_else(|| DecodeError::malformed("msgpack value with no bytes"))?;
             to_data(&read(bytes)?).map(Some)
         }
         "json" => {
-            let bytes = bytes.ok_or_else(|| DecodeError("json value with no bytes".into()))?;
+            let bytes = bytes.ok_or_else(|| DecodeError::malformed("json value with no bytes"))?;
             serde_json::from_slice(bytes)
                 .map(Some)
-                .map_err(|e| DecodeError(format!("malformed json value: {e}")))
+                .map_err(|e| DecodeError::malformed(format!("malformed json value: {e}")))
         }
         "bytes" | "bytearray" => Ok(Some(bytes_view(bytes.unwrap_or_default()))),
-        other if other.contains('+') => Err(DecodeError(format!(
+        other if other.contains('+') => Err(DecodeError::unsupported(format!(
             "value is encrypted ({other}); custody does not hold the key"
         ))),
-        other => Err(DecodeError(format!(
+        other => Err(DecodeError::unsupported(format!(
             "unsupported serializer type {other:?}"
         ))),
     }
@@ -97,7 +179,9 @@ pub fn to_data(value: &Mp) -> Result<Value, DecodeError> {
 
 fn convert(value: &Mp, depth: usize) -> Result<Value, DecodeError> {
     if depth > MAX_DEPTH {
-        return Err(DecodeError(format!("value nested deeper than {MAX_DEPTH}")));
+        return Err(DecodeError::malformed(format!(
+            "value nested deeper than {MAX_DEPTH}"
+        )));
     }
     Ok(match value {
         Mp::Nil => Value::Null,
@@ -170,9 +254,11 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
         let mut cursor = payload;
         let v =
             rmpv::decode::read_value_with_max_depth(&mut cursor, MAX_DEPTH.saturating_sub(depth))
-                .map_err(|e| DecodeError(format!("malformed payload of msgpack ext {code}: {e}")))?;
+                .map_err(|e| {
+                DecodeError::malformed(format!("malformed payload of msgpack ext {code}: {e}"))
+            })?;
         if !cursor.is_empty() {
-            return Err(DecodeError(format!(
+            return Err(DecodeError::malformed(format!(
                 "trailing bytes in payload of msgpack ext {code}"
             )));
         }
@@ -181,7 +267,7 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
     match code {
         0..=5 => {
             let Mp::Array(parts) = &inner else {
-                return Err(DecodeError(format!(
+                return Err(DecodeError::malformed(format!(
                     "msgpack ext {code} payload is not an array"
                 )));
             };
@@ -190,13 +276,13 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
                     (m.as_str().unwrap_or(""), c.as_str().unwrap_or(""))
                 }
                 _ => {
-                    return Err(DecodeError(format!(
+                    return Err(DecodeError::malformed(format!(
                         "msgpack ext {code} payload lacks [module, class]"
                     )));
                 }
             };
             let arg = parts.get(2).ok_or_else(|| {
-                DecodeError(format!(
+                DecodeError::malformed(format!(
                     "msgpack ext {code} ({module}.{class}) has no argument"
                 ))
             })?;
@@ -228,7 +314,9 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
             Ok(Value::Object(map))
         }
         7 => convert(&inner, depth + 1),
-        other => Err(DecodeError(format!("unknown msgpack ext code {other}"))),
+        other => Err(DecodeError::malformed(format!(
+            "unknown msgpack ext code {other}"
+        ))),
     }
 }
 
@@ -365,12 +453,22 @@ mod tests {
         assert!(
             to_data(&ext_of(42, Mp::Nil))
                 .unwrap_err()
-                .0
+                .message
                 .contains("unknown msgpack ext code 42")
         );
         assert!(to_data(&Mp::Ext(0, vec![0xc1])).is_err());
-        assert!(read(&[0x92, 0x01]).unwrap_err().0.contains("malformed"));
-        assert!(read(&[0x01, 0x02]).unwrap_err().0.contains("trailing"));
+        assert!(
+            read(&[0x92, 0x01])
+                .unwrap_err()
+                .message
+                .contains("malformed")
+        );
+        assert!(
+            read(&[0x01, 0x02])
+                .unwrap_err()
+                .message
+                .contains("trailing")
+        );
         assert!(to_data(&ext_of(1, "not an array".into())).is_err());
     }
 
@@ -385,10 +483,35 @@ mod tests {
         assert!(
             decode_typed("msgpack+aes", Some(b"x"))
                 .unwrap_err()
-                .0
+                .message
                 .contains("encrypted")
         );
         assert!(decode_typed("pickle", Some(b"x")).is_err());
+    }
+
+    #[test]
+    fn errors_carry_a_bounded_kind() {
+        let kind = |t: &str, b: &[u8]| decode_typed(t, Some(b)).unwrap_err().kind;
+        assert_eq!(kind("pickle", b"x"), DecodeKind::UnsupportedFormat);
+        assert_eq!(kind("msgpack+aes", b"x"), DecodeKind::UnsupportedFormat);
+        assert_eq!(kind("msgpack", &[0x92, 0x01]), DecodeKind::Decode);
+        assert_eq!(kind("msgpack", &[0xd4, 42, 0x00]), DecodeKind::Decode);
+        assert_eq!(kind("json", b"{"), DecodeKind::Decode);
+        let huge = vec![0xc0; MAX_VALUE_BYTES + 1];
+        let e = decode_typed("msgpack", Some(&huge)).unwrap_err();
+        assert_eq!(e.kind, DecodeKind::TooLarge);
+        assert_eq!(
+            e.message,
+            format!(
+                "the msgpack value is {} bytes, over custody's limit of {MAX_VALUE_BYTES} bytes; not decoded",
+                MAX_VALUE_BYTES + 1
+            )
+        );
+        assert_eq!(read(&huge).unwrap_err().kind, DecodeKind::TooLarge);
+        assert_eq!(
+            DecodeKind::ALL.map(DecodeKind::as_str),
+            ["decode", "too_large", "unsupported_format"]
+        );
     }
 
     #[test]

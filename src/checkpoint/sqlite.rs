@@ -9,14 +9,20 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 
-use super::{CheckpointDoc, Scanned, SkippedThread, StoreError, classify, serde};
+use super::{
+    CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, SkippedThread, StoreError, classify,
+    serde,
+};
 
 /// Latest root checkpoint per thread, kept when an interrupt is pending or an `update_state` edit
 /// wrote it. Metadata is JSON text stored as a BLOB; the `CASE` keeps a malformed row from
 /// failing the whole statement (it is returned and reported instead).
 const PARKED_SQL: &str = r#"
 SELECT * FROM (
-    SELECT c.thread_id, c.checkpoint_id, c.type, c.checkpoint, c.metadata,
+    -- A document over ?1 bytes is not fetched, only its size.
+    SELECT c.thread_id, c.checkpoint_id, c.type,
+           CASE WHEN length(c.checkpoint) <= ?1 THEN c.checkpoint END AS checkpoint,
+           length(c.checkpoint) AS size, c.metadata,
            EXISTS (
                SELECT 1 FROM writes w
                WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
@@ -84,6 +90,7 @@ impl Reader {
         channels: &'a [String],
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         sqlx::query(PARKED_SQL)
+            .bind(i64::try_from(MAX_VALUE_BYTES).unwrap_or(i64::MAX))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
                 match row {
@@ -100,29 +107,46 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
     let checkpoint_id: String = row.try_get("checkpoint_id")?;
     let type_: Option<String> = row.try_get("type")?;
     let checkpoint: Option<Vec<u8>> = row.try_get("checkpoint")?;
+    let size: Option<i64> = row.try_get("size")?;
     let metadata: Option<Vec<u8>> = row.try_get("metadata")?;
     let pending: bool = row.try_get("pending_interrupt")?;
 
-    let skip = |reason: String| {
-        Ok(Some(Scanned::Skipped(SkippedThread {
-            thread_id: thread_id.clone(),
-            checkpoint_id: checkpoint_id.clone(),
-            reason,
-        })))
+    let skip = |error: DecodeError| {
+        Ok(Some(Scanned::Skipped(SkippedThread::new(
+            thread_id.clone(),
+            checkpoint_id.clone(),
+            None,
+            error,
+        ))))
     };
     let metadata = match serde_json::from_slice::<Value>(metadata.as_deref().unwrap_or(b"{}")) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => return skip("checkpoint metadata is not a JSON object".into()),
-        Err(e) => return skip(format!("checkpoint metadata is not JSON: {e}")),
+        Ok(_) => {
+            return skip(DecodeError::malformed(
+                "checkpoint metadata is not a JSON object",
+            ));
+        }
+        Err(e) => {
+            return skip(DecodeError::malformed(format!(
+                "checkpoint metadata is not JSON: {e}"
+            )));
+        }
     };
-    let Some(bytes) = checkpoint else {
-        return skip("checkpoint column is NULL".into());
+    let bytes = match (checkpoint, size) {
+        (Some(bytes), _) => bytes,
+        (None, Some(size)) => {
+            return skip(DecodeError::too_large(
+                "the checkpoint document",
+                usize::try_from(size).unwrap_or(usize::MAX),
+            ));
+        }
+        (None, None) => return skip(DecodeError::malformed("checkpoint column is NULL")),
     };
     let decoded = match type_.as_deref() {
         Some("msgpack") => {
             serde::read(&bytes).and_then(|doc| CheckpointDoc::from_msgpack(&doc, channels))
         }
-        other => Err(serde::DecodeError(format!(
+        other => Err(DecodeError::unsupported(format!(
             "checkpoint serialized as {other:?}; only msgpack (LangGraph 1.x) is supported"
         ))),
     };
@@ -130,6 +154,6 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
         Ok((doc, found)) => {
             Ok(classify(thread_id, doc, metadata, pending, found).map(Scanned::Parked))
         }
-        Err(e) => skip(e.0),
+        Err(e) => skip(e),
     }
 }

@@ -129,6 +129,7 @@ pub(super) async fn reconcile(
             };
             ctx.metrics.sweep_audit.get_or_create(&labels).set(n as i64);
         }
+        ctx.metrics.set_sweep_reasons(&ns, &store.name_any(), s);
     }
     // 4. status (pure), applied when changed (API). lastSweep belongs to the sweep's field manager.
     let status = CheckpointStoreStatus {

@@ -12,7 +12,7 @@ use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
 use super::conditions::{Cond, merge, status_of};
-use super::metrics::{KindLabels, ObjectLabels};
+use super::metrics::{FailureLabels, KindLabels, ObjectLabels};
 use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
 use crate::cluster;
 use crate::crd::{MCPServer, MCPServerStatus, ServerInfo, ToolStatus, validate};
@@ -107,7 +107,17 @@ pub(super) async fn reconcile(
                 observed.catalog = Some(catalog);
                 observed.discovery_error = None;
             }
-            Err(e) => observed.discovery_error = Some((e.category(), e.to_string())),
+            Err(e) => {
+                // Counted like a failed reconcile: the object could not be brought up to date.
+                ctx.metrics
+                    .failures
+                    .get_or_create(&FailureLabels {
+                        kind: "MCPServer",
+                        reason: e.category(),
+                    })
+                    .inc();
+                observed.discovery_error = Some((e.category(), e.to_string()));
+            }
         }
         ctx.metrics
             .discovery_seconds
@@ -328,7 +338,10 @@ fn reason_of(category: &str) -> &'static str {
     match category {
         "timeout" => "Timeout",
         "connect" => "ConnectFailed",
-        "request" => "RequestFailed",
+        "transport" => "TransportFailed",
+        "protocol" => "ProtocolError",
+        "too_large" => "ResponseTooLarge",
+        "rpc_error" => "JsonRpcError",
         "pagination" => "PaginationFailed",
         "allowlist" => "AllowlistNotOffered",
         "tool_name" => "InvalidToolName",

@@ -12,6 +12,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::checkpoint::DecodeKind;
+use crate::crd::SweepSummary;
+#[cfg(doc)]
+use crate::mcp::McpError;
+use crate::mcp::REQUEST_CATEGORIES;
+
 /// `kind` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -59,6 +65,35 @@ pub struct ActionLabels {
     pub action: &'static str,
 }
 
+/// A store's counts by a bounded reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Namespace of the CheckpointStore.
+    pub namespace: String,
+    /// Name of the CheckpointStore.
+    pub name: String,
+    /// From a fixed set: [`SKIP_REASONS`] or [`PROBE_ERROR_REASONS`].
+    pub reason: &'static str,
+}
+
+/// Label values of `custody_sweep_skipped_threads`: the [`DecodeKind`] names.
+pub const SKIP_REASONS: [&str; 3] = [
+    DecodeKind::ALL[0].as_str(),
+    DecodeKind::ALL[1].as_str(),
+    DecodeKind::ALL[2].as_str(),
+];
+
+/// Label values of `custody_sweep_probe_errors`: [`McpError::category`]'s names.
+pub const PROBE_ERROR_REASONS: [&str; 7] = [
+    "config",
+    "timeout",
+    "connect",
+    REQUEST_CATEGORIES[0],
+    REQUEST_CATEGORIES[1],
+    REQUEST_CATEGORIES[2],
+    REQUEST_CATEGORIES[3],
+];
+
 /// Every metric the controller exports.
 pub struct Metrics {
     /// Reconciles started, by kind.
@@ -77,6 +112,10 @@ pub struct Metrics {
     pub sweep_actions: Family<ActionLabels, Gauge>,
     /// Audit records by outcome in the store's most recent sweep.
     pub sweep_audit: Family<ActionLabels, Gauge>,
+    /// Threads skipped by reason in the store's most recent sweep.
+    pub sweep_skipped: Family<ReasonLabels, Gauge>,
+    /// Probes that could not be completed, by reason, in the store's most recent sweep.
+    pub sweep_probe_errors: Family<ReasonLabels, Gauge>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
 }
@@ -93,6 +132,8 @@ impl Metrics {
             sweep_handles: Family::default(),
             sweep_actions: Family::default(),
             sweep_audit: Family::default(),
+            sweep_skipped: Family::default(),
+            sweep_probe_errors: Family::default(),
             leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("custody");
@@ -127,10 +168,97 @@ impl Metrics {
             m.sweep_handles.clone(),
         );
         r.register(
+            "sweep_actions",
+            "Actions by outcome in the store's most recent sweep",
+            m.sweep_actions.clone(),
+        );
+        r.register(
+            "sweep_audit",
+            "Audit records by outcome in the store's most recent sweep",
+            m.sweep_audit.clone(),
+        );
+        r.register(
+            "sweep_skipped_threads",
+            "Threads skipped by reason (decode, too_large, unsupported_format) in the store's most recent sweep",
+            m.sweep_skipped.clone(),
+        );
+        r.register(
+            "sweep_probe_errors",
+            "Probes that could not be completed, by reason, in the store's most recent sweep",
+            m.sweep_probe_errors.clone(),
+        );
+        r.register(
             "leader",
             "1 while this replica holds the leader lease",
             m.leader.clone(),
         );
         m
+    }
+
+    /// Sets `custody_sweep_skipped_threads` and `custody_sweep_probe_errors` of one store from
+    /// its last sweep's summary. Only the fixed reasons become labels: the summary is written by
+    /// another process (the sweep CronJob), so a reason custody does not know is dropped.
+    pub fn set_sweep_reasons(&self, namespace: &str, name: &str, summary: &SweepSummary) {
+        for (family, reasons, counts) in [
+            (
+                &self.sweep_skipped,
+                &SKIP_REASONS[..],
+                &summary.skipped_by_reason,
+            ),
+            (
+                &self.sweep_probe_errors,
+                &PROBE_ERROR_REASONS[..],
+                &summary.probe_errors,
+            ),
+        ] {
+            for &reason in reasons {
+                let labels = ReasonLabels {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason,
+                };
+                let n = counts.get(reason).copied().unwrap_or(0);
+                family.get_or_create(&labels).set(n as i64);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_reasons_become_bounded_gauges() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let summary = SweepSummary {
+            skipped_by_reason: [("decode".to_owned(), 2), ("made_up".to_owned(), 9)].into(),
+            probe_errors: [("protocol".to_owned(), 3)].into(),
+            ..SweepSummary::default()
+        };
+        metrics.set_sweep_reasons("agents", "orders", &summary);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"custody_sweep_skipped_threads{namespace="agents",name="orders",reason="decode"} 2"#,
+            r#"custody_sweep_skipped_threads{namespace="agents",name="orders",reason="too_large"} 0"#,
+            r#"custody_sweep_probe_errors{namespace="agents",name="orders",reason="protocol"} 3"#,
+            r#"custody_sweep_probe_errors{namespace="agents",name="orders",reason="timeout"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        assert!(
+            !text.contains("made_up"),
+            "unknown reasons never become labels"
+        );
+        assert_eq!(
+            text.matches("custody_sweep_skipped_threads{").count(),
+            SKIP_REASONS.len()
+        );
+        assert_eq!(
+            text.matches("custody_sweep_probe_errors{").count(),
+            PROBE_ERROR_REASONS.len()
+        );
     }
 }

@@ -624,6 +624,21 @@ fn forget_store(ctx: &Context, namespace: String, name: String) {
         };
         ctx.metrics.sweep_audit.remove(&labels);
     }
+    for (family, reasons) in [
+        (&ctx.metrics.sweep_skipped, &metrics::SKIP_REASONS[..]),
+        (
+            &ctx.metrics.sweep_probe_errors,
+            &metrics::PROBE_ERROR_REASONS[..],
+        ),
+    ] {
+        for &reason in reasons {
+            family.remove(&metrics::ReasonLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                reason,
+            });
+        }
+    }
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error

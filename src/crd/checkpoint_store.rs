@@ -190,6 +190,15 @@ pub struct SweepSummary {
     /// and `error` for lookups that could not be completed, whose records stay pending).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub audit: std::collections::BTreeMap<String, u64>,
+    /// Skipped threads by reason: `decode` (malformed or truncated data, an unknown msgpack ext
+    /// code, a wrong type), `too_large` (a value over custody's 16 MiB decode limit),
+    /// `unsupported_format` (pickle, encrypted, a checkpoint format newer than v4).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub skipped_by_reason: std::collections::BTreeMap<String, u64>,
+    /// Probe calls that could not be completed (their handles are `unknown`), by reason:
+    /// `timeout`, `connect`, `transport`, `protocol`, `too_large`, `rpc_error`, `config`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub probe_errors: std::collections::BTreeMap<String, u64>,
     /// Wall time of the sweep in milliseconds.
     pub duration_ms: u64,
     /// RFC 3339 time the sweep finished.

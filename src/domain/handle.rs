@@ -194,7 +194,9 @@ mod tests {
                 "undecodable",
                 channels(
                     "basket",
-                    Channel::Undecodable("unknown msgpack ext code 42".into()),
+                    Channel::Undecodable(crate::checkpoint::DecodeError::malformed(
+                        "unknown msgpack ext code 42",
+                    )),
                 ),
                 "basket",
                 Holding::Malformed(

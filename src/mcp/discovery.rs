@@ -165,10 +165,8 @@ impl DiscoveryError {
     /// A bounded category for metric labels and Event reasons.
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Mcp(McpError::Config { .. }) => "config",
-            Self::Mcp(McpError::Timeout { .. }) | Self::Timeout { .. } => "timeout",
-            Self::Mcp(McpError::Connect { .. }) => "connect",
-            Self::Mcp(McpError::Request { .. }) => "request",
+            Self::Mcp(e) => e.category(),
+            Self::Timeout { .. } => "timeout",
             Self::CursorLoop { .. } | Self::TooManyPages { .. } => "pagination",
             Self::NotOffered { .. } => "allowlist",
             Self::ToolName { .. } => "tool_name",

@@ -96,7 +96,69 @@ pub enum McpError {
         method: String,
         /// rmcp's error text.
         reason: String,
+        /// What kind of failure, from [`REQUEST_CATEGORIES`].
+        category: &'static str,
     },
+}
+
+/// The bounded categories of [`McpError::Request`], as [`McpError::category`] names them:
+/// `transport` (the connection failed, an HTTP error status, or the reply stream ended without
+/// a response: rmcp reports a malformed or oversized SSE event, or one with another request's
+/// JSON-RPC id, only as a closed stream), `protocol` (a reply that is not a JSON-RPC message of
+/// the expected shape: not JSON, invalid UTF-8, a wrong content type, a result of another kind),
+/// `too_large` (a JSON reply over [`ServerConfig::max_response_bytes`]), `rpc_error` (the server
+/// answered with a JSON-RPC error).
+pub const REQUEST_CATEGORIES: [&str; 4] = ["transport", "protocol", "too_large", "rpc_error"];
+
+impl McpError {
+    /// A bounded category for metric labels: `config`, `timeout`, `connect`, or one of
+    /// [`REQUEST_CATEGORIES`]. Never error text.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Config { .. } => "config",
+            Self::Timeout { .. } => "timeout",
+            Self::Connect { .. } => "connect",
+            Self::Request { category, .. } => category,
+        }
+    }
+}
+
+/// What a person needs to know about a failed request. rmcp's own text is used except where it
+/// says too little: a closed stream and an unexpected result carry no detail of their own.
+fn request_reason(e: &rmcp::ServiceError) -> String {
+    match e {
+        rmcp::ServiceError::TransportClosed => "the reply stream closed without a response: rmcp \
+            ends it on an SSE event it cannot use (not JSON, invalid UTF-8, over the size limit, or \
+            the response to another request id) and on a dropped connection"
+            .into(),
+        rmcp::ServiceError::UnexpectedResponse => "the reply is not a result of the expected \
+            kind (for tools/call: a content block type the protocol does not define, or another \
+            method's result)"
+            .into(),
+        other => plain(other),
+    }
+}
+
+/// Classifies a failed request by rmcp's typed errors (never by message text).
+fn request_category(e: &rmcp::ServiceError) -> &'static str {
+    use rmcp::ServiceError as S;
+    use rmcp::transport::streamable_http_client::StreamableHttpError as H;
+    match e {
+        S::McpError(_) => "rpc_error",
+        S::Timeout { .. } => "timeout",
+        S::TransportSend(t) => match t.error.downcast_ref::<H<reqwest::Error>>() {
+            Some(H::ResponseBodyTooLarge { .. }) => "too_large",
+            Some(
+                H::Deserialize(_)
+                | H::UnexpectedServerResponse(_)
+                | H::UnexpectedContentType(_)
+                | H::Sse(_),
+            ) => "protocol",
+            _ => "transport",
+        },
+        S::UnexpectedResponse | S::InputRequiredRoundsExceeded { .. } => "protocol",
+        _ => "transport",
+    }
 }
 
 /// A negotiated session with one server (a stateless one in the 2026-07-28 era).
@@ -219,7 +281,8 @@ impl Connection {
             .map_err(|e| McpError::Request {
                 server: self.server.clone(),
                 method: "tools/list".into(),
-                reason: plain(&e),
+                reason: request_reason(&e),
+                category: request_category(&e),
             })
     }
 
@@ -240,7 +303,8 @@ impl Connection {
             .map_err(|e| McpError::Request {
                 server: self.server.clone(),
                 method: "ping".into(),
-                reason: plain(&e),
+                reason: request_reason(&e),
+                category: request_category(&e),
             })
     }
 
@@ -255,10 +319,11 @@ impl Connection {
         arguments: Map<String, Value>,
     ) -> Result<ToolResult, McpError> {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let request = |reason: String| McpError::Request {
+        let request = |reason: String, category| McpError::Request {
             server: self.server.clone(),
             method: "tools/call".into(),
             reason,
+            category,
         };
         let response =
             tokio::time::timeout(self.timeout, self.service.peer().call_tool_once(params))
@@ -268,10 +333,11 @@ impl Connection {
                     step: format!("tools/call {tool}"),
                     after: self.timeout,
                 })?
-                .map_err(|e| request(plain(&e)))?;
+                .map_err(|e| request(request_reason(&e), request_category(&e)))?;
         let CallToolResponse::Complete(result) = response else {
             return Err(request(
                 "the server asked for input or started a task; a probe must answer at once".into(),
+                "protocol",
             ));
         };
         Ok(ToolResult::from(result))
@@ -344,11 +410,31 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// person needs, the part after it.
 fn plain(e: &dyn std::fmt::Display) -> String {
     let text = e.to_string();
-    match (text.find("Transport ["), text.find("] error: ")) {
+    let text = match (text.find("Transport ["), text.find("] error: ")) {
         (Some(start), Some(end)) if start < end => {
             format!("{}{}", &text[..start], &text[end + "] error: ".len()..])
         }
         _ => text,
+    };
+    without_body_preview(text)
+}
+
+/// rmcp appends a preview of an unparsable reply body to its parse error
+/// (`could not parse JSON response as ServerJsonRpcMessage: {serde error}: {body}`). The body is
+/// the server's data (possibly a user's, hundreds of bytes, invalid UTF-8 shown as U+FFFD) and
+/// would end up in reports and logs; keep serde's message, which names the cause and ends with
+/// its position (`… at line L column C`).
+fn without_body_preview(text: String) -> String {
+    const PARSE: &str = "could not parse JSON response as ServerJsonRpcMessage: ";
+    static POSITION: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"at line \d+ column \d+").expect("a valid regex")
+    });
+    let Some(start) = text.find(PARSE).map(|i| i + PARSE.len()) else {
+        return text;
+    };
+    match POSITION.find(&text[start..]) {
+        Some(m) => format!("{} (reply body not shown)", &text[..start + m.end()]),
+        None => text,
     }
 }
 
@@ -367,4 +453,22 @@ fn header_map(cfg: &ServerConfig) -> Result<HashMap<HeaderName, HeaderValue>, Mc
             Ok((name_h, value_h))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_quoted_reply_body_is_dropped() {
+        let rmcp = "Transport send error: unexpected server response: could not parse JSON response \
+                    as ServerJsonRpcMessage: expected value at line 1 column 1: <html>secret</html>";
+        assert_eq!(
+            super::without_body_preview(rmcp.to_owned()),
+            "Transport send error: unexpected server response: could not parse JSON response as \
+             ServerJsonRpcMessage: expected value at line 1 column 1 (reply body not shown)"
+        );
+        assert_eq!(
+            super::without_body_preview("HTTP 500".to_owned()),
+            "HTTP 500"
+        );
+    }
 }

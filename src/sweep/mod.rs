@@ -278,7 +278,7 @@ pub async fn run_with(
     while let Some(item) = scan.try_next().await.map_err(store_err)? {
         let thread = match item {
             Scanned::Skipped(s) => {
-                tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, reason = %s.reason, "skipping thread");
+                tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, channel = ?s.channel, kind = s.kind.as_str(), reason = %s.reason, "skipping thread");
                 skipped.push(s);
                 continue;
             }
@@ -376,7 +376,11 @@ pub async fn run_with(
     let probe_count = probes.len() as u64;
     let (outcomes, mut servers) = run_probes(target, probes.into_values().collect()).await;
     servers.sort_by(|a, b| a.server.cmp(&b.server));
-    for (pending, outcome) in outcomes {
+    let mut probe_errors = std::collections::BTreeMap::new();
+    for (pending, outcome, failure) in outcomes {
+        if let Some(category) = failure {
+            *probe_errors.entry(category.to_owned()).or_insert(0) += 1;
+        }
         let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
         for &i in &pending.rows {
             set(&mut rows[i], decision.clone());
@@ -417,6 +421,11 @@ pub async fn run_with(
     let summary = SweepSummary {
         parked_threads,
         skipped_threads: skipped.len() as u64,
+        skipped_by_reason: skipped.iter().fold(Default::default(), |mut counts, s| {
+            *counts.entry(s.kind.as_str().to_owned()).or_insert(0) += 1;
+            counts
+        }),
+        probe_errors,
         ok: count(Verdict::Ok),
         gone: count(Verdict::Gone),
         absent: count(Verdict::Absent),
@@ -494,12 +503,15 @@ fn set(row: &mut Row, d: Decision) {
     row.reason = d.reason;
 }
 
+/// A probe, its outcome, and the category of its failure when it could not be completed.
+type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
+
 /// Sends every probe: one connection per server, servers in parallel, a bounded number of calls
 /// in flight per server. A server that cannot be reached fails all of its probes with that reason.
 async fn run_probes(
     target: &Target,
     probes: Vec<PendingProbe>,
-) -> (Vec<(PendingProbe, ProbeOutcome)>, Vec<ServerContact>) {
+) -> (Vec<Probed>, Vec<ServerContact>) {
     let mut by_server: HashMap<String, Vec<PendingProbe>> = HashMap::new();
     for p in probes {
         by_server
@@ -507,7 +519,7 @@ async fn run_probes(
             .or_default()
             .push(p);
     }
-    let groups: Vec<(Vec<(PendingProbe, ProbeOutcome)>, ServerContact)> = futures::stream::iter(by_server.into_values())
+    let groups: Vec<(Vec<Probed>, ServerContact)> = futures::stream::iter(by_server.into_values())
         .map(|group| async move {
             let server = &target.classes[group[0].class].server;
             match Connection::connect(server).await {
@@ -520,7 +532,8 @@ async fn run_probes(
                         connect_ms: None,
                         error: Some(reason.clone()),
                     };
-                    let failed = group.into_iter().map(|p| (p, ProbeOutcome::Failed(reason.clone()))).collect();
+                    let category = e.category();
+                    let failed = group.into_iter().map(|p| (p, ProbeOutcome::Failed(reason.clone()), Some(category))).collect();
                     (failed, contact)
                 }
                 Ok(conn) => {
@@ -549,16 +562,13 @@ async fn run_probes(
     (outcomes, contacts)
 }
 
-async fn probe_group(
-    target: &Target,
-    conn: &Connection,
-    group: Vec<PendingProbe>,
-) -> Vec<(PendingProbe, ProbeOutcome)> {
+async fn probe_group(target: &Target, conn: &Connection, group: Vec<PendingProbe>) -> Vec<Probed> {
     futures::stream::iter(group)
         .map(|p| async move {
             let tool = &target.classes[p.class].probe_tool;
-            let outcome = ProbeOutcome::from(conn.call_tool(tool, p.arguments.clone()).await);
-            (p, outcome)
+            let result = conn.call_tool(tool, p.arguments.clone()).await;
+            let failure = result.as_ref().err().map(crate::mcp::McpError::category);
+            (p, ProbeOutcome::from(result), failure)
         })
         .buffer_unordered(PROBES_PER_SERVER)
         .collect()

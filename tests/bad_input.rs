@@ -1,0 +1,989 @@
+//! The bad-input matrix (issue 9, part 3): checkpoint rows and MCP replies custody cannot use.
+//! Each gets a clear error naming the cause, is skipped without harm to the rest, and is counted.
+//!
+//! Bad checkpoint rows are real LangGraph rows (tests/py/order_graph.py writes `t-live`,
+//! `t-expired`, `t-absent`), copied to new threads and corrupted in the database. One sweep over
+//! the mixed store per backend, then an acting sweep over the same store:
+//!
+//! | row (thread) | corruption | SQLite | PostgreSQL |
+//! |---|---|---|---|
+//! | `bad-ext` | `basket` holds msgpack ext code 42 | skipped `decode`, channel `basket` | same |
+//! | `bad-trunc` | truncated to half | skipped `decode` (the checkpoint document) | same, channel `basket` (the blob) |
+//! | `bad-huge` | 64 MiB more: in the `basket` record (PostgreSQL), in the document (SQLite) | skipped `too_large`, not fetched | same, channel `basket` |
+//! | `bad-types` | `channel_versions` is a string | skipped `decode` | same |
+//! | `bad-pickle` | serializer type `pickle` | skipped `unsupported_format` | same, channel `basket` |
+//! | `bad-aes` | serializer type `msgpack+aes` (encrypted) | — (no per-value types) | skipped `unsupported_format`, channel `basket` |
+//! | `bad-future` | checkpoint format `v: 5` | skipped `unsupported_format` | same |
+//! | `bad-metadata` | metadata is a JSON array | skipped `decode` | same |
+//! | `old-v1` | format `v: 1` with `pending_sends` (and, PostgreSQL, a legacy `json` blob) | verdict `ok` | verdict `ok` |
+//! | `other-ext` | ext code 42 in a channel no HandleClass reads | verdict `ok` | — (unread blobs are never fetched) |
+//! | `t-live`, `t-expired`, `t-absent` | none | `ok`, `gone`, `absent` | same |
+//!
+//! Tests: [`sqlite_bad_rows_are_skipped_and_named`], [`postgres_bad_rows_are_skipped_and_named`]
+//! (both also assert: the counts by reason in JSON and in the table, peak memory of the sweep
+//! below the huge value's size, and that an acting sweep writes nothing to a bad thread while it
+//! escalates the good ones).
+//!
+//! Bad MCP replies come from tests/py/bad_reply_server.py, one process per case, next to the
+//! real basket server; probes in [`bad_probe_replies_are_unknown_never_gone`] (one sweep, two
+//! threads, every bad server a HandleClass of its own on the same `basket` channel), discovery
+//! in [`bad_discovery_replies_are_named_errors`] (the library's category and `custody discover`):
+//!
+//! | case | probe (tools/call): verdict, `probeErrors` reason | discovery (tools/list): category |
+//! |---|---|---|
+//! | `wrong_id` (the result carries another request's id) | `unknown`, `transport` | `transport` |
+//! | `unknown_content` (a block of a type the spec does not define) | `unknown`, `protocol` | — |
+//! | `extra_content` (image, audio, resource_link, resource blocks; `_meta` and unknown fields) | `ok` | — |
+//! | `huge_event` (one SSE event over 1 MiB) | `unknown`, `transport` | `transport` |
+//! | `huge_body` (a JSON body over 1 MiB) | `unknown`, `too_large` | `too_large` |
+//! | `invalid_utf8` (in a JSON body) | `unknown`, `protocol` | `protocol` |
+//! | `invalid_utf8_sse` (in an SSE event) | `unknown`, `transport` | `transport` |
+//! | `not_json` (an HTML page as application/json) | `unknown`, `protocol` | `protocol` |
+//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `transport` | `transport` |
+//!
+//! Lenient where the spec is extensible (extra fields, `_meta`, every defined block type: rmcp
+//! accepts them and the probe succeeds), strict where the reply is broken. rmcp reports every
+//! broken SSE reply only as a closed stream, so those are `transport` with a reason that says
+//! what can cause it; a broken JSON body is parsed by rmcp, and its error names the cause and
+//! position (custody drops the reply body rmcp quotes). In every probe case the basket server's
+//! handles on the same threads keep their verdicts (`ok`, `gone`).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use rmpv::Value as Mp;
+use serde_json::{Value, json};
+use sqlx::{AssertSqlSafe, Connection};
+use support::{BasketServer, Db};
+
+/// Size of the huge state: tens of MB, over custody's 16 MiB decode limit.
+const HUGE: usize = 64 << 20;
+
+/// Threads copied from `t-live` and corrupted, with what the report must say about each:
+/// (thread, kind, channel named, fragment of the reason).
+type Expect = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+);
+
+fn mp_encode(v: &Mp) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, v).unwrap();
+    out
+}
+
+fn mp_map_get<'a>(map: &'a mut [(Mp, Mp)], key: &str) -> &'a mut Mp {
+    &mut map
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some(key))
+        .unwrap_or_else(|| panic!("no key {key}"))
+        .1
+}
+
+fn mp_map_set(map: &mut Vec<(Mp, Mp)>, key: &str, value: Mp) {
+    match map.iter_mut().find(|(k, _)| k.as_str() == Some(key)) {
+        Some((_, v)) => *v = value,
+        None => map.push((Mp::from(key), value)),
+    }
+}
+
+/// msgpack for one more map entry `"padding": <HUGE-byte str32 of x>`, without its data: the
+/// data is made by the database (`repeat`, `zeroblob`), so this test process never holds it
+/// and its own memory does not leak into the child's peak RSS (a spawned child inherits its
+/// parent's high-water mark until exec).
+fn padding_entry_header(str_marker: u8) -> Vec<u8> {
+    let mut out = vec![0xa7];
+    out.extend_from_slice(b"padding");
+    out.push(str_marker);
+    out.extend_from_slice(&u32::try_from(HUGE).unwrap().to_be_bytes());
+    out
+}
+
+/// Runs the custody binary and returns (exit success, stdout, stderr, peak RSS in bytes),
+/// measuring the child alone with wait4 (the test process's own memory is not counted).
+fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also returns its resource usage"
+    )]
+    let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run custody");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).unwrap();
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).unwrap();
+        s
+    });
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills in; the pid is our own unreaped child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(reaped, pid, "wait4");
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    // ru_maxrss is in KiB on Linux.
+    let rss = u64::try_from(usage.ru_maxrss).unwrap() * 1024;
+    (ok, out.join().unwrap(), err.join().unwrap(), rss)
+}
+
+fn sweep_args<'a>(dir: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["sweep", "--once", "-f", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// The checks shared by both backends: verdicts of the good threads, one skipped entry per bad
+/// thread naming thread, checkpoint, channel and cause, the counts by reason, bounded memory.
+fn check_report(dir: &Path, expect: &[Expect], good: &[(&str, &str)]) {
+    let (ok, stdout, stderr, rss) =
+        custody_measured(&sweep_args(dir, &["--dry-run", "-o", "json"]));
+    assert!(ok, "sweep failed:\n{stdout}\n{stderr}");
+    // The huge value is never fetched: the sweep's peak memory stays below its size.
+    eprintln!("peak RSS of the sweep: {} MiB", rss >> 20);
+    assert!(
+        (rss as usize) < HUGE,
+        "peak RSS {} MiB with a {} MiB value in the store",
+        rss >> 20,
+        HUGE >> 20
+    );
+    let report: Value = serde_json::from_str(&stdout).unwrap();
+    let store = &report["stores"][0];
+    let verdicts = support::verdicts(&report);
+    for (thread, verdict) in good {
+        assert_eq!(
+            verdicts[*thread].0, *verdict,
+            "{thread}: {:?}",
+            verdicts[*thread]
+        );
+    }
+    assert_eq!(
+        verdicts.len(),
+        good.len(),
+        "only good threads get rows: {verdicts:?}"
+    );
+
+    let skipped: BTreeMap<&str, &Value> = store["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["thread_id"].as_str().unwrap(), s))
+        .collect();
+    assert_eq!(
+        skipped.keys().copied().collect::<Vec<_>>(),
+        expect.iter().map(|e| e.0).collect::<Vec<_>>(),
+        "{skipped:#?}"
+    );
+    let mut by_reason = BTreeMap::new();
+    for (thread, kind, channel, fragment) in expect {
+        let s = skipped[thread];
+        assert_eq!(s["kind"], *kind, "{thread}: {s}");
+        assert_eq!(s["channel"].as_str(), *channel, "{thread}: {s}");
+        assert!(
+            s["checkpoint_id"].as_str().is_some_and(|c| c.len() == 36),
+            "{thread}: {s}"
+        );
+        let reason = s["reason"].as_str().unwrap();
+        assert!(reason.contains(fragment), "{thread}: {reason}");
+        assert!(
+            reason.len() < 300,
+            "{thread}: the reason is one line, not the row: {reason}"
+        );
+        // The warning log names the same thread, checkpoint and channel.
+        assert!(
+            stderr.contains(thread) && stderr.contains(s["checkpoint_id"].as_str().unwrap()),
+            "{thread} not logged:\n{stderr}"
+        );
+        *by_reason.entry(kind.to_string()).or_insert(0u64) += 1;
+    }
+    assert_eq!(store["summary"]["skippedThreads"], expect.len());
+    assert_eq!(store["summary"]["skippedByReason"], json!(by_reason));
+
+    // The table names the same, and counts by reason.
+    let out = support::custody(&sweep_args(dir, &["--dry-run"]));
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for (thread, kind, channel, _) in expect {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("skipped thread {thread},")))
+            .unwrap_or_else(|| panic!("no skipped line for {thread}:\n{text}"));
+        assert!(line.contains(&format!(": {kind}: ")), "{line}");
+        if let Some(channel) = channel {
+            assert!(line.contains(&format!(", channel {channel}:")), "{line}");
+        }
+    }
+    let counts = by_reason
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(
+        text.contains(&format!("{} skipped ({counts})", expect.len())),
+        "{text}"
+    );
+}
+
+/// After the acting sweep: the good threads that needed it got a new checkpoint, the bad ones
+/// kept exactly the rows they had.
+fn check_acting(
+    dir: &Path,
+    before: &BTreeMap<String, i64>,
+    after: impl Fn() -> BTreeMap<String, i64>,
+    expect: &[Expect],
+) {
+    let out = support::custody(&sweep_args(dir, &["--apply", "-o", "json"]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let store = &report["stores"][0];
+    assert_eq!(store["skipped"].as_array().unwrap().len(), expect.len());
+    assert_eq!(store["summary"]["actions"]["escalated"], 2, "{store}");
+    let after = after();
+    for (thread, ..) in expect {
+        assert_eq!(before[*thread], after[*thread], "{thread} was written to");
+    }
+    for thread in ["t-expired", "t-absent"] {
+        assert_eq!(after[thread], before[thread] + 1, "{thread} was escalated");
+    }
+}
+
+// ------------------------------------------------------------------------------------ SQLite
+
+async fn sqlite_copy_thread(conn: &mut sqlx::SqliteConnection, from: &str, to: &str) {
+    for table in ["checkpoints", "writes"] {
+        let columns: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT name FROM pragma_table_info('{table}')"
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let select: Vec<&str> = columns
+            .iter()
+            .map(|c| if c == "thread_id" { "?" } else { c.as_str() })
+            .collect();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} ({}) SELECT {} FROM {table} WHERE thread_id = ?",
+            columns.join(", "),
+            select.join(", ")
+        )))
+        .bind(to)
+        .bind(from)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+}
+
+/// Rewrites every checkpoint document of `thread` (the latest included) with `edit`.
+async fn sqlite_edit_docs(
+    conn: &mut sqlx::SqliteConnection,
+    thread: &str,
+    edit: impl Fn(&mut Vec<(Mp, Mp)>),
+) {
+    let rows: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT checkpoint_id, checkpoint FROM checkpoints WHERE thread_id = ?")
+            .bind(thread)
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    for (id, bytes) in rows {
+        let Mp::Map(mut doc) = rmpv::decode::read_value(&mut bytes.as_slice()).unwrap() else {
+            panic!("checkpoint is not a map")
+        };
+        edit(&mut doc);
+        sqlx::query(
+            "UPDATE checkpoints SET checkpoint = ? WHERE thread_id = ? AND checkpoint_id = ?",
+        )
+        .bind(mp_encode(&Mp::Map(doc)))
+        .bind(thread)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+}
+
+/// Adds a top-level `padding` entry of [`HUGE`] bytes (a bin32 of zeros) to every checkpoint
+/// document of `thread`: the document is absurdly large, still valid msgpack. SQLite runs in
+/// the process that opens the file, so the venv's Python does it (see [`padding_entry_header`]).
+fn sqlite_make_huge(db: &Path, thread: &str) {
+    let script = r#"
+import sqlite3, sys
+db, thread, entry, size = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), int(sys.argv[4])
+conn = sqlite3.connect(db)
+for cid, head in conn.execute(
+        "SELECT checkpoint_id, substr(checkpoint, 1, 1) FROM checkpoints WHERE thread_id = ?", (thread,)).fetchall():
+    assert 0x80 <= head[0] < 0x8f, "a fixmap document"
+    conn.execute(
+        "UPDATE checkpoints SET checkpoint = CAST(? || substr(checkpoint, 2) || ? || zeroblob(?) AS BLOB)"
+        " WHERE thread_id = ? AND checkpoint_id = ?", (bytes([head[0] + 1]), entry, size, thread, cid))
+conn.commit()
+"#;
+    let out = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args(["-c", script])
+        .arg(db)
+        .args([
+            thread,
+            &hex::encode(padding_entry_header(0xc6)),
+            &HUGE.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn sqlite_exec(conn: &mut sqlx::SqliteConnection, sql: &str, thread: &str) {
+    sqlx::query(AssertSqlSafe(sql.to_owned()))
+        .bind(thread)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+async fn sqlite_counts(db: &Path) -> BTreeMap<String, i64> {
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT thread_id, count(*) FROM checkpoints GROUP BY thread_id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    conn.close().await.unwrap();
+    rows.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_bad_rows_are_skipped_and_named() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(
+        &server.url(),
+        Db::Sqlite(&db),
+        Some("t-live,t-expired,t-absent"),
+        "",
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    for copy in [
+        "bad-ext",
+        "bad-trunc",
+        "bad-huge",
+        "bad-types",
+        "bad-pickle",
+        "bad-future",
+        "bad-metadata",
+        "old-v1",
+        "other-ext",
+    ] {
+        sqlite_copy_thread(&mut conn, "t-live", copy).await;
+    }
+    let values = |doc: &mut Vec<(Mp, Mp)>| -> Vec<(Mp, Mp)> {
+        match mp_map_get(doc, "channel_values") {
+            Mp::Map(m) => m.clone(),
+            _ => panic!("channel_values"),
+        }
+    };
+    sqlite_edit_docs(&mut conn, "bad-ext", |doc| {
+        let mut v = values(doc);
+        mp_map_set(&mut v, "basket", Mp::Ext(42, vec![0xc0]));
+        mp_map_set(doc, "channel_values", Mp::Map(v));
+    })
+    .await;
+    sqlite_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = substr(checkpoint, 1, length(checkpoint) / 2) WHERE thread_id = ?",
+        "bad-trunc",
+    )
+    .await;
+    sqlite_edit_docs(&mut conn, "bad-types", |doc| {
+        mp_map_set(doc, "channel_versions", Mp::from("x"));
+    })
+    .await;
+    sqlite_exec(
+        &mut conn,
+        "UPDATE checkpoints SET type = 'pickle' WHERE thread_id = ?",
+        "bad-pickle",
+    )
+    .await;
+    sqlite_edit_docs(&mut conn, "bad-future", |doc| {
+        mp_map_set(doc, "v", Mp::from(5));
+    })
+    .await;
+    sqlite_exec(
+        &mut conn,
+        "UPDATE checkpoints SET metadata = CAST('[1]' AS BLOB) WHERE thread_id = ?",
+        "bad-metadata",
+    )
+    .await;
+    sqlite_edit_docs(&mut conn, "old-v1", |doc| {
+        mp_map_set(doc, "v", Mp::from(1));
+        mp_map_set(doc, "pending_sends", Mp::Array(Vec::new()));
+    })
+    .await;
+    sqlite_edit_docs(&mut conn, "other-ext", |doc| {
+        let mut v = values(doc);
+        mp_map_set(&mut v, "notes", Mp::Ext(42, vec![0xc0]));
+        mp_map_set(doc, "channel_values", Mp::Map(v));
+    })
+    .await;
+    conn.close().await.unwrap();
+    sqlite_make_huge(&db, "bad-huge");
+
+    let dsn = format!("sqlite://{}", db.display());
+    let res = tempfile::tempdir().unwrap();
+    support::act_resources(res.path(), &server.url(), "sqlite", &dsn, "escalate");
+    let expect: [Expect; 7] = [
+        (
+            "bad-ext",
+            "decode",
+            Some("basket"),
+            "unknown msgpack ext code 42",
+        ),
+        (
+            "bad-future",
+            "unsupported_format",
+            None,
+            "format v5 is newer than v4",
+        ),
+        (
+            "bad-huge",
+            "too_large",
+            None,
+            "over custody's limit of 16777216 bytes",
+        ),
+        (
+            "bad-metadata",
+            "decode",
+            None,
+            "metadata is not a JSON object",
+        ),
+        (
+            "bad-pickle",
+            "unsupported_format",
+            None,
+            "checkpoint serialized as Some(\"pickle\")",
+        ),
+        ("bad-trunc", "decode", None, "malformed msgpack"),
+        (
+            "bad-types",
+            "decode",
+            None,
+            "channel_versions is not a map of versions",
+        ),
+    ];
+    let good = [
+        ("old-v1", "ok"),
+        ("other-ext", "ok"),
+        ("t-absent", "absent"),
+        ("t-expired", "gone"),
+        ("t-live", "ok"),
+    ];
+    check_report(res.path(), &expect, &good);
+    let before = sqlite_counts(&db).await;
+    let after = || {
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(sqlite_counts(&db))
+        })
+    };
+    check_acting(res.path(), &before, after, &expect);
+}
+
+// -------------------------------------------------------------------------------- PostgreSQL
+
+async fn pg_copy_thread(conn: &mut sqlx::PgConnection, from: &str, to: &str) {
+    for table in ["checkpoints", "checkpoint_blobs", "checkpoint_writes"] {
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+        )
+        .bind(table)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+        let select: Vec<&str> = columns
+            .iter()
+            .map(|c| if c == "thread_id" { "$1" } else { c.as_str() })
+            .collect();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {table} ({}) SELECT {} FROM {table} WHERE thread_id = $2",
+            columns.join(", "),
+            select.join(", ")
+        )))
+        .bind(to)
+        .bind(from)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    }
+}
+
+async fn pg_exec(conn: &mut sqlx::PgConnection, sql: &str, thread: &str) {
+    let done = sqlx::query(AssertSqlSafe(sql.to_owned()))
+        .bind(thread)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert!(done.rows_affected() > 0, "{sql} changed nothing");
+}
+
+async fn pg_counts(dsn: &str) -> BTreeMap<String, i64> {
+    let mut conn = sqlx::PgConnection::connect(dsn).await.unwrap();
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT thread_id, count(*) FROM checkpoints GROUP BY thread_id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+    conn.close().await.unwrap();
+    rows.into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_bad_rows_are_skipped_and_named() {
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("bad_input").await;
+    support::write_some_fixtures(
+        &server.url(),
+        Db::Postgres(&dsn),
+        Some("t-live,t-expired,t-absent"),
+        "",
+    );
+    let mut conn = sqlx::PgConnection::connect(&dsn).await.unwrap();
+    for copy in [
+        "bad-ext",
+        "bad-trunc",
+        "bad-huge",
+        "bad-types",
+        "bad-pickle",
+        "bad-aes",
+        "bad-future",
+        "bad-metadata",
+        "old-v1",
+    ] {
+        pg_copy_thread(&mut conn, "t-live", copy).await;
+    }
+    let basket = "UPDATE checkpoint_blobs SET {} WHERE thread_id = $1 AND channel = 'basket'";
+    let blobs = |set: &str| basket.replace("{}", set);
+    pg_exec(&mut conn, &blobs("blob = '\\xd42a00'::bytea"), "bad-ext").await;
+    pg_exec(
+        &mut conn,
+        &blobs("blob = substring(blob from 1 for length(blob) / 2)"),
+        "bad-trunc",
+    )
+    .await;
+    // The record map gets one more entry, `padding`, a str32 of HUGE x's made by the server.
+    sqlx::query(
+        "UPDATE checkpoint_blobs
+         SET blob = set_byte(blob, 0, get_byte(blob, 0) + 1) || $2 || convert_to(repeat('x', $3), 'UTF8')
+         WHERE thread_id = $1 AND channel = 'basket'",
+    )
+    .bind("bad-huge")
+    .bind(padding_entry_header(0xdb))
+    .bind(i32::try_from(HUGE).unwrap())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_versions}', '\"x\"') WHERE thread_id = $1",
+        "bad-types",
+    )
+    .await;
+    pg_exec(&mut conn, &blobs("type = 'pickle'"), "bad-pickle").await;
+    pg_exec(&mut conn, &blobs("type = 'msgpack+aes'"), "bad-aes").await;
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{v}', '5') WHERE thread_id = $1",
+        "bad-future",
+    )
+    .await;
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET metadata = '[1]'::jsonb WHERE thread_id = $1",
+        "bad-metadata",
+    )
+    .await;
+    // An older row: format v1 with pending_sends, the record as a legacy `json` blob.
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = checkpoint || '{\"v\": 1, \"pending_sends\": []}'::jsonb WHERE thread_id = $1",
+        "old-v1",
+    )
+    .await;
+    let record: Vec<u8> = sqlx::query_scalar(
+        "SELECT blob FROM checkpoint_blobs WHERE thread_id = 'old-v1' AND channel = 'basket' LIMIT 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let as_json = custody::checkpoint::serde::decode_typed("msgpack", Some(&record))
+        .unwrap()
+        .unwrap();
+    sqlx::query(
+        "UPDATE checkpoint_blobs SET type = 'json', blob = $2 WHERE thread_id = $1 AND channel = 'basket'",
+    )
+    .bind("old-v1")
+    .bind(serde_json::to_vec(&as_json).unwrap())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let res = tempfile::tempdir().unwrap();
+    support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
+    let expect: [Expect; 8] = [
+        (
+            "bad-aes",
+            "unsupported_format",
+            Some("basket"),
+            "value is encrypted (msgpack+aes)",
+        ),
+        (
+            "bad-ext",
+            "decode",
+            Some("basket"),
+            "unknown msgpack ext code 42",
+        ),
+        (
+            "bad-future",
+            "unsupported_format",
+            None,
+            "format v5 is newer than v4",
+        ),
+        (
+            "bad-huge",
+            "too_large",
+            Some("basket"),
+            "over custody's limit of 16777216 bytes",
+        ),
+        (
+            "bad-metadata",
+            "decode",
+            None,
+            "metadata is not a JSON object",
+        ),
+        (
+            "bad-pickle",
+            "unsupported_format",
+            Some("basket"),
+            "unsupported serializer type \"pickle\"",
+        ),
+        ("bad-trunc", "decode", Some("basket"), "malformed msgpack"),
+        (
+            "bad-types",
+            "decode",
+            None,
+            "channel_versions is not a map of versions",
+        ),
+    ];
+    let good = [
+        ("old-v1", "ok"),
+        ("t-absent", "absent"),
+        ("t-expired", "gone"),
+        ("t-live", "ok"),
+    ];
+    check_report(res.path(), &expect, &good);
+    let before = pg_counts(&dsn).await;
+    let after = || {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(pg_counts(&dsn)))
+    };
+    check_acting(res.path(), &before, after, &expect);
+}
+
+// ------------------------------------------------------------------------------- MCP replies
+
+/// tests/py/bad_reply_server.py with one case on one method; killed when dropped.
+struct BadReplyServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl BadReplyServer {
+    fn start(case: &str, on: &str) -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/bad_reply_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("BAD_REPLY_PORT", port.to_string())
+            .env("BAD_REPLY_CASE", case)
+            .env("BAD_REPLY_ON", on)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start bad_reply_server.py");
+        support::wait_for_port(port, std::time::Duration::from_secs(30));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for BadReplyServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// (case, verdict of the probe, failure category, fragment of the reason)
+const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
+    (
+        "wrong_id",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "unknown_content",
+        "unknown",
+        Some("protocol"),
+        "a content block type the protocol does not define",
+    ),
+    ("extra_content", "ok", None, "probe answered success"),
+    (
+        "huge_event",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "huge_body",
+        "unknown",
+        Some("too_large"),
+        "exceeded the maximum size of 1048576 bytes",
+    ),
+    (
+        "invalid_utf8",
+        "unknown",
+        Some("protocol"),
+        "invalid unicode code point at line 1 column 281 (reply body not shown)",
+    ),
+    (
+        "invalid_utf8_sse",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+    (
+        "not_json",
+        "unknown",
+        Some("protocol"),
+        "expected value at line 1 column 1 (reply body not shown)",
+    ),
+    (
+        "not_json_sse",
+        "unknown",
+        Some("transport"),
+        "closed without a response",
+    ),
+];
+
+#[test]
+fn bad_probe_replies_are_unknown_never_gone() {
+    let basket = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    support::basket_resources(
+        dir.path(),
+        &basket.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let bad: Vec<BadReplyServer> = PROBE_CASES
+        .iter()
+        .map(|(case, ..)| BadReplyServer::start(case, "tools/call"))
+        .collect();
+    for ((case, ..), server) in PROBE_CASES.iter().zip(&bad) {
+        let name = case.replace('_', "-");
+        support::write_file(
+            dir.path(),
+            &format!("bad-{name}.yaml"),
+            &format!(
+                r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: {name}}}
+spec: {{url: "{url}", timeoutSeconds: 5}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: {name}}}
+spec:
+  serverRef: {name}
+  statePath: basket
+  mint: {{tool: create_basket, handleField: basket_id}}
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
+"#,
+                url = server.url()
+            ),
+        );
+    }
+    let started = std::time::Instant::now();
+    let report = support::sweep_json(dir.path());
+    let elapsed = started.elapsed();
+    let rows = report["stores"][0]["rows"].as_array().unwrap();
+    let row = |thread: &str, class: &str| {
+        rows.iter()
+            .find(|r| r["thread_id"] == thread && r["handle_class"] == class)
+            .unwrap_or_else(|| panic!("no row {thread}/{class}"))
+    };
+    // The real server's handles on the same threads are unaffected.
+    assert_eq!(row("t-live", "basket")["verdict"], "ok");
+    assert_eq!(row("t-expired", "basket")["verdict"], "gone");
+    let mut failures = BTreeMap::new();
+    let mut report_lines = Vec::new();
+    for (case, verdict, category, fragment) in PROBE_CASES {
+        let class = case.replace('_', "-");
+        for thread in ["t-live", "t-expired"] {
+            let r = row(thread, &class);
+            let reason = r["reason"].as_str().unwrap();
+            let fine = r["verdict"] == verdict && reason.contains(fragment);
+            report_lines.push(format!(
+                "{} {case} {thread}: {} {reason}",
+                if fine { "PASS" } else { "FAIL" },
+                r["verdict"]
+            ));
+            if verdict == "unknown" {
+                assert!(
+                    reason.starts_with(&format!(
+                        "probe failed: server {class}: tools/call failed: "
+                    )),
+                    "{case}: the reason names the server and the step: {reason}"
+                );
+                assert!(!reason.contains("WorkerTransport"), "{reason}");
+            }
+        }
+        if let Some(category) = category {
+            *failures.entry(category.to_owned()).or_insert(0u64) += 2;
+        }
+    }
+    let text = report_lines.join("\n");
+    assert!(!text.contains("FAIL"), "\n{text}");
+    assert_eq!(
+        report["stores"][0]["summary"]["probeErrors"],
+        json!(failures)
+    );
+    assert!(
+        elapsed < std::time::Duration::from_secs(20),
+        "no bad reply costs more than its server's timeout: {elapsed:?}"
+    );
+}
+
+/// (case, category, fragment of the error) when the bad reply answers `tools/list`.
+const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
+    ("wrong_id", "transport", "closed without a response"),
+    ("huge_event", "transport", "closed without a response"),
+    (
+        "huge_body",
+        "too_large",
+        "exceeded the maximum size of 1048576 bytes",
+    ),
+    (
+        "invalid_utf8",
+        "protocol",
+        "invalid unicode code point at line 1 column 49 (reply body not shown)",
+    ),
+    ("invalid_utf8_sse", "transport", "closed without a response"),
+    (
+        "not_json",
+        "protocol",
+        "expected value at line 1 column 1 (reply body not shown)",
+    ),
+    ("not_json_sse", "transport", "closed without a response"),
+];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_discovery_replies_are_named_errors() {
+    use custody::mcp::discovery::{self, DEFAULT_PAGE_CAP};
+    let servers: Vec<BadReplyServer> = DISCOVERY_CASES
+        .iter()
+        .map(|(case, ..)| BadReplyServer::start(case, "tools/list"))
+        .chain([BadReplyServer::start("ok", "tools/list")])
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    for ((case, category, fragment), server) in DISCOVERY_CASES.iter().zip(&servers) {
+        let name = case.replace('_', "-");
+        let cfg = custody::mcp::ServerConfig {
+            name: name.clone(),
+            url: server.url(),
+            headers: vec![],
+            timeout: std::time::Duration::from_secs(5),
+            mode: custody::crd::ProtocolMode::Auto,
+            max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+        };
+        let e = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{case}: discovery succeeded"));
+        assert_eq!(e.category(), *category, "{case}: {e}");
+        let message = e.to_string();
+        assert!(
+            message.starts_with(&format!("server {name}: tools/list failed: "))
+                && message.contains(fragment),
+            "{case}: {message}"
+        );
+        support::write_file(
+            dir.path(),
+            &format!("{name}.yaml"),
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: {name}}}\n\
+                 spec: {{url: \"{}\", timeoutSeconds: 5}}\n",
+                server.url()
+            ),
+        );
+    }
+    // The CLI: every bad server is a named error, the good one is listed, exit status 1.
+    support::write_file(
+        dir.path(),
+        "ok.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: good}}\n\
+             spec: {{url: \"{}\", timeoutSeconds: 5}}\n",
+            servers.last().unwrap().url()
+        ),
+    );
+    let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let errors: BTreeMap<&str, &Value> = doc["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), &s["error"]))
+        .collect();
+    assert!(errors["good"].is_null(), "{doc}");
+    for (case, _, fragment) in DISCOVERY_CASES {
+        let error = errors[case.replace('_', "-").as_str()].as_str().unwrap();
+        assert!(error.contains(fragment), "{case}: {error}");
+    }
+}
