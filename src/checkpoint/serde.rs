@@ -223,16 +223,15 @@ fn convert(value: &Mp, depth: usize) -> Result<Value, DecodeError> {
 fn key_text(key: &Mp, depth: usize) -> Result<String, DecodeError> {
     match key {
         Mp::String(s) => Ok(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        Mp::Map(_) | Mp::Array(_) => Err(DecodeError(
-            "map key is a map or an array; only scalar keys are supported".into(),
+        Mp::Map(_) | Mp::Array(_) => Err(DecodeError::malformed(
+            "map key is a map or an array; only scalar keys are supported",
         )),
         other => match convert(other, depth + 1)? {
             Value::String(s) => Ok(s),
             scalar @ (Value::Null | Value::Bool(_) | Value::Number(_)) => Ok(scalar.to_string()),
-            Value::Array(_) | Value::Object(_) => Err(DecodeError(
+            Value::Array(_) | Value::Object(_) => Err(DecodeError::malformed(
                 "map key is an extension value that reads as a map or an array; only scalar keys \
-                 are supported"
-                    .into(),
+                 are supported",
             )),
         },
     }
@@ -346,7 +345,7 @@ mod tests {
         let bytes = encode(&Mp::Map(vec![(key, Mp::from(1))]));
         let started = std::time::Instant::now();
         let err = decode_typed("msgpack", Some(&bytes)).unwrap_err();
-        assert!(err.0.contains("only scalar keys"), "{err}");
+        assert!(err.message.contains("only scalar keys"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
         let found = include_bytes!(
             "../../fuzz/regressions/msgpack_decode/timeout-7e4f3b01d3d425c165f8b28403c67e448200a259"
