@@ -43,6 +43,7 @@ MISBEHAVE_CASE (one per process):
   slow_bytes           tools/list -> correct SSE reply, one byte every MISBEHAVE_BYTE_DELAY_MS
   wrong_id             tools/list -> a response whose id is not the request's
   invalid_utf8         tools/list -> application/json with invalid UTF-8 inside a string
+  redirect             every request -> 307 to MISBEHAVE_REDIRECT_TO (a client must not follow)
 
 Environment:
   MISBEHAVE_PORT           TCP port on 127.0.0.1 (required; 0 = any free port, see stderr)
@@ -50,6 +51,7 @@ Environment:
   MISBEHAVE_PATH           endpoint path                               (/mcp)
   MISBEHAVE_EVENT_BYTES    huge_event: the event exceeds this size     (2097152)
   MISBEHAVE_BYTE_DELAY_MS  slow_bytes: delay between body bytes        (200)
+  MISBEHAVE_REDIRECT_TO    redirect: the Location of every answer       (http://169.254.169.254/mcp)
   MISBEHAVE_PAGINATE       1 = tools/list in two pages in every case   (forget_session and
                            stale_session_400 always paginate)
 
@@ -87,6 +89,7 @@ CASES = (
     "slow_bytes",
     "wrong_id",
     "invalid_utf8",
+    "redirect",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -124,6 +127,7 @@ EVENT_BYTES = _env_int("MISBEHAVE_EVENT_BYTES", 2 * 1024 * 1024, minimum=1)
 BYTE_DELAY_S = _env_int("MISBEHAVE_BYTE_DELAY_MS", 200, minimum=1) / 1000.0
 PAGINATE = os.environ.get("MISBEHAVE_PAGINATE", "0").strip() in ("1", "true", "yes", "on")
 PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
+REDIRECT_TO = os.environ.get("MISBEHAVE_REDIRECT_TO", "http://169.254.169.254/mcp")
 
 
 def log(line: str) -> None:
@@ -509,6 +513,11 @@ async def handle(conn: Conn, req: Request) -> None:
     if CASE == "hang":
         log(f"{req.method} {path} session={sid or '-'} -> hang")
         await conn.hang()
+
+    if CASE == "redirect":
+        log(f"{req.method} {path} -> 307 {REDIRECT_TO}")
+        await conn.send(307, [("location", REDIRECT_TO), ("content-type", "text/plain")], b"moved\n")
+        return
 
     if path != PATH:
         log(f"{req.method} {path} -> 404 (not the MCP endpoint)")
