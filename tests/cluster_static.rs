@@ -139,6 +139,7 @@ fn deployment_follows_the_controller_contract() {
             "--identity=$(POD_NAME)",
             "--image=custody:0.1.0",
             "--sweep-service-account=custody-sweep",
+            "--deny-metadata-addresses=true",
         ])
     );
     let env: BTreeMap<&str, &Value> = c["env"]

@@ -1125,3 +1125,61 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
     c.kubectl(&["delete", "namespace", &ns, &system, "--wait=false"], None)
         .ok();
 }
+
+/// Debug and Display of every type that holds a resolved secret (server headers, the DSN) and of
+/// the errors built while using them show no secret value.
+#[test]
+fn config_types_never_print_a_secret() {
+    let token = random_secret("tok");
+    let password = random_secret("pw");
+    let dir = tempfile::tempdir().unwrap();
+    write_file(
+        dir.path(),
+        "all.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: creds}}\n\
+             stringData: {{authorization: \"Bearer {token}\", dsn: \"postgres://u:{password}@127.0.0.1:1/db\"}}\n\
+             ---\napiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+             spec:\n  url: http://127.0.0.1:1/mcp\n  headers: {{X-Literal: \"{token}\"}}\n  headersFrom:\n  \
+             - name: Authorization\n    secretKeyRef: {{name: creds, key: authorization}}\n\
+             ---\napiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata: {{name: basket}}\n\
+             spec:\n  serverRef: basket\n  statePath: basket\n  probe: {{tool: get_basket, arguments: {{id: \"{{{{handle}}}}\"}}}}\n\
+             ---\napiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+             spec: {{backend: postgres, dsnFrom: {{name: creds, key: dsn}}}}\n"
+        ),
+    );
+    let resources = custody::local::Resources::load(dir.path()).unwrap();
+    let servers = resources.server_configs().unwrap();
+    let targets = resources.targets().unwrap();
+    let mut printed = format!("{servers:?}\n{targets:?}");
+    // The errors of using them: connecting (refused port) and a bad header value.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut bad = servers[0].0.clone();
+    let connect = rt
+        .block_on(custody::mcp::Connection::connect(&bad))
+        .err()
+        .unwrap();
+    printed += &format!("\n{connect}\n{connect:?}");
+    bad.headers.push((
+        "X-Bad".into(),
+        secrecy::SecretString::from(format!("{token}\n")),
+    ));
+    let config = rt
+        .block_on(custody::mcp::Connection::connect(&bad))
+        .err()
+        .unwrap();
+    printed += &format!("\n{config}\n{config:?}");
+    let sweep = rt.block_on(custody::sweep::run_with(
+        &targets[0],
+        chrono::Utc::now(),
+        custody::sweep::RunOptions { apply: false },
+        &custody::sweep::act::LogSink,
+    ));
+    let sweep = sweep.err().unwrap();
+    printed += &format!("\n{sweep}\n{sweep:?}");
+    assert!(printed.contains("REDACTED"), "{printed}");
+    assert!(printed.contains("connect failed"), "{printed}");
+    assert!(printed.contains("header X-Bad: invalid value"), "{printed}");
+    assert!(!printed.contains(&token), "{printed}");
+    assert!(!printed.contains(&password), "{printed}");
+}
