@@ -228,3 +228,25 @@ fn sweep_args(ns: &str, name: &str, deny_metadata_addresses: bool) -> Vec<String
     }
     args
 }
+
+#[cfg(test)]
+mod tests {
+    use super::sweep_args;
+
+    #[test]
+    fn sweeps_inherit_an_allowed_metadata_address_policy() {
+        assert_eq!(
+            sweep_args("agents", "orders", true),
+            ["sweep", "--store", "agents/orders"]
+        );
+        assert_eq!(
+            sweep_args("agents", "orders", false),
+            [
+                "sweep",
+                "--store",
+                "agents/orders",
+                "--deny-metadata-addresses=false"
+            ]
+        );
+    }
+}
