@@ -50,6 +50,8 @@ struct DiscoverArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
+    #[command(flatten)]
+    egress: custody::mcp::egress::EgressOptions,
 }
 
 #[derive(clap::Args)]
@@ -83,6 +85,8 @@ struct SweepArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
+    #[command(flatten)]
+    egress: custody::mcp::egress::EgressOptions,
 }
 
 #[tokio::main]
@@ -110,6 +114,15 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    let egress = match &cli.command {
+        Command::Crd => None,
+        Command::Sweep(a) => Some(a.egress),
+        Command::Discover(a) => Some(a.egress),
+        Command::Controller(o) => Some(o.egress),
+    };
+    if let Some(e) = egress {
+        custody::mcp::egress::set_policy(e.policy());
+    }
     match cli.command {
         Command::Crd => {
             print!("{}", custody::crd::to_yaml(&custody::crd::all())?);

@@ -139,6 +139,7 @@ fn deployment_follows_the_controller_contract() {
             "--identity=$(POD_NAME)",
             "--image=custody:0.1.0",
             "--sweep-service-account=custody-sweep",
+            "--deny-metadata-addresses=true",
         ])
     );
     let env: BTreeMap<&str, &Value> = c["env"]
@@ -861,7 +862,8 @@ fn helm_install_grants_least_privilege() {
         // the controller: watch everything custody, cluster-wide (namespace None: all)
         (&controller, "list", "mcpservers.custody.dev", None),
         (&controller, "watch", "agentassignments.custody.dev", None),
-        (&controller, "get", "handleclasses.custody.dev", None),
+        (&controller, "list", "handleclasses.custody.dev", None),
+        (&controller, "get", "mcpservers.custody.dev", None),
         (&controller, "watch", "checkpointstores.custody.dev", None),
         (&controller, "patch", "mcpservers.custody.dev/status", None),
         (
@@ -884,9 +886,9 @@ fn helm_install_grants_least_privilege() {
         ),
         (&controller, "watch", "secrets", None),
         (&controller, "create", "configmaps", Some(other)),
-        (&controller, "delete", "configmaps", Some(other)),
+        (&controller, "patch", "configmaps", Some(other)),
+        (&controller, "create", "cronjobs.batch", Some(other)),
         (&controller, "patch", "cronjobs.batch", Some(other)),
-        (&controller, "delete", "cronjobs.batch", Some(other)),
         (&controller, "create", "events.events.k8s.io", Some(other)),
         (&controller, "patch", "events.events.k8s.io", Some(other)),
         (
@@ -895,7 +897,6 @@ fn helm_install_grants_least_privilege() {
             "leases.coordination.k8s.io",
             Some(ns),
         ),
-        (&controller, "update", lease, Some(ns)),
         (&controller, "patch", lease, Some(ns)),
         (&controller, "get", lease, Some(ns)),
         // the sweep, in its namespace
@@ -906,7 +907,6 @@ fn helm_install_grants_least_privilege() {
             "checkpointstores.custody.dev/status",
             Some(ns),
         ),
-        (&sweep, "get", "mcpservers.custody.dev", Some(ns)),
         (&sweep, "list", "mcpservers.custody.dev", Some(ns)),
         (&sweep, "list", "handleclasses.custody.dev", Some(ns)),
         (&sweep, "get", "secrets", Some(ns)),
@@ -922,6 +922,12 @@ fn helm_install_grants_least_privilege() {
         (&controller, "create", "pods", Some(other)),
         (&controller, "create", "jobs.batch", Some(other)),
         (&controller, "update", "cronjobs.batch", Some(other)),
+        // Owned objects: deleted by the garbage collector, never by the controller.
+        (&controller, "delete", "configmaps", Some(other)),
+        (&controller, "delete", "cronjobs.batch", Some(other)),
+        (&controller, "get", "handleclasses.custody.dev", None),
+        (&controller, "update", lease, Some(ns)),
+        (&sweep, "get", "mcpservers.custody.dev", Some(ns)),
         (&controller, "create", "serviceaccounts", Some(other)),
         (
             &controller,

@@ -28,9 +28,26 @@ const WAITING: std::time::Duration = std::time::Duration::from_secs(10);
 /// A validated assignment: the only input of [`render`].
 #[derive(Debug)]
 struct Validated<'a> {
-    servers: Vec<(&'a ServerAssignment, MCPServer, Vec<String>)>,
+    /// Each assigned server with the tool names its rendered `tool_allowlist` may publish:
+    /// `None` withholds the list (see [`published`]).
+    servers: Vec<(&'a ServerAssignment, MCPServer, Option<Vec<String>>)>,
     final_tools: Vec<(String, bool)>,
     private: bool,
+}
+
+/// The tool names the ConfigMap may carry for one server. A `cacheScope: private` catalog is
+/// specific to the authorization context that listed it (MCP 2026-07-28, SEP-2549: "same
+/// authorisation context only"), while the ConfigMap is readable by anyone who can read
+/// ConfigMaps in the namespace. So for a private catalog the list is published only when the
+/// assignment's own `toolAllowlist` chose it (names the tenant wrote in the spec, not learned from
+/// the catalog); without one it is left out, and the agent, which connects with the same
+/// credentials, exposes every tool its own listing returns: the same tools, never written down.
+fn published(
+    catalog_private: bool,
+    spec_allowlist: &[String],
+    tools: Vec<String>,
+) -> Option<Vec<String>> {
+    (!catalog_private || !spec_allowlist.is_empty()).then_some(tools)
 }
 
 pub(super) async fn reconcile(
@@ -211,7 +228,16 @@ async fn validate_assignment<'a>(
                 s.server_ref
             )));
         };
-        private |= catalog.cache_scope == Some(CacheScope::Private);
+        let catalog_private = catalog.cache_scope == Some(CacheScope::Private);
+        private |= catalog_private;
+        // Names in conditions come from the catalog unless the spec chose them.
+        let shown = |name: &str| {
+            if catalog_private && s.tool_allowlist.is_empty() {
+                "(withheld: the catalog is private)".to_owned()
+            } else {
+                name.to_owned()
+            }
+        };
         let tools = match select(catalog, &s.tool_allowlist) {
             Ok(t) => t,
             Err(missing) => {
@@ -234,7 +260,8 @@ async fn validate_assignment<'a>(
                 return Ok(Check::Invalid(
                     "InvalidToolName",
                     format!(
-                        "spec.servers[{i}]: final tool name {name} is not 1-64 letters, digits, _ or -"
+                        "spec.servers[{i}]: final tool name {} is not 1-64 letters, digits, _ or -",
+                        shown(&name)
                     ),
                 ));
             }
@@ -244,13 +271,19 @@ async fn validate_assignment<'a>(
                 return Ok(Check::Invalid(
                     "ToolNameCollision",
                     format!(
-                        "spec.servers[{i}].alias: final tool name {name} comes from both MCPServer {other} and {}",
+                        "spec.servers[{i}].alias: final tool name {} comes from both MCPServer {other} and {}",
+                        shown(&name),
                         s.server_ref
                     ),
                 ));
             }
         }
-        servers.push((s, server, tools.into_iter().map(|(t, _)| t).collect()));
+        let names = tools.into_iter().map(|(t, _)| t).collect();
+        servers.push((
+            s,
+            server,
+            published(catalog_private, &s.tool_allowlist, names),
+        ));
     }
     let final_tools = finals.into_iter().map(|(name, (_, w))| (name, w)).collect();
     Ok(Check::Valid(Validated {
@@ -330,8 +363,10 @@ fn render(a: &AgentAssignment, v: &Validated<'_>) -> (BTreeMap<String, String>, 
             "url": server.spec.url,
             "mode": match server.spec.mode { crate::crd::ProtocolMode::Auto => "auto", crate::crd::ProtocolMode::Legacy => "legacy" },
             "timeout": server.spec.timeout_seconds,
-            "tool_allowlist": tools,
         });
+        if let Some(tools) = tools {
+            entry["tool_allowlist"] = json!(tools);
+        }
         if !server.spec.headers.is_empty() {
             entry["headers"] = json!(server.spec.headers);
         }
@@ -386,7 +421,7 @@ mod tests {
             servers: vec![(
                 &a.spec.servers[0],
                 server(),
-                vec!["create_basket".into(), "get_basket".into()],
+                Some(vec!["create_basket".into(), "get_basket".into()]),
             )],
             final_tools: vec![
                 ("shop_create_basket".into(), true),
@@ -428,6 +463,29 @@ mod tests {
         assert_eq!(data["MCP_AGENT_SERVERS"], r#"{"create-agent":["shop"]}"#);
         assert_eq!(env[0].name, "SHOP_MCP_AUTHORIZATION");
         assert_eq!(env[0].secret_key_ref.name, "basket-token");
+    }
+
+    #[test]
+    fn a_private_catalog_is_never_written_down() {
+        let names = || vec!["create_basket".to_owned(), "get_basket".to_owned()];
+        assert_eq!(published(false, &[], names()), Some(names()));
+        assert_eq!(published(true, &[], names()), None);
+        let chosen = vec!["get_basket".to_owned()];
+        assert_eq!(
+            published(true, &chosen, chosen.clone()),
+            Some(chosen),
+            "names the spec chose are the tenant's own"
+        );
+        let a = assignment(&[]);
+        let mut v = validated(&a, true);
+        v.servers[0].2 = None;
+        let (data, _) = render(&a, &v);
+        assert!(
+            !data["MCP_SERVERS"].contains("tool_allowlist"),
+            "{}",
+            data["MCP_SERVERS"]
+        );
+        assert!(!data["MCP_SERVERS"].contains("create_basket"));
     }
 
     #[test]

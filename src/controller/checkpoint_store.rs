@@ -241,7 +241,7 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), E
                         "containers": [{
                             "name": "sweep",
                             "image": ctx.opts.image,
-                            "args": ["sweep", "--store", format!("{ns}/{}", store.name_any())],
+                            "args": sweep_args(&ns, &store.name_any(), ctx.opts.egress.deny_metadata_addresses),
                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                             "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                                 "capabilities": {"drop": ["ALL"]}},
@@ -260,4 +260,40 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), E
         )
         .await?;
     Ok(())
+}
+
+/// The sweep container's arguments. The controller's address policy is passed on only when it
+/// differs from the default, so a default install's CronJobs stay `sweep --store NS/NAME`.
+fn sweep_args(ns: &str, name: &str, deny_metadata_addresses: bool) -> Vec<String> {
+    let mut args = vec![
+        "sweep".to_owned(),
+        "--store".to_owned(),
+        format!("{ns}/{name}"),
+    ];
+    if !deny_metadata_addresses {
+        args.push("--deny-metadata-addresses=false".to_owned());
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sweep_args;
+
+    #[test]
+    fn sweeps_inherit_an_allowed_metadata_address_policy() {
+        assert_eq!(
+            sweep_args("agents", "orders", true),
+            ["sweep", "--store", "agents/orders"]
+        );
+        assert_eq!(
+            sweep_args("agents", "orders", false),
+            [
+                "sweep",
+                "--store",
+                "agents/orders",
+                "--deny-metadata-addresses=false"
+            ]
+        );
+    }
 }

@@ -80,6 +80,9 @@ pub struct Options {
     /// Re-discovery interval without cache hints, in seconds.
     #[arg(long, default_value_t = 300)]
     pub discovery_default_seconds: u64,
+    /// Which MCP server addresses the controller refuses (SSRF guard).
+    #[command(flatten)]
+    pub egress: crate::mcp::egress::EgressOptions,
 }
 
 impl Options {

@@ -62,8 +62,36 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     }
     for (i, h) in spec.headers_from.iter().enumerate() {
         header_name(&h.name).map_err(|m| err(format!("spec.headersFrom[{i}].name"), m))?;
+        secret_name(&h.secret_key_ref.name)
+            .map_err(|m| err(format!("spec.headersFrom[{i}].secretKeyRef.name"), m))?;
     }
     reconciliation(spec)?;
+    Ok(())
+}
+
+/// A Secret name as Kubernetes names Secrets: a DNS-1123 subdomain (lowercase letters, digits,
+/// `-` and `.`, starting and ending alphanumeric, at most 253 characters). The CRD's schema says
+/// the same ([`super::SECRET_NAME_PATTERN`]); checked again here for local mode and for objects
+/// stored before the rule. kube-rs puts a name into the request path unescaped; the API server
+/// answers `secrets/../../other/secrets/x` with 404 rather than resolving the dots (tried against
+/// v1.37), and this check makes the namespace boundary independent of that path handling.
+///
+/// # Errors
+/// What is wrong with the name.
+pub fn secret_name(name: &str) -> Result<(), String> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(format!(
+            "{name:?} is not a Secret name (a DNS-1123 subdomain: lowercase letters, digits, '-' \
+             and '.'); a Secret is always read from the resource's own namespace"
+        ));
+    }
     Ok(())
 }
 
@@ -256,7 +284,8 @@ pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
             return Err(err("spec.dsnFrom", "set exactly one of dsn and dsnFrom"));
         }
         (None, None) => return Err(err("spec.dsn", "set exactly one of dsn and dsnFrom")),
-        _ => {}
+        (None, Some(r)) => secret_name(&r.name).map_err(|m| err("spec.dsnFrom.name", m))?,
+        (Some(_), None) => {}
     }
     if spec.principal_key.is_empty() {
         return Err(err("spec.principalKey", "must not be empty"));
@@ -379,6 +408,33 @@ mod tests {
         r.lookup.id_field = "ticket..id".into();
         s.reconciliation = vec![r];
         assert_eq!(field(&s), "spec.reconciliation[0].lookup.idField");
+    }
+
+    #[test]
+    fn secret_references_stay_in_the_namespace() {
+        for ok in ["token", "basket-token", "a.b-c.d0"] {
+            assert!(secret_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "../../kube-system/secrets/x",
+            "other/token",
+            "Token",
+            "-a",
+            "a..b",
+            "a_b",
+        ] {
+            assert!(secret_name(bad).is_err(), "{bad}");
+        }
+        let mut s = server("http://x/mcp");
+        s.headers_from = vec![serde_json::from_value(serde_json::json!(
+            {"name": "Authorization", "secretKeyRef": {"name": "../../victim/secrets/token", "key": "t"}}
+        ))
+        .unwrap()];
+        assert_eq!(
+            mcp_server(&s).unwrap_err().field,
+            "spec.headersFrom[0].secretKeyRef.name"
+        );
     }
 
     #[test]

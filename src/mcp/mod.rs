@@ -11,7 +11,9 @@
 //! - response size limits ([`ServerConfig::max_response_bytes`], default 1 MiB as the agent
 //!   toolkit's `max_sse_event_size`);
 //! - credentials that cannot leak: header values are [`secrecy::SecretString`] until they become
-//!   sensitive `HeaderValue`s, and no error text is built from them.
+//!   sensitive `HeaderValue`s, and no error text is built from them;
+//! - where it may connect ([`egress`]): http/https only, no link-local or cloud-metadata address
+//!   after DNS resolution, and no redirects (reqwest's default follows them to any origin).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use crate::crd::ProtocolMode;
 use crate::domain::verdict::ProbeOutcome;
 
 pub mod discovery;
+pub mod egress;
 
 /// Default cap on one JSON response or SSE event: 1 MiB, as the agent toolkit's
 /// `max_sse_event_size`.
@@ -61,7 +64,7 @@ pub struct ServerConfig {
 /// Why talking to a server failed. Messages name the server and the step, never a header value.
 #[derive(Debug, thiserror::Error)]
 pub enum McpError {
-    /// The configuration cannot be used (bad header name or value).
+    /// The configuration cannot be used (bad header name or value, a URL [`egress`] refuses).
     #[error("server {server}: {reason}")]
     Config {
         /// Server name.
@@ -174,18 +177,34 @@ impl Connection {
     /// Connects and negotiates the protocol era, all within `cfg.timeout`.
     ///
     /// # Errors
-    /// [`McpError::Config`], [`McpError::Timeout`] or [`McpError::Connect`].
+    /// [`McpError::Config`] (also for a URL [`egress::check_target`] refuses), [`McpError::Timeout`]
+    /// or [`McpError::Connect`] (also for a name that resolves to a refused address).
     pub async fn connect(cfg: &ServerConfig) -> Result<Self, McpError> {
         let started = Instant::now();
-        let http = reqwest::Client::builder()
+        let policy = egress::policy();
+        tokio::time::timeout(cfg.timeout, egress::check_target(&cfg.url, policy))
+            .await
+            .map_err(|_| McpError::Timeout {
+                server: cfg.name.clone(),
+                step: "connect".into(),
+                after: cfg.timeout,
+            })?
+            .map_err(|reason| McpError::Config {
+                server: cfg.name.clone(),
+                reason,
+            })?;
+        let mut http = reqwest::Client::builder()
             .connect_timeout(cfg.timeout)
             // An idle-read bound, not a total one: a total timeout would cut long SSE streams.
             .read_timeout(cfg.timeout)
-            .build()
-            .map_err(|e| McpError::Config {
-                server: cfg.name.clone(),
-                reason: format!("HTTP client: {e}"),
-            })?;
+            .redirect(egress::redirect_policy());
+        if policy == egress::AddressPolicy::DenyMetadata {
+            http = http.dns_resolver(egress::GuardedResolver);
+        }
+        let http = http.build().map_err(|e| McpError::Config {
+            server: cfg.name.clone(),
+            reason: format!("HTTP client: {e}"),
+        })?;
         let mut transport_cfg = StreamableHttpClientTransportConfig::with_uri(cfg.url.clone())
             .custom_headers(header_map(cfg)?)
             .max_sse_event_size(cfg.max_response_bytes)

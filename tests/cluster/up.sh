@@ -9,6 +9,8 @@
 #   kube-apiserver           https on 127.0.0.1, certs from a CA made here, static token auth,
 #                            RBAC, a minimal admission set (below)
 #   kube-controller-manager  the controllers an operator's e2e tests lean on (below)
+#   audit log                DIR/audit.log: every request but the controller-manager's, at
+#                            Metadata level (below)
 # Ports are picked free each time; DIR/cluster.env records them (shell-sourceable).
 #
 # Controller-manager: it is what makes "deleting a resource cleans up what it owns" true.
@@ -52,7 +54,7 @@ command -v curl >/dev/null || die "curl not found"
 
 bin=$("$here/build.sh")
 
-rm -rf "$dir/etcd" "$dir/pki" "$dir/kcm-certs" "$dir"/*.log "$dir"/*.pid "$dir"/*kubeconfig "$dir/cluster.env"
+rm -rf "$dir/etcd" "$dir/pki" "$dir/kcm-certs" "$dir"/*.log "$dir/audit-policy.yaml" "$dir"/*.pid "$dir"/*kubeconfig "$dir/cluster.env"
 mkdir -p "$dir/pki" "$dir/etcd" "$dir/kcm-certs"
 chmod 700 "$dir/pki" "$dir/etcd"
 
@@ -156,6 +158,19 @@ wait_for etcd 60 etcd_healthy
 # Mutating/ValidatingAdmissionWebhook, ResourceQuota - what an operator's objects meet.
 admission_on=NamespaceLifecycle,ServiceAccount,MutatingAdmissionPolicy,MutatingAdmissionWebhook,ValidatingAdmissionPolicy,ValidatingAdmissionWebhook,ResourceQuota
 admission_off=LimitRanger,DefaultStorageClass,PersistentVolumeClaimResize,DefaultTolerationSeconds,StorageObjectInUseProtection,PodGroupProtection,Priority,TaintNodesByCondition,RuntimeClass,CertificateApproval,CertificateSigning,ClusterTrustBundleAttest,CertificateSubjectRestriction,DefaultIngressClass,PodSecurity,PodTopologyLabels,NodeDeclaredFeatureValidator,PodResizeValidator
+# Audit: every request at Metadata level (who, verb, resource, namespace, response code; no
+# bodies, so no Secret values) as JSON lines in DIR/audit.log, for tests that compare what an
+# identity did with what its RBAC grants (tests/security.rs). The kube-controller-manager's own
+# requests are left out (they are most of the traffic and no test asks about them).
+cat >"$dir/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: None
+    users: [system:kube-controller-manager]
+  - level: Metadata
+EOF
 # --endpoint-reconciler-type=none: the reconciler refuses a loopback --advertise-address (it
 # would publish it as the "kubernetes" Service's endpoint); with no Pods running, nothing
 # needs that endpoint.
@@ -172,7 +187,9 @@ start kube-apiserver \
   --endpoint-reconciler-type=none \
   --authorization-mode=RBAC \
   --enable-admission-plugins="$admission_on" --disable-admission-plugins="$admission_off" \
-  --profiling=false
+  --profiling=false \
+  --audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" \
+  --audit-log-format=json --audit-log-maxsize=0
 api_ready() {
   curl -fsS --cacert "$pki/ca.crt" -H "Authorization: Bearer $admin_token" "$server/readyz" | grep -qx ok
 }
@@ -243,6 +260,7 @@ export CUSTODY_K8S_BIN='$bin'
 export CUSTODY_APISERVER='$server'
 export CUSTODY_ETCD='http://127.0.0.1:$etcd_port'
 export CUSTODY_KCM_PORT='$kcm_started'   # empty: no kube-controller-manager
+export CUSTODY_AUDIT_LOG='$dir/audit.log'   # JSON lines, Metadata level
 EOF
 
 log "ready: $server (kubectl: $bin/kubectl --kubeconfig $dir/kubeconfig)"

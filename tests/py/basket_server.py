@@ -26,6 +26,9 @@ Environment:
   BASKET_TOOLS_PAGE_SIZE   >0 = paginate tools/list with nextCursor    (0 = one page)
   BASKET_LIST_TTL_MS       ttlMs on 2026-07-28 tools/list results      (60000)
   BASKET_LIST_CACHE_SCOPE  cacheScope on 2026-07-28 tools/list: public|private (public)
+  BASKET_ID_PREFIX         prefix of minted basket ids; any text, e.g. template syntax (bsk_)
+  BASKET_REQUIRE_BEARER    non-empty: every HTTP request must carry
+                           `Authorization: Bearer <this>`, else 401                      (unset)
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ JSON_RESPONSE = _env_bool("BASKET_JSON_RESPONSE", "0")
 TOOLS_PAGE_SIZE = int(os.environ.get("BASKET_TOOLS_PAGE_SIZE", "0"))
 LIST_TTL_MS = int(os.environ.get("BASKET_LIST_TTL_MS", "60000"))
 LIST_CACHE_SCOPE = os.environ.get("BASKET_LIST_CACHE_SCOPE", "public")
+ID_PREFIX = os.environ.get("BASKET_ID_PREFIX", "bsk_")
+REQUIRE_BEARER = os.environ.get("BASKET_REQUIRE_BEARER", "")
 if LIST_CACHE_SCOPE not in ("public", "private"):
     raise SystemExit(f"BASKET_LIST_CACHE_SCOPE must be public or private, got {LIST_CACHE_SCOPE!r}")
 if TTL_SECONDS <= 0:
@@ -120,7 +125,7 @@ class BasketStore:
             self._expire_due(time.monotonic())
             if idempotency_key is not None and idempotency_key in self._by_idempotency_key:
                 return self._by_idempotency_key[idempotency_key], False
-            basket_id = "bsk_" + secrets.token_hex(8)
+            basket_id = ID_PREFIX + secrets.token_hex(8)
             ttl = self.default_ttl if ttl_seconds is None else ttl_seconds
             self._live[basket_id] = Basket(basket_id=basket_id, customer=customer, ttl_seconds=ttl)
             self._created[customer] = self._created.get(customer, 0) + 1
@@ -378,13 +383,35 @@ def main() -> None:
         LIST_TTL_MS,
         LIST_CACHE_SCOPE,
     )
-    server.run(
-        transport="streamable-http",
-        host=HOST,
-        port=PORT,
-        streamable_http_path=PATH,
-        json_response=JSON_RESPONSE,
-    )
+    if not REQUIRE_BEARER:
+        server.run(
+            transport="streamable-http",
+            host=HOST,
+            port=PORT,
+            streamable_http_path=PATH,
+            json_response=JSON_RESPONSE,
+        )
+        return
+    import uvicorn
+
+    app = server.streamable_http_app(streamable_http_path=PATH, json_response=JSON_RESPONSE, host=HOST)
+    uvicorn.run(_require_bearer(app, REQUIRE_BEARER), host=HOST, port=PORT, log_level="warning")
+
+
+def _require_bearer(app: Any, token: str) -> Any:
+    """ASGI wrapper: 401 unless `Authorization: Bearer <token>` (the token is never logged)."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != expected:
+            log.info("%s %s -> 401 (missing or wrong bearer token)", scope["method"], scope["path"])
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b'Bearer realm="basket"')]})
+            await send({"type": "http.response.body", "body": b"unauthorized\n"})
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ MISBEHAVE_CASE (one per process):
   slow_list            tools/list -> the correct reply after MISBEHAVE_LIST_DELAY_MS, plus a
                        read-only tool listing_<N> numbering the listings (1, 2, ...), so a test
                        can tell whose listing reached a status; logs `listing <N> started`
+  redirect             every request -> 307 to MISBEHAVE_REDIRECT_TO (a client must not follow)
 
 Environment:
   MISBEHAVE_PORT           TCP port on 127.0.0.1 (required; 0 = any free port, see stderr)
@@ -54,6 +55,7 @@ Environment:
   MISBEHAVE_EVENT_BYTES    huge_event: the event exceeds this size     (2097152)
   MISBEHAVE_BYTE_DELAY_MS  slow_bytes: delay between body bytes        (200)
   MISBEHAVE_LIST_DELAY_MS  slow_list: delay before the tools/list reply (5000)
+  MISBEHAVE_REDIRECT_TO    redirect: the Location of every answer       (http://169.254.169.254/mcp)
   MISBEHAVE_PAGINATE       1 = tools/list in two pages in every case   (forget_session and
                            stale_session_400 always paginate)
 
@@ -92,6 +94,7 @@ CASES = (
     "wrong_id",
     "invalid_utf8",
     "slow_list",
+    "redirect",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -130,6 +133,7 @@ BYTE_DELAY_S = _env_int("MISBEHAVE_BYTE_DELAY_MS", 200, minimum=1) / 1000.0
 LIST_DELAY_S = _env_int("MISBEHAVE_LIST_DELAY_MS", 5000) / 1000.0
 PAGINATE = os.environ.get("MISBEHAVE_PAGINATE", "0").strip() in ("1", "true", "yes", "on")
 PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
+REDIRECT_TO = os.environ.get("MISBEHAVE_REDIRECT_TO", "http://169.254.169.254/mcp")
 
 
 def log(line: str) -> None:
@@ -516,6 +520,11 @@ async def handle(conn: Conn, req: Request) -> None:
     if CASE == "hang":
         log(f"{req.method} {path} session={sid or '-'} -> hang")
         await conn.hang()
+
+    if CASE == "redirect":
+        log(f"{req.method} {path} -> 307 {REDIRECT_TO}")
+        await conn.send(307, [("location", REDIRECT_TO), ("content-type", "text/plain")], b"moved\n")
+        return
 
     if path != PATH:
         log(f"{req.method} {path} -> 404 (not the MCP endpoint)")

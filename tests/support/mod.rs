@@ -267,12 +267,18 @@ impl Peer {
 
     /// tests/py/misbehaving_server.py with one `MISBEHAVE_CASE`.
     pub fn misbehaving(case: &str) -> Self {
+        Self::misbehaving_with(case, &[])
+    }
+
+    /// [`Peer::misbehaving`] with extra `MISBEHAVE_*` settings.
+    pub fn misbehaving_with(case: &str, settings: &[(&str, &str)]) -> Self {
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
         let child = Command::new(var("CUSTODY_TEST_PYTHON"))
             .arg(script)
             .env("MISBEHAVE_PORT", port.to_string())
             .env("MISBEHAVE_CASE", case)
+            .envs(settings.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
