@@ -14,6 +14,7 @@
 mod doc;
 mod postgres;
 pub mod serde;
+mod shard;
 mod sqlite;
 pub mod writer;
 
@@ -24,6 +25,7 @@ use futures::stream::BoxStream;
 use serde_json::Value;
 
 pub use doc::CheckpointDoc;
+pub use shard::{MAX_SHARDS, Shard};
 
 use crate::crd::Backend;
 
@@ -160,9 +162,20 @@ impl Store {
         &'a self,
         channels: &'a [String],
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
+        self.parked_threads_in(channels, Shard::ALL)
+    }
+
+    /// As [`Store::parked_threads`], for the threads of one [`Shard`] only. PostgreSQL filters
+    /// in SQL (the other shards' rows are never fetched); SQLite, which has no sha256, filters
+    /// on the thread id before a row is decoded.
+    pub fn parked_threads_in<'a>(
+        &'a self,
+        channels: &'a [String],
+        shard: Shard,
+    ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         match self {
-            Self::Postgres(r) => r.parked_threads(channels),
-            Self::Sqlite(r) => r.parked_threads(channels),
+            Self::Postgres(r) => r.parked_threads(channels, shard),
+            Self::Sqlite(r) => r.parked_threads(channels, shard),
         }
     }
 }

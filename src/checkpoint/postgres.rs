@@ -9,7 +9,9 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
-use super::{Channel, CheckpointDoc, Scanned, SkippedThread, StoreError, classify, redact_dsn};
+use super::{
+    Channel, CheckpointDoc, Scanned, Shard, SkippedThread, StoreError, classify, redact_dsn,
+};
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
 /// warning since every migration so far only added tables, indexes and columns.
@@ -26,6 +28,11 @@ WITH latest AS (
     SELECT thread_id, max(checkpoint_id) AS checkpoint_id
     FROM checkpoints
     WHERE checkpoint_ns = ''
+      -- The shard ($2 = count, $3 = index): sha256(thread_id)[0..4] as an unsigned big-endian
+      -- integer, modulo the count (`Shard::contains`). Applied in the index-only scan, so a
+      -- shard looks up only its own threads' rows; with one shard the OR short-circuits.
+      AND ($2::int = 1
+           OR ('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint % $2 = $3)
     GROUP BY thread_id
 )
 SELECT l.thread_id, l.checkpoint_id, c.checkpoint, c.metadata,
@@ -116,9 +123,12 @@ impl Reader {
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],
+        shard: Shard,
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         sqlx::query(PARKED_SQL)
             .bind(channels.to_vec())
+            .bind(i32::try_from(shard.count()).expect("shard count <= MAX_SHARDS"))
+            .bind(i64::from(shard.index()))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
                 match row {
