@@ -367,7 +367,10 @@ mod tests {
         let b = shard(1, 2, "job-2", 4, "2026-11-30T04:00:03Z");
         let stale = shard(1, 2, "job-1", 9, "2026-11-30T03:45:00Z");
         let other_count = shard(1, 3, "job-2", 9, "2026-11-30T04:00:00Z");
-        assert_eq!(merge_shards(std::slice::from_ref(&a), 2, Some("job-2")), None);
+        assert_eq!(
+            merge_shards(std::slice::from_ref(&a), 2, Some("job-2")),
+            None
+        );
         assert_eq!(merge_shards(&[a.clone(), stale], 2, Some("job-2")), None);
         assert_eq!(
             merge_shards(&[a.clone(), other_count], 2, Some("job-2")),

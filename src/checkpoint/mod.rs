@@ -16,6 +16,7 @@ mod postgres;
 pub mod serde;
 mod shard;
 mod sqlite;
+mod typed;
 pub mod writer;
 
 use std::collections::BTreeMap;
@@ -255,10 +256,32 @@ fn classify(
     channels: BTreeMap<String, Channel>,
 ) -> Option<ParkedThread> {
     let next_nodes = doc.next_nodes();
+    let head = Head {
+        checkpoint_id: doc.id,
+        checkpoint_ts: doc.ts,
+        next_nodes,
+    };
+    classify_head(thread_id, head, metadata, pending_interrupt, channels)
+}
+
+/// What [`classify`] needs of a checkpoint document, however it was decoded.
+struct Head {
+    checkpoint_id: String,
+    checkpoint_ts: Option<DateTime<Utc>>,
+    next_nodes: Vec<String>,
+}
+
+fn classify_head(
+    thread_id: String,
+    head: Head,
+    metadata: serde_json::Map<String, Value>,
+    pending_interrupt: bool,
+    channels: BTreeMap<String, Channel>,
+) -> Option<ParkedThread> {
     let edited = metadata.get("source").and_then(Value::as_str) == Some("update");
     let parked_by = if pending_interrupt {
         ParkedBy::Interrupt
-    } else if edited && !next_nodes.is_empty() {
+    } else if edited && !head.next_nodes.is_empty() {
         ParkedBy::Edited
     } else {
         return None;
@@ -266,11 +289,11 @@ fn classify(
     Some(ParkedThread {
         thread_id,
         checkpoint_ns: String::new(),
-        checkpoint_id: doc.id,
+        checkpoint_id: head.checkpoint_id,
         parked_by,
-        checkpoint_ts: doc.ts,
+        checkpoint_ts: head.checkpoint_ts,
         metadata,
-        next_nodes,
+        next_nodes: head.next_nodes,
         channels,
     })
 }
