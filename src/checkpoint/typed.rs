@@ -79,7 +79,18 @@ pub(super) fn decode<'a>(json: &'a [u8], requested: &[String]) -> Result<DocView
     let view = DocSeed { requested }
         .deserialize(&mut de)
         .and_then(|v| de.end().map(|()| v))
-        .map_err(|e| DecodeError(format!("checkpoint is not a JSON object: {e}")))?;
+        // Not `e`'s own text: for a document of the wrong type serde_json quotes the value,
+        // and messages must never carry checkpoint contents.
+        .map_err(|e| {
+            DecodeError(match e.classify() {
+                serde_json::error::Category::Data => "checkpoint is not a JSON object".into(),
+                _ => format!(
+                    "checkpoint is not valid JSON (line {}, column {})",
+                    e.line(),
+                    e.column()
+                ),
+            })
+        })?;
     if view.id.is_none() {
         return Err(DecodeError("checkpoint has no id".into()));
     }
@@ -393,6 +404,8 @@ mod tests {
     #[test]
     fn bad_documents_are_errors() {
         assert!(decode(b"[1]", &[]).is_err());
+        let err = decode(br#""secret-value""#, &[]).unwrap_err().0;
+        assert_eq!(err, "checkpoint is not a JSON object");
         assert!(decode(br#"{"v": 4}"#, &[]).unwrap_err().0.contains("no id"));
         assert!(decode(br#"{"id": "x""#, &[]).is_err());
         assert!(decode(br#"{"id": "x"} {}"#, &[]).is_err());
