@@ -7,7 +7,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, SweepSummary};
+use crate::checkpoint::Shard;
+use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, ShardSweep, SweepSummary};
 use crate::local::{LoadError, Resources};
 use crate::mcp::ServerConfig;
 use crate::sweep::Target;
@@ -152,6 +153,88 @@ pub async fn write_sweep_status(
     Ok(())
 }
 
+/// Field manager of one shard's entry in `status.shards`: one manager per index, so server-side
+/// apply merges the entries of shards that finish at the same time instead of replacing them.
+pub fn shard_field_manager(index: u32) -> String {
+    format!("{SWEEP_FIELD_MANAGER}-shard-{index}")
+}
+
+/// Writes one shard's summary to `status.shards[index]`, then, when every shard of the same run
+/// has reported, their merged totals to `status.lastSweep`.
+///
+/// Each shard applies its own list-map entry under [`shard_field_manager`] and only then reads
+/// the status back, so of shards finishing at once at least the last one sees all entries;
+/// shards that both see all of them write the same totals.
+///
+/// # Errors
+/// An API call failed.
+pub async fn write_shard_status(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    shard: Shard,
+    run: Option<&str>,
+    summary: &SweepSummary,
+) -> Result<(), ClusterError> {
+    let api: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
+    let entry = ShardSweep {
+        index: shard.index(),
+        count: shard.count(),
+        run: run.map(str::to_owned),
+        summary: summary.clone(),
+    };
+    let patch = json!({
+        "apiVersion": "custody.dev/v1alpha1",
+        "kind": "CheckpointStore",
+        "status": {"shards": [entry]},
+    });
+    let updated = api
+        .patch_status(
+            name,
+            &PatchParams::apply(&shard_field_manager(shard.index())).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(api_err(format!("patch CheckpointStore {ns}/{name} status")))?;
+    let shards = updated.status.map(|s| s.shards).unwrap_or_default();
+    if let Some(total) = merge_shards(&shards, shard.count(), run) {
+        write_sweep_status(client, ns, name, &total).await?;
+    }
+    Ok(())
+}
+
+/// The totals of a run once all `count` shards of it have reported: counts summed, the slowest
+/// shard's duration (they run at once), the last `finishedAt`. `None` while a shard is missing
+/// or still carries an earlier run's summary.
+pub fn merge_shards(shards: &[ShardSweep], count: u32, run: Option<&str>) -> Option<SweepSummary> {
+    let mut total = SweepSummary::default();
+    for index in 0..count {
+        let s = shards
+            .iter()
+            .find(|s| s.index == index && s.count == count && s.run.as_deref() == run)?;
+        let t = &s.summary;
+        total.parked_threads += t.parked_threads;
+        total.skipped_threads += t.skipped_threads;
+        total.ok += t.ok;
+        total.gone += t.gone;
+        total.absent += t.absent;
+        total.unknown += t.unknown;
+        total.probes += t.probes;
+        for (kind, n) in &t.actions {
+            *total.actions.entry(kind.clone()).or_default() += n;
+        }
+        for (kind, n) in &t.audit {
+            *total.audit.entry(kind.clone()).or_default() += n;
+        }
+        total.duration_ms = total.duration_ms.max(t.duration_ms);
+        // RFC 3339 in UTC with whole seconds (`Z`): text order is time order.
+        if t.finished_at > total.finished_at {
+            total.finished_at.clone_from(&t.finished_at);
+        }
+    }
+    Some(total)
+}
+
 /// Collects a sweep's actions so they can be published as Events once the sweep is done
 /// ([`crate::sweep::act::ActionSink::record`] is synchronous; publishing is not). Also logs them.
 #[derive(Default)]
@@ -255,4 +338,48 @@ pub fn parse_ref(text: &str) -> Result<(String, String), String> {
 /// `namespace/name` of an object.
 pub fn object_key<K: ResourceExt>(obj: &K) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shard(index: u32, count: u32, run: &str, ok: u64, finished: &str) -> ShardSweep {
+        ShardSweep {
+            index,
+            count,
+            run: Some(run.to_owned()),
+            summary: SweepSummary {
+                parked_threads: ok + 1,
+                ok,
+                probes: ok,
+                actions: [("reminted".to_owned(), 1)].into(),
+                duration_ms: ok * 10,
+                finished_at: finished.to_owned(),
+                ..SweepSummary::default()
+            },
+        }
+    }
+
+    #[test]
+    fn shards_merge_only_when_the_whole_run_reported() {
+        let a = shard(0, 2, "job-2", 3, "2026-11-30T04:00:05Z");
+        let b = shard(1, 2, "job-2", 4, "2026-11-30T04:00:03Z");
+        let stale = shard(1, 2, "job-1", 9, "2026-11-30T03:45:00Z");
+        let other_count = shard(1, 3, "job-2", 9, "2026-11-30T04:00:00Z");
+        assert_eq!(
+            merge_shards(std::slice::from_ref(&a), 2, Some("job-2")),
+            None
+        );
+        assert_eq!(merge_shards(&[a.clone(), stale], 2, Some("job-2")), None);
+        assert_eq!(
+            merge_shards(&[a.clone(), other_count], 2, Some("job-2")),
+            None
+        );
+        let total = merge_shards(&[b, a], 2, Some("job-2")).unwrap();
+        assert_eq!((total.parked_threads, total.ok, total.probes), (9, 7, 7));
+        assert_eq!(total.actions["reminted"], 2);
+        assert_eq!(total.duration_ms, 40);
+        assert_eq!(total.finished_at, "2026-11-30T04:00:05Z");
+    }
 }

@@ -82,6 +82,15 @@ struct SweepArgs {
     /// `--store` the store's `mode` alone decides.
     #[arg(long)]
     apply: bool,
+    /// Sweep only shard I of N (`0 <= I < N <= 64`): the threads whose thread id hashes to I
+    /// (first 4 bytes of its sha256, modulo N). N processes with I = 0..N-1 cover every thread
+    /// exactly once; acting shards lock their own shard only. Default 0/1, every thread.
+    #[arg(long, value_name = "I/N", default_value = "0/1")]
+    shard: custody::checkpoint::Shard,
+    /// With `--store` and `--shard`: the run this shard belongs to (the CronJob passes its Job's
+    /// name). Shards merge into `status.lastSweep` once all N of the same run have reported.
+    #[arg(long, value_name = "ID", requires = "store")]
+    run: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
@@ -199,6 +208,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     for target in &targets {
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
+            shard: args.shard,
         };
         let sink: &dyn custody::sweep::act::ActionSink = if cluster.is_some() {
             &events
@@ -213,7 +223,19 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     if let Some((client, ns, name)) = &cluster
         && let Some(r) = reports.first()
     {
-        custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
+        if args.shard.is_all() {
+            custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
+        } else {
+            custody::cluster::write_shard_status(
+                client,
+                ns,
+                name,
+                args.shard,
+                args.run.as_deref(),
+                &r.summary,
+            )
+            .await?;
+        }
         events.publish(client, ns, name).await;
     }
     let mut stdout = std::io::stdout().lock();

@@ -1545,3 +1545,193 @@ async fn invalid_objects_name_the_field_in_conditions() {
     assert_eq!(obj["metadata"]["generation"], 2);
     assert_eq!(condition(&obj, "Valid").unwrap()["reason"], "UnknownServer");
 }
+
+/// `spec.parallelism: 2`: the CronJob runs an Indexed Job whose pods sweep one shard each; run
+/// here with each pod's index and Job name expanded, the shards write their own entries of
+/// `status.shards` and, once both of the same run have reported, the merged `status.lastSweep`.
+#[tokio::test]
+async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "shards").await;
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("e2e_shards").await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+
+    for d in sweep_access(infra, &ns) {
+        apply(&client, &ns, &d).await;
+    }
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
+                "stringData": {"dsn": dsn}}),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &mcp_server("basket", json!({"url": server.url()})),
+    )
+    .await;
+    let class =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
+            .unwrap();
+    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    let store = |parallelism: Value| {
+        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+               "metadata": {"name": "orders"},
+               "spec": {"backend": "postgres", "parallelism": parallelism,
+                        "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}})
+    };
+    // The API server refuses a parallelism out of range.
+    for bad in [json!(0), json!(65)] {
+        let err = custody(&client, &ns, "CheckpointStore")
+            .patch(
+                "orders",
+                &PatchParams::apply("custody-e2e").force(),
+                &Patch::Apply(&store(bad.clone())),
+            )
+            .await
+            .expect_err("parallelism out of range");
+        assert!(err.to_string().contains("parallelism"), "{bad}: {err}");
+    }
+    apply(&client, &ns, &store(json!(2))).await;
+
+    let cron = eventually("the Indexed Job template of orders-sweep", async || {
+        let cron = Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())?;
+        let cron = serde_json::to_value(cron).unwrap();
+        if cron["spec"]["jobTemplate"]["spec"]["completionMode"] == "Indexed" {
+            Ok(cron)
+        } else {
+            Err(cron["spec"]["jobTemplate"]["spec"].to_string())
+        }
+    })
+    .await;
+    let job = &cron["spec"]["jobTemplate"]["spec"];
+    assert_eq!(job["completions"], 2, "{job}");
+    assert_eq!(job["parallelism"], 2, "{job}");
+    let container = &job["template"]["spec"]["containers"][0];
+    let args: Vec<String> = serde_json::from_value(container["args"].clone()).unwrap();
+    assert_eq!(
+        args,
+        [
+            "sweep",
+            "--store",
+            &format!("{}/orders", &*ns),
+            "--shard",
+            "$(JOB_COMPLETION_INDEX)/2",
+            "--run",
+            "$(CUSTODY_SWEEP_RUN)"
+        ]
+    );
+    assert_eq!(
+        container["env"][0],
+        json!({"name": "CUSTODY_SWEEP_RUN", "valueFrom": {"fieldRef": {"apiVersion": "v1",
+               "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}})
+    );
+    let sa = job["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+    // What the kubelet does with $(VAR) references, for pod `index` of Job `run`.
+    let pod = |index: u32, run: &str| {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| {
+                a.replace("$(JOB_COMPLETION_INDEX)", &index.to_string())
+                    .replace("$(CUSTODY_SWEEP_RUN)", run)
+            })
+            .collect();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_custody"));
+        cmd.args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let finish = |child: std::process::Child| {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "shard sweep failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    // One shard of a run alone: its entry, and no merged totals yet.
+    finish(pod(0, "orders-sweep-1"));
+    let o = get(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .unwrap();
+    assert_eq!(
+        o["status"]["shards"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        o["status"]
+    );
+    assert!(o["status"]["lastSweep"].is_null(), "{}", o["status"]);
+
+    // Both shards of the next run at once: neither entry is lost and the totals merge.
+    let children = [pod(0, "orders-sweep-2"), pod(1, "orders-sweep-2")];
+    for c in children {
+        finish(c);
+    }
+    let store = eventually("status.lastSweep", async || {
+        let o = get(&client, &ns, "CheckpointStore", "orders")
+            .await
+            .unwrap();
+        if o["status"]["lastSweep"].is_object() {
+            Ok(o)
+        } else {
+            Err(o["status"].to_string())
+        }
+    })
+    .await;
+    let parked: Vec<&str> = manifest["threads"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["parked"] == true)
+        .map(|t| t["expected"].as_str().unwrap())
+        .collect();
+    let count = |v: &str| parked.iter().filter(|e| **e == v).count();
+    let status = &store["status"];
+    let shards = status["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 2, "{status}");
+    let mut shard_parked = 0;
+    for (i, s) in shards.iter().enumerate() {
+        assert_eq!(s["index"], i, "{status}");
+        assert_eq!(s["count"], 2, "{status}");
+        assert_eq!(s["run"], "orders-sweep-2", "{status}");
+        shard_parked += s["summary"]["parkedThreads"].as_u64().unwrap();
+    }
+    let last = &status["lastSweep"];
+    assert_eq!(last["parkedThreads"], parked.len(), "{status}");
+    assert_eq!(shard_parked as usize, parked.len(), "{status}");
+    for verdict in ["ok", "gone", "absent", "unknown"] {
+        assert_eq!(last[verdict], count(verdict), "{verdict}: {status}");
+    }
+    assert_eq!(last["probes"], 3, "{status}");
+    let managers: Vec<&str> = store["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["subresource"] == "status")
+        .filter_map(|m| m["manager"].as_str())
+        .collect();
+    for m in [
+        "custody-sweep-shard-0",
+        "custody-sweep-shard-1",
+        "custody-sweep",
+    ] {
+        assert!(managers.contains(&m), "{m} not in {managers:?}");
+    }
+    assert_eq!(condition(&store, "Reachable").unwrap()["status"], "True");
+}

@@ -1172,7 +1172,10 @@ fn config_types_never_print_a_secret() {
     let sweep = rt.block_on(custody::sweep::run_with(
         &targets[0],
         chrono::Utc::now(),
-        custody::sweep::RunOptions { apply: false },
+        custody::sweep::RunOptions {
+            apply: false,
+            shard: custody::checkpoint::Shard::ALL,
+        },
         &custody::sweep::act::LogSink,
     ));
     let sweep = sweep.err().unwrap();

@@ -69,22 +69,7 @@ impl CheckpointDoc {
         let obj = doc
             .as_object()
             .ok_or_else(|| DecodeError::malformed("checkpoint is not a JSON object"))?;
-        match obj.get("v") {
-            None | Some(Value::Null) => {}
-            Some(v) => match v.as_u64() {
-                Some(v) if v <= LATEST_FORMAT => {}
-                Some(v) => {
-                    return Err(DecodeError::unsupported(format!(
-                        "checkpoint format v{v} is newer than v{LATEST_FORMAT}, the newest custody reads"
-                    )));
-                }
-                None => {
-                    return Err(DecodeError::malformed(format!(
-                        "checkpoint format version {v} is not a number"
-                    )));
-                }
-            },
-        }
+        check_format(obj.get("v"))?;
         let id = match obj.get("id") {
             Some(Value::String(id)) => id.clone(),
             None | Some(Value::Null) => return Err(DecodeError::malformed("checkpoint has no id")),
@@ -193,6 +178,26 @@ impl CheckpointDoc {
 
 /// A map of channel versions: strings as LangGraph 1.x writes them, or the non-negative
 /// integers of other savers (zero-padded so both compare as strings).
+/// The document's format `v`: absent, null or at most [`LATEST_FORMAT`].
+///
+/// # Errors
+/// [`DecodeKind::UnsupportedFormat`] for a newer format; a malformed error for a `v` that is not
+/// a number.
+pub(super) fn check_format(v: Option<&Value>) -> Result<(), DecodeError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) => match v.as_u64() {
+            Some(v) if v <= LATEST_FORMAT => Ok(()),
+            Some(v) => Err(DecodeError::unsupported(format!(
+                "checkpoint format v{v} is newer than v{LATEST_FORMAT}, the newest custody reads"
+            ))),
+            None => Err(DecodeError::malformed(format!(
+                "checkpoint format version {v} is not a number"
+            ))),
+        },
+    }
+}
+
 fn versions(v: Option<&Value>, field: &str) -> Result<BTreeMap<String, String>, DecodeError> {
     let wrong = || DecodeError::malformed(format!("checkpoint {field} is not a map of versions"));
     let map = match v {

@@ -14,7 +14,9 @@
 mod doc;
 mod postgres;
 pub mod serde;
+mod shard;
 mod sqlite;
+mod typed;
 pub mod writer;
 
 use std::collections::BTreeMap;
@@ -25,6 +27,7 @@ use serde_json::Value;
 
 pub use doc::CheckpointDoc;
 pub use serde::{DecodeError, DecodeKind, MAX_VALUE_BYTES};
+pub use shard::{MAX_SHARDS, Shard};
 
 use crate::crd::Backend;
 
@@ -206,9 +209,20 @@ impl Store {
         &'a self,
         channels: &'a [String],
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
+        self.parked_threads_in(channels, Shard::ALL)
+    }
+
+    /// As [`Store::parked_threads`], for the threads of one [`Shard`] only. PostgreSQL filters
+    /// in SQL (the other shards' rows are never fetched); SQLite, which has no sha256, filters
+    /// on the thread id before a row is decoded.
+    pub fn parked_threads_in<'a>(
+        &'a self,
+        channels: &'a [String],
+        shard: Shard,
+    ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         let scan = match self {
-            Self::Postgres(r) => r.parked_threads(channels),
-            Self::Sqlite(r) => r.parked_threads(channels),
+            Self::Postgres(r) => r.parked_threads(channels, shard),
+            Self::Sqlite(r) => r.parked_threads(channels, shard),
         };
         scan.map_ok(skip_undecodable).boxed()
     }
@@ -313,10 +327,32 @@ fn classify(
     channels: BTreeMap<String, Channel>,
 ) -> Option<ParkedThread> {
     let next_nodes = doc.next_nodes();
+    let head = Head {
+        checkpoint_id: doc.id,
+        checkpoint_ts: doc.ts,
+        next_nodes,
+    };
+    classify_head(thread_id, head, metadata, pending_interrupt, channels)
+}
+
+/// What [`classify`] needs of a checkpoint document, however it was decoded.
+struct Head {
+    checkpoint_id: String,
+    checkpoint_ts: Option<DateTime<Utc>>,
+    next_nodes: Vec<String>,
+}
+
+fn classify_head(
+    thread_id: String,
+    head: Head,
+    metadata: serde_json::Map<String, Value>,
+    pending_interrupt: bool,
+    channels: BTreeMap<String, Channel>,
+) -> Option<ParkedThread> {
     let edited = metadata.get("source").and_then(Value::as_str) == Some("update");
     let parked_by = if pending_interrupt {
         ParkedBy::Interrupt
-    } else if edited && !next_nodes.is_empty() {
+    } else if edited && !head.next_nodes.is_empty() {
         ParkedBy::Edited
     } else {
         return None;
@@ -324,11 +360,11 @@ fn classify(
     Some(ParkedThread {
         thread_id,
         checkpoint_ns: String::new(),
-        checkpoint_id: doc.id,
+        checkpoint_id: head.checkpoint_id,
         parked_by,
-        checkpoint_ts: doc.ts,
+        checkpoint_ts: head.checkpoint_ts,
         metadata,
-        next_nodes,
+        next_nodes: head.next_nodes,
         channels,
     })
 }

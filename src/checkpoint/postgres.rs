@@ -1,17 +1,19 @@
 //! PostgresSaver tables (`langgraph-checkpoint-postgres` 3.2, migrations v0–v9).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
 use serde_json::Value;
-use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow, PgValueFormat};
+use sqlx::{Row, ValueRef};
 
+use super::doc::parse_ts;
 use super::{
-    Channel, CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, SkippedThread, StoreError,
-    classify, redact_dsn,
+    Channel, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
+    classify_head, redact_dsn, typed,
 };
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
@@ -29,6 +31,11 @@ WITH latest AS (
     SELECT thread_id, max(checkpoint_id) AS checkpoint_id
     FROM checkpoints
     WHERE checkpoint_ns = ''
+      -- The shard ($2 = count, $3 = index): sha256(thread_id)[0..4] as an unsigned big-endian
+      -- integer, modulo the count (`Shard::contains`). Applied in the index-only scan, so a
+      -- shard looks up only its own threads' rows; with one shard the OR short-circuits.
+      AND ($2::int = 1
+           OR ('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint % $2 = $3)
     GROUP BY thread_id
 )
 SELECT l.thread_id, l.checkpoint_id, c.checkpoint, c.metadata,
@@ -53,9 +60,9 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) p ON true
 LEFT JOIN LATERAL (
-    -- A blob over $2 bytes is not fetched, only its size (octet_length reads the TOAST header).
+    -- A blob over $4 bytes is not fetched, only its size (octet_length reads the TOAST header).
     SELECT array_agg(b.channel) AS channels, array_agg(b.type) AS types,
-           array_agg(CASE WHEN octet_length(b.blob) <= $2 THEN b.blob END) AS blobs,
+           array_agg(CASE WHEN octet_length(b.blob) <= $4 THEN b.blob END) AS blobs,
            array_agg(octet_length(b.blob)) AS sizes
     FROM unnest($1::text[]) AS ch(name)
     JOIN checkpoint_blobs b
@@ -122,9 +129,12 @@ impl Reader {
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],
+        shard: Shard,
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         sqlx::query(PARKED_SQL)
             .bind(channels.to_vec())
+            .bind(i32::try_from(shard.count()).expect("shard count <= MAX_SHARDS"))
+            .bind(i64::from(shard.index()))
             .bind(i32::try_from(MAX_VALUE_BYTES).unwrap_or(i32::MAX))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
@@ -142,11 +152,27 @@ fn strip_dsn(message: &str, dsn: &str) -> String {
     message.replace(dsn, &redact_dsn(dsn))
 }
 
+/// The text of a `json`/`jsonb` column, borrowed from the row: binary `jsonb` is a version byte
+/// (1) and the JSON text. `None` for SQL NULL.
+fn json_bytes<'r>(row: &'r PgRow, column: &str) -> Result<Option<&'r [u8]>, StoreError> {
+    let raw = row.try_get_raw(column)?;
+    if raw.is_null() {
+        return Ok(None);
+    }
+    let bytes = raw
+        .as_bytes()
+        .map_err(|e| StoreError::Query(sqlx::Error::Decode(e)))?;
+    Ok(Some(match bytes.split_first() {
+        Some((1, text)) if raw.format() == PgValueFormat::Binary => text,
+        _ => bytes,
+    }))
+}
+
 fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, StoreError> {
     let thread_id: String = row.try_get("thread_id")?;
     let checkpoint_id: String = row.try_get("checkpoint_id")?;
-    let checkpoint: Value = row.try_get("checkpoint")?;
-    let metadata: Value = row.try_get("metadata")?;
+    let checkpoint = json_bytes(row, "checkpoint")?;
+    let metadata = json_bytes(row, "metadata")?;
     let pending: bool = row.try_get("pending_interrupt")?;
     let names: Option<Vec<String>> = row.try_get("channels")?;
     let types: Option<Vec<String>> = row.try_get("types")?;
@@ -161,18 +187,29 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
             error,
         ))))
     };
-    let doc = match CheckpointDoc::from_json(&checkpoint) {
+    let Some(checkpoint) = checkpoint else {
+        return skip(DecodeError::malformed("checkpoint column is NULL"));
+    };
+    // Typed straight from the row's bytes: no `Value` tree of the whole document (typed.rs).
+    let doc = match typed::decode(checkpoint, requested) {
         Ok(doc) => doc,
         Err(e) => return skip(e),
     };
-    let Value::Object(metadata) = metadata else {
-        return skip(DecodeError::malformed(
-            "checkpoint metadata is not a JSON object",
-        ));
+    let metadata = match serde_json::from_slice::<Value>(metadata.unwrap_or(b"{}")) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => {
+            return skip(DecodeError::malformed(
+                "checkpoint metadata is not a JSON object",
+            ));
+        }
+        Err(e) => {
+            return skip(DecodeError::malformed(format!(
+                "checkpoint metadata is not JSON: {e}"
+            )));
+        }
     };
 
     let mut channels = BTreeMap::new();
-    let inline = checkpoint.get("channel_values").and_then(Value::as_object);
     for (((name, type_), blob), size) in names
         .unwrap_or_default()
         .into_iter()
@@ -194,16 +231,23 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
         };
         channels.insert(name, state);
     }
+    let next_nodes = doc.next_nodes();
+    let mut inline = doc.inline;
     // Primitives (None, str, int, float, bool) stay inline in channel_values and get no blob.
-    for name in requested {
+    for (i, name) in requested.iter().enumerate() {
         if channels.contains_key(name) {
             continue;
         }
-        if let Some(v) = inline.and_then(|m| m.get(name)) {
-            channels.insert(name.clone(), Channel::Value(v.clone()));
-        } else if doc.channel_versions.contains_key(name) {
+        if let Some(at) = inline.iter().position(|(j, _)| *j == i) {
+            channels.insert(name.clone(), Channel::Value(inline.swap_remove(at).1));
+        } else if doc.versions.iter().any(|(c, _)| c == name) {
             channels.insert(name.clone(), Channel::Empty);
         }
     }
-    Ok(classify(thread_id, doc, metadata, pending, channels).map(Scanned::Parked))
+    let head = Head {
+        checkpoint_id: doc.id.map(Cow::into_owned).unwrap_or_default(),
+        checkpoint_ts: doc.ts.as_deref().and_then(parse_ts),
+        next_nodes,
+    };
+    Ok(classify_head(thread_id, head, metadata, pending, channels).map(Scanned::Parked))
 }

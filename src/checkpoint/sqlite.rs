@@ -10,8 +10,8 @@ use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 
 use super::{
-    CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, SkippedThread, StoreError, classify,
-    serde,
+    CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
+    classify, serde,
 };
 
 /// Latest root checkpoint per thread, kept when an interrupt is pending or an `update_state` edit
@@ -88,13 +88,19 @@ impl Reader {
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],
+        shard: Shard,
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         sqlx::query(PARKED_SQL)
             .bind(i64::try_from(MAX_VALUE_BYTES).unwrap_or(i64::MAX))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
                 match row {
-                    Ok(row) => decode_row(&row, channels).transpose(),
+                    // SQLite has no sha256(): the shard is checked on the thread id before the
+                    // row is decoded (`Shard::contains`, the same split PostgreSQL computes).
+                    Ok(row) => match row.try_get::<&str, _>("thread_id") {
+                        Ok(id) if !shard.contains(id) => None,
+                        _ => decode_row(&row, channels).transpose(),
+                    },
                     Err(e) => Some(Err(StoreError::Query(e))),
                 }
             })

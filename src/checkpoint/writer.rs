@@ -37,7 +37,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::serde::{DecodeError, read};
-use super::{StoreError, redact_dsn};
+use super::{Shard, StoreError, redact_dsn};
 use crate::crd::Backend;
 
 /// The PostgresSaver migration whose schema the writer produces rows for (v9 added
@@ -50,6 +50,14 @@ const PG_WRITE_MIGRATION: i32 = 9;
 /// held by one connection would block those commits from another; a session lock is released by
 /// the server as soon as a killed process's connection drops.
 const PG_ACT_LOCK: i64 = 0x0063_7573_746f_6479;
+/// First key of a shard's advisory lock (`'cust'` as ASCII bytes); the two-key form never
+/// collides with the one-key [`PG_ACT_LOCK`].
+const PG_SHARD_LOCK: i32 = 0x6375_7374;
+
+/// Second key of a shard's advisory lock: count and index, both at most `MAX_SHARDS`.
+fn shard_key(shard: Shard) -> i32 {
+    i32::try_from(shard.count() << 16 | shard.index()).expect("shard count <= MAX_SHARDS")
+}
 
 /// LangGraph's task-path prefix of a node ("PULL") task (`langgraph/_internal/_constants.py`).
 const PULL: &str = "__pregel_pull";
@@ -117,8 +125,9 @@ impl Tx {
 pub enum ActLock {
     /// A dedicated connection holding a session advisory lock.
     Postgres(PgConnection),
-    /// An exclusive lock on `<database>-custody.lock` next to the SQLite file.
-    Sqlite(File),
+    /// Locks on files next to the SQLite file: `<database>-custody.lock` (exclusive for the
+    /// whole store, shared for a shard) and, for a shard, `<database>-custody-shard-I-of-N.lock`.
+    Sqlite(Vec<File>),
 }
 
 impl WritePool {
@@ -181,35 +190,80 @@ impl WritePool {
         }
     }
 
-    /// Takes the store's act lock without waiting; `None` when another process holds it.
+    /// Takes the act lock of one shard of the store without waiting; `None` when another
+    /// process holds it.
+    ///
+    /// A lock per (store, shard), not per store: the shards of an Indexed Job act at the same
+    /// time on disjoint threads, so a per-store lock would let only one of them act. A sharded
+    /// sweep holds the store lock *shared* and its shard's lock exclusively; a whole-store sweep
+    /// (`Shard::ALL`) holds the store lock exclusively. So a whole-store sweep never runs beside
+    /// any shard, and two processes never act on the same shard. Shards of different counts
+    /// (`0/2` beside `0/3`) are not excluded by the lock: the controller never runs them at once
+    /// (one CronJob per store, `concurrencyPolicy: Forbid`).
     ///
     /// # Errors
-    /// The database (PostgreSQL) or the lock file (SQLite) cannot be reached.
-    pub async fn try_lock(&self) -> Result<Option<ActLock>, StoreError> {
+    /// The database (PostgreSQL) or a lock file (SQLite) cannot be reached.
+    pub async fn try_lock(&self, shard: Shard) -> Result<Option<ActLock>, StoreError> {
         match self {
             Self::Postgres(pool) => {
                 let mut conn = pool.acquire().await?.detach();
-                let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                let got: bool = if shard.is_all() {
+                    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                        .bind(PG_ACT_LOCK)
+                        .fetch_one(&mut conn)
+                        .await?
+                } else {
+                    sqlx::query_scalar(
+                        "SELECT pg_try_advisory_lock_shared($1) AND pg_try_advisory_lock($2, $3)",
+                    )
                     .bind(PG_ACT_LOCK)
+                    .bind(PG_SHARD_LOCK)
+                    .bind(shard_key(shard))
                     .fetch_one(&mut conn)
-                    .await?;
-                Ok(got.then_some(ActLock::Postgres(conn)))
+                    .await?
+                };
+                if got {
+                    return Ok(Some(ActLock::Postgres(conn)));
+                }
+                // One of the two may have been granted: ending the session releases it.
+                let _ = conn.close().await;
+                Ok(None)
             }
             Self::Sqlite(_, path) => {
-                let mut lock = path.clone().into_os_string();
-                lock.push("-custody.lock");
-                let file = File::options()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(&lock)
-                    .map_err(|e| {
-                        StoreError::Schema(format!(
-                            "cannot open the act lock {}: {e}",
-                            PathBuf::from(&lock).display()
-                        ))
-                    })?;
-                Ok(file.try_lock().is_ok().then_some(ActLock::Sqlite(file)))
+                let open = |suffix: String| {
+                    let mut lock = path.clone().into_os_string();
+                    lock.push(suffix);
+                    File::options()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(&lock)
+                        .map_err(|e| {
+                            StoreError::Schema(format!(
+                                "cannot open the act lock {}: {e}",
+                                PathBuf::from(&lock).display()
+                            ))
+                        })
+                };
+                let store = open("-custody.lock".to_owned())?;
+                if shard.is_all() {
+                    return Ok(store
+                        .try_lock()
+                        .is_ok()
+                        .then(|| ActLock::Sqlite(vec![store])));
+                }
+                if store.try_lock_shared().is_err() {
+                    return Ok(None);
+                }
+                let own = open(format!(
+                    "-custody-shard-{}-of-{}.lock",
+                    shard.index(),
+                    shard.count()
+                ))?;
+                Ok(own
+                    .try_lock()
+                    .is_ok()
+                    .then(|| ActLock::Sqlite(vec![store, own])))
             }
         }
     }
@@ -231,13 +285,12 @@ impl ActLock {
     pub async fn release(self) {
         match self {
             Self::Postgres(mut conn) => {
-                let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
-                    .bind(PG_ACT_LOCK)
+                let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
                     .execute(&mut conn)
                     .await;
                 let _ = conn.close().await;
             }
-            Self::Sqlite(file) => drop(file),
+            Self::Sqlite(files) => drop(files),
         }
     }
 }

@@ -131,7 +131,8 @@ pub(super) async fn reconcile(
         }
         ctx.metrics.set_sweep_reasons(&ns, &store.name_any(), s);
     }
-    // 4. status (pure), applied when changed (API). lastSweep belongs to the sweep's field manager.
+    // 4. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
+    //    field managers.
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
@@ -141,9 +142,11 @@ pub(super) async fn reconcile(
         ),
         observed_generation: store.metadata.generation,
         last_sweep: None,
+        shards: Vec::new(),
     };
     let mut before = current.clone();
     before.last_sweep = None;
+    before.shards = Vec::new();
     let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(
         &ctx,
@@ -213,7 +216,76 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
 async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
-    let cron = json!({
+    let cron = cron_job(
+        store,
+        &ctx.opts.image,
+        &ctx.opts.sweep_service_account,
+        ctx.opts.egress.deny_metadata_addresses,
+    );
+    ctx.lease.check().await?;
+    Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&cron),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The sweep CronJob of a store. With `spec.parallelism` N above 1 its Job is an Indexed Job of
+/// N completions run at once: Kubernetes gives each pod its index in `JOB_COMPLETION_INDEX`,
+/// which the container's args expand into `--shard $(JOB_COMPLETION_INDEX)/N`, and the Job's
+/// name (the `batch.kubernetes.io/job-name` label) into `--run`, so the shards of one run can
+/// tell each other from an earlier run's.
+fn cron_job(
+    store: &CheckpointStore,
+    image: &str,
+    service_account: &str,
+    deny_metadata_addresses: bool,
+) -> serde_json::Value {
+    let ns = store.namespace().unwrap_or_default();
+    let name = format!("{}-sweep", store.name_any());
+    let n = store.spec.parallelism;
+    let mut args = sweep_args(&ns, &store.name_any(), deny_metadata_addresses);
+    if n > 1 {
+        args.extend([
+            "--shard".to_owned(),
+            format!("$(JOB_COMPLETION_INDEX)/{n}"),
+            "--run".to_owned(),
+            "$(CUSTODY_SWEEP_RUN)".to_owned(),
+        ]);
+    }
+    let mut job = json!({
+        // Sweeps are idempotent; the next scheduled run is the retry.
+        "backoffLimit": 0,
+        "template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep"}},
+            "spec": {
+                "serviceAccountName": service_account,
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "sweep",
+                    "image": image,
+                    "args": args,
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            },
+        },
+    });
+    if n > 1 {
+        job["template"]["spec"]["containers"][0]["env"] = json!([{
+            "name": "CUSTODY_SWEEP_RUN",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}},
+        }]);
+        job["completionMode"] = json!("Indexed");
+        job["completions"] = json!(n);
+        job["parallelism"] = json!(n);
+    }
+    json!({
         "apiVersion": "batch/v1",
         "kind": "CronJob",
         "metadata": {
@@ -229,37 +301,9 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), E
             "concurrencyPolicy": "Forbid",
             "successfulJobsHistoryLimit": 3,
             "failedJobsHistoryLimit": 3,
-            "jobTemplate": {"spec": {
-                // Sweeps are idempotent; the next scheduled run is the retry.
-                "backoffLimit": 0,
-                "template": {
-                    "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep"}},
-                    "spec": {
-                        "serviceAccountName": ctx.opts.sweep_service_account,
-                        "restartPolicy": "Never",
-                        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "sweep",
-                            "image": ctx.opts.image,
-                            "args": sweep_args(&ns, &store.name_any(), ctx.opts.egress.deny_metadata_addresses),
-                            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-                            "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-                                                "capabilities": {"drop": ["ALL"]}},
-                        }],
-                    },
-                },
-            }},
+            "jobTemplate": {"spec": job},
         },
-    });
-    ctx.lease.check().await?;
-    Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&cron),
-        )
-        .await?;
-    Ok(())
+    })
 }
 
 /// The sweep container's arguments. The controller's address policy is passed on only when it

@@ -61,6 +61,16 @@ pub struct CheckpointStoreSpec {
     #[schemars(length(max = 128))]
     pub schedule: String,
 
+    /// How many pods sweep the store at once, each its own disjoint shard of the threads
+    /// (`custody sweep --shard I/N`, by a stable hash of the thread id). Above 1 the CronJob
+    /// runs an Indexed Job with this many completions; each pod writes its shard's counts to
+    /// `status.shards` and the merged totals to `status.lastSweep`. Worth raising when the
+    /// database has cores to spare or probes are the bottleneck (BENCHMARKS.md). 1 to 64,
+    /// default 1.
+    #[serde(default = "default_parallelism")]
+    #[schemars(range(min = 1, max = 64))]
+    pub parallelism: u32,
+
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
     /// selects all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,6 +126,10 @@ fn default_max_age_seconds() -> u64 {
     86_400
 }
 
+fn default_parallelism() -> u32 {
+    1
+}
+
 fn default_schedule() -> String {
     "*/15 * * * *".into()
 }
@@ -159,9 +173,33 @@ pub struct CheckpointStoreStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Summary of the most recent sweep.
+    /// Summary of the most recent sweep; with `spec.parallelism` above 1, the totals of the
+    /// most recent run whose shards have all reported (counts summed, `durationMs` the slowest
+    /// shard's, `finishedAt` the last shard's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sweep: Option<SweepSummary>,
+    /// Per-shard summaries of sharded sweeps, a list-map keyed by `index`: each shard's pod
+    /// writes its own entry under its own field manager (`custody-sweep-shard-<index>`), so
+    /// shards finishing at once never overwrite each other.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["index"]))]
+    pub shards: Vec<ShardSweep>,
+}
+
+/// What one shard of a sharded sweep found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardSweep {
+    /// The shard's index, `0 <= index < count`.
+    pub index: u32,
+    /// How many shards the run had.
+    pub count: u32,
+    /// The run the shard belongs to (the Job's name in a cluster); shards merge into
+    /// `lastSweep` only when all `count` of them carry the same run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// The shard's counts.
+    pub summary: SweepSummary,
 }
 
 /// What one sweep found, by verdict.

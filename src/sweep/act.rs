@@ -38,7 +38,7 @@ use crate::checkpoint::writer::{
     self, ActLock, AppendRequest, Appended, InterruptCarry, Patch, PatchValue, WriteError,
     WritePool,
 };
-use crate::checkpoint::{Channel, StoreError};
+use crate::checkpoint::{Channel, Shard, StoreError};
 use crate::crd::validate::{self, FieldError};
 use crate::crd::{HandleClassSpec, MintSpec, OnGone};
 use crate::domain::handle::HandleRecord;
@@ -419,6 +419,9 @@ pub struct Actor<'a> {
     pool: WritePool,
     ledger: Ledger,
     lock: Option<ActLock>,
+    /// The shard this process acts on; unfinished ledger entries of other shards' threads are
+    /// theirs to settle.
+    shard: Shard,
     sink: &'a dyn ActionSink,
 }
 
@@ -434,18 +437,20 @@ pub enum ActError {
 }
 
 impl<'a> Actor<'a> {
-    /// Opens the writable pool, migrates the ledger and tries to take the act lock.
+    /// Opens the writable pool, migrates the ledger and tries to take the act lock of `shard`
+    /// ([`WritePool::try_lock`]).
     ///
     /// # Errors
     /// [`ActError`].
     pub async fn open(
         target: &'a Target,
         dsn: &str,
+        shard: Shard,
         sink: &'a dyn ActionSink,
     ) -> Result<Self, ActError> {
         let pool = WritePool::connect(target.backend, dsn).await?;
         let ledger = Ledger::open(pool.clone()).await?;
-        let lock = pool.try_lock().await?;
+        let lock = pool.try_lock(shard).await?;
         if lock.is_none() {
             tracing::warn!(store = %target.store, "another custody process is acting on this store; planning only");
         }
@@ -454,6 +459,7 @@ impl<'a> Actor<'a> {
             pool,
             ledger,
             lock,
+            shard,
             sink,
         })
     }
@@ -486,6 +492,9 @@ impl<'a> Actor<'a> {
         }
         let mut out = Vec::new();
         for entry in self.ledger.unsettled().await? {
+            if !self.shard.contains(&entry.thread_id) {
+                continue;
+            }
             let plan = match entry.action {
                 Action::Remint => Plan::Remint,
                 Action::Escalate => Plan::Escalate,

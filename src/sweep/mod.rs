@@ -20,7 +20,7 @@ use serde_json::Value;
 
 pub mod act;
 
-use crate::checkpoint::{ParkedBy, Scanned, SkippedThread, Store, StoreError};
+use crate::checkpoint::{ParkedBy, Scanned, Shard, SkippedThread, Store, StoreError};
 use crate::crd::{Backend, RecordFields, StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
 use crate::domain::template::{Context, Template};
@@ -150,6 +150,8 @@ pub struct RunOptions {
     /// Act on stores whose `mode` is `act` (local mode: `--apply`; the controller: always).
     /// Otherwise every sweep only plans.
     pub apply: bool,
+    /// Which threads to sweep (`--shard I/N`); [`Shard::ALL`] by default.
+    pub shard: Shard,
 }
 
 /// Why a sweep could not run.
@@ -223,7 +225,7 @@ pub async fn run_with(
     };
     let actor = if options.apply && target.mode == StoreMode::Act {
         Some(
-            act::Actor::open(target, target.dsn.expose_secret(), sink)
+            act::Actor::open(target, target.dsn.expose_secret(), options.shard, sink)
                 .await
                 .map_err(act_err)?,
         )
@@ -274,7 +276,7 @@ pub async fn run_with(
     // Keyed by (class's server, probe tool, rendered arguments): the dedup unit.
     let mut probes: BTreeMap<(String, String, String), PendingProbe> = BTreeMap::new();
 
-    let mut scan = store.parked_threads(&channels);
+    let mut scan = store.parked_threads_in(&channels, options.shard);
     while let Some(item) = scan.try_next().await.map_err(store_err)? {
         let thread = match item {
             Scanned::Skipped(s) => {

@@ -73,7 +73,8 @@ def current_custody_sql(repo: Path, out: Path) -> Path:
     src = (repo / "src/checkpoint/postgres.rs").read_text()
     start = src.index('const PARKED_SQL: &str = r#"') + len('const PARKED_SQL: &str = r#"')
     sql = src[start:src.index('"#;', start)]
-    sql = sql.replace("$1::text[]", "'{basket}'::text[]")
+    sql = sql.replace("$1::text[]", "'{basket}'::text[]").replace("$2", "1").replace("$3", "0")
+    sql = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
     path = out / "custody_current.sql"
     path.write_text(sql)
     return path
@@ -140,33 +141,79 @@ def scan(args: argparse.Namespace) -> int:
         if n == sizes[0]:
             for k in shards:
                 summary.setdefault("shard_cover", {})[k] = check_shards(url, out, k)
+        whole = runs["a_custody"][-1]["out"]
+        custody_cover = {}
         for k in shards:
             if k == 1:
                 continue
-            # k workers at once, each its own shard of the query (proposed SQL, psql into /dev/null)
+            # k custody processes at once, each `scan --shard i/k` (the shard filtered in SQL).
             walls = []
             for r in range(1, min(args.runs, 3) + 1):
-                procs = []
                 t0 = time.perf_counter()
-                for i in range(k):
-                    f = out / f"shard_{i}_of_{k}.sql"
-                    f.write_text((SQL / "best_shard.sql").read_text().replace(":shard_n", str(k)).replace(":shard_i", str(i)))
-                    procs.append(subprocess.Popen(psql_copy(url, f), stdout=subprocess.DEVNULL))
-                for p in procs:
-                    if p.wait() != 0:
-                        raise SystemExit("shard query failed")
+                procs = [subprocess.Popen([args.bin, "scan", "--dsn", url, "--shard", f"{i}/{k}"],
+                                          stdout=subprocess.PIPE, text=True) for i in range(k)]
+                outs = [p.communicate()[0] for p in procs]
                 walls.append(time.perf_counter() - t0)
+                if any(p.returncode != 0 for p in procs):
+                    raise SystemExit(f"custody scan --shard ?/{k} failed")
+                parts = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+            # The digest is a wrapping sum over threads: the shards' digests add up to the whole's.
+            digest = sum(int(x["digest"], 16) for x in parts) % 2**64
+            custody_cover[k] = {
+                "per_shard": [x["parked"] for x in parts],
+                "threads": whole["parked"],
+                "exactly_once": sum(x["parked"] for x in parts) == whole["parked"] and f"{digest:016x}" == whole["digest"],
+            }
             shard_res[k] = median(walls)
-            print(f"  N={n} shards={k}: {shard_res[k]:.2f} s (wall of the slowest shard)", file=sys.stderr)
+            print(f"  N={n} custody shards={k}: {shard_res[k]:.2f} s (wall of the slowest), {custody_cover[k]}",
+                  file=sys.stderr, flush=True)
+        full = full_sweep(args, out, url, n)
 
         summary[n] = summarize(n, runs, shard_res, args.noisy_load)
+        summary[n]["custody_shard_cover"] = custody_cover
+        summary[n]["full_sweep"] = full
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     (out / "summary.md").write_text(render(summary))
     print(render(summary))
     ok = all(s["digests_agree"] for k, s in summary.items() if k != "shard_cover")
     ok &= all(c["exactly_once"] for c in summary.get("shard_cover", {}).values())
+    ok &= all(c["exactly_once"] for k, s in summary.items() if k != "shard_cover"
+              for c in s.get("custody_shard_cover", {}).values())
     return 0 if ok else 1
+
+
+def full_sweep(args: argparse.Namespace, out: Path, url: str, n: int) -> dict:
+    """custody::sweep::run over the whole store (dry run), its probes refused at once by a closed
+    port so that the figure is the sweep's own: scan, extract, rows, dedup map, report."""
+    res_dir = out / f"full-sweep-{n}"
+    res_dir.mkdir(parents=True, exist_ok=True)
+    (res_dir / "bench.yaml").write_text(f"""apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: closed, namespace: default}}
+spec: {{url: "http://127.0.0.1:9/mcp", mode: auto, timeoutSeconds: 5}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: basket, namespace: default}}
+spec:
+  serverRef: closed
+  statePath: basket
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: CheckpointStore
+metadata: {{name: full-sweep, namespace: default}}
+spec: {{backend: postgres, dsn: "{url}", principalKey: principal, minParkedSeconds: 0}}
+""")
+    res = timed([args.bin, "probe", "--resources", str(res_dir)])
+    st = res["out"]["stores"][0]
+    full = {"wall_s": res["wall_s"], "peak_rss_mib": res["rss_kb"] / 1024, "rows": st["rows"],
+            "parked_threads": st["parked_threads"], "unknown": st["unknown"], "load": round(res["load_before"], 2)}
+    print(f"  N={n} full sweep: {full}", file=sys.stderr, flush=True)
+    return full
 
 
 def thread_ids(url: str, sql: str) -> list[str]:
@@ -259,6 +306,15 @@ def render(summary: dict) -> str:
         r = s["ratios"]
         sh = ", ".join(f"{k}: {v:.2f}" for k, v in s["shards"].items()) or "-"
         lines.append(f"| {int(n):,} | {fmt(r['a/b_api'])} | {fmt(r['a/b_ids'])} | {fmt(r['a/c'])} | {fmt(r['a/d'])} | {fmt(r['a/d_current'])} | {fmt(r.get('a_proposed/c'))} | {fmt(r.get('a_proposed/d'))} | {s['digests_agree']} | {sh} |")
+    lines += ["", "| N | custody shards: threads per shard, all exactly once | full sweep (probes refused): wall s, peak RSS MiB, rows |",
+              "|---:|---|---|"]
+    for n, s in summary.items():
+        if n == "shard_cover":
+            continue
+        cc = "; ".join(f"{k}: {c['per_shard']} {c['exactly_once']}" for k, c in s.get("custody_shard_cover", {}).items()) or "-"
+        f = s.get("full_sweep")
+        fs = f"{f['wall_s']:.2f} s, {f['peak_rss_mib']:.0f} MiB, {f['rows']} rows" if f else "-"
+        lines.append(f"| {int(n):,} | {cc} | {fs} |")
     cover = summary.get("shard_cover", {})
     if cover:
         lines += ["", "Shards cover every parked thread exactly once: " + ", ".join(

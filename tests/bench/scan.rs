@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! scan  --dsn URL [--channel basket] [--shard I/N]   scan + decode every parked thread's handle
-//!                                                   record through checkpoint::Store, no probes
+//!                                                   record through checkpoint::Store (one shard
+//!                                                   of them with --shard, filtered in SQL), no probes
 //! probe --resources DIR                              custody::sweep::run on every CheckpointStore
 //!                                                   in DIR (probes on, dry run)
 //! ```
@@ -17,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use custody::checkpoint::{Scanned, Store};
+use custody::checkpoint::{Scanned, Shard, Store};
 use custody::crd::{Backend, RecordFields};
 use custody::domain::handle::{self, Holding};
 use futures::TryStreamExt;
@@ -104,10 +105,10 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
         .get("channel")
         .cloned()
         .unwrap_or_else(|| "basket".into());
-    let shard = opts.get("shard").map(|s| {
-        let (i, n) = s.split_once('/').unwrap_or_else(|| usage());
-        (i.parse::<u64>().unwrap(), n.parse::<u64>().unwrap())
-    });
+    let shard: Shard = opts
+        .get("shard")
+        .map(|s| s.parse().unwrap_or_else(|e| panic!("--shard: {e}")))
+        .unwrap_or_default();
     let fields = RecordFields::default();
     let t0 = Instant::now();
     let store = Store::connect(Backend::Postgres, &dsn)
@@ -115,7 +116,7 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("connect: {e}"));
     let connected = t0.elapsed().as_secs_f64();
     let channels = vec![channel.clone()];
-    let mut stream = store.parked_threads(&channels);
+    let mut stream = store.parked_threads_in(&channels, shard);
     let (mut parked, mut with_handle, mut without, mut malformed, mut skipped) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut digest = 0u64;
@@ -135,13 +136,6 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
                 continue;
             }
         };
-        // Client-side shard filter, to measure what N workers would each do if the query
-        // were not sharded (the proposed SQL shard is measured separately by run.sh).
-        if let Some((i, n)) = shard
-            && shard_of(&thread.thread_id, n) != i
-        {
-            continue;
-        }
         parked += 1;
         let value = match handle::extract(&thread.channels, &channel, &fields) {
             Holding::Record(r) => {
@@ -176,16 +170,6 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
         "cpu_s": cpu,
         "peak_rss_kb": rss_kb,
     })
-}
-
-/// The shard hash proposed for `--shard I/N` (see BENCHMARKS.md): the first 4 bytes of
-/// sha256(thread_id) as an unsigned big-endian integer, modulo N. PostgreSQL (11+) computes the
-/// same with `('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)`
-/// widened to bigint (see run.sh); stable across versions, platforms and processes, unlike
-/// `hashtext`.
-fn shard_of(thread_id: &str, n: u64) -> u64 {
-    let d = Sha256::digest(thread_id.as_bytes());
-    u64::from(u32::from_be_bytes(d[..4].try_into().expect("4 bytes"))) % n
 }
 
 async fn probe(opts: &BTreeMap<String, String>) -> serde_json::Value {
