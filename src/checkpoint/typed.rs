@@ -459,7 +459,7 @@ mod tests {
                 "channel_versions is not a map of versions",
             ),
             (
-                json!({"id": "x", "channel_versions": {"a": -1}}),
+                json!({"id": "x", "channel_versions": {"branch:to:a": -1}}),
                 "channel_versions is not a map of versions",
             ),
             (
@@ -478,7 +478,7 @@ mod tests {
             (json!({"id": "x", "ts": 5}), "ts is not a string"),
         ] {
             let text = serde_json::to_vec(&doc).unwrap();
-            let typed = decode(&text, &[]).unwrap_err();
+            let typed = decode(&text, &[]).expect_err(&doc.to_string());
             let old = CheckpointDoc::from_json(&doc).unwrap_err();
             assert!(typed.message.contains(field), "{doc}: {typed}");
             assert!(old.message.contains(field), "{doc}: {old}");
