@@ -1,0 +1,534 @@
+//! The sweep's fault matrix (issue 9): what happens to a sweep when the sweeper itself is
+//! killed, or when two sweepers act at once. Every row asserts the same outcome:
+//! no thread lost, no handle minted twice, no verdict written to a thread that moved on, a clear
+//! error or condition naming the cause, and the next run completes the work.
+//!
+//! Real parts throughout: LangGraph (tests/py/order_graph.py) writes the threads, PostgreSQL and
+//! SQLite hold them, the Python basket and ticket servers, and tests/py/misbehaving_server.py (a
+//! real HTTP peer with one misbehaviour per process) answer, and the real `custody` binary
+//! sweeps. Stops at a named step use failpoints, so the file builds only with
+//! `--features failpoints`, as tests/run.sh runs it.
+//!
+//! | # | fault | expected outcome | test |
+//! |---|---|---|---|
+//! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
+//! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
+//!
+//! Rows covered elsewhere:
+//!
+//! | fault | expected outcome | test |
+//! |---|---|---|
+//! | sweeper SIGKILLed at every step of a re-mint (`act::after-intent` … `after-append`), both backends | one basket, items replayed once or the thread escalated (`mid-replay`) | tests/actions.rs `kill_9_at_every_step_of_a_remint_mints_once_{sqlite,postgres}` |
+//! | the thread resumed between custody's read and its write | nothing appended, `skipped: thread moved` | tests/actions.rs `a_thread_resumed_between_read_and_write_is_left_untouched_{sqlite,postgres}` |
+//! | two sweepers settling audit records at once | each record looked up and settled once | tests/audit.rs `two_concurrent_sweeps_settle_each_record_once_{sqlite,postgres}` |
+//! | audit lookup slower than the timeout, or its server down | the record stays pending, counted as an error | tests/audit.rs `a_lookup_that_times_out_leaves_the_record_pending`, `settles_landed_lost_down_and_old_records_{sqlite,postgres}` |
+//! | discovery against a hanging, 5xx, dropping, slow, looping or malformed server | an error naming the server and step, within the timeout | tests/discovery.rs |
+//! | probe server refusing connections | `unknown` | tests/sweep.rs |
+//! | controller: lease lost, Secret deleted | (the controller's rows) | tests/cluster_controller.rs |
+
+#![cfg(feature = "failpoints")]
+
+mod support;
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use custody::audit::idempotency_key;
+use custody::mcp::{Connection, ServerConfig};
+use serde_json::{Value, json};
+use support::{BasketServer, Db};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// A checkpoint database: a SQLite file in a temporary directory, or a PostgreSQL database.
+struct Checkpoints {
+    kind: Kind,
+    sqlite: PathBuf,
+    pg: String,
+}
+
+impl Checkpoints {
+    async fn new(kind: Kind, dir: &Path, name: &str) -> Self {
+        let pg = match kind {
+            Kind::Postgres => support::fresh_pg_database(name).await,
+            Kind::Sqlite => String::new(),
+        };
+        Self {
+            kind,
+            sqlite: dir.join("checkpoints.sqlite"),
+            pg,
+        }
+    }
+
+    fn db(&self) -> Db<'_> {
+        match self.kind {
+            Kind::Sqlite => Db::Sqlite(&self.sqlite),
+            Kind::Postgres => Db::Postgres(&self.pg),
+        }
+    }
+
+    fn backend_dsn(&self) -> (&'static str, String) {
+        match self.kind {
+            Kind::Sqlite => ("sqlite", format!("sqlite://{}", self.sqlite.display())),
+            Kind::Postgres => ("postgres", self.pg.clone()),
+        }
+    }
+
+    /// One integer from a query (`count(*)`), or `None` when the query fails (no such table).
+    async fn count(&self, sql: &str) -> Option<i64> {
+        use sqlx::Connection as _;
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.kind {
+            Kind::Sqlite => {
+                let url = format!("sqlite://{}", self.sqlite.display());
+                let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
+            }
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
+            }
+        }
+    }
+
+    /// Ledger entries that are not done.
+    async fn unsettled(&self) -> i64 {
+        self.count("SELECT count(*) FROM custody_actions WHERE state <> 'done'")
+            .await
+            .unwrap()
+    }
+
+    fn resume(&self, server: &str, thread: &str, value: &Value) -> Value {
+        support::order_graph(
+            self.db(),
+            &[
+                "resume",
+                "--thread",
+                thread,
+                "--server",
+                server,
+                "--principal",
+                "user-1",
+                "--value",
+                &value.to_string(),
+            ],
+        )
+    }
+
+    /// A parked thread `t-live` with two recorded items (widget ×2, gadget ×1), written through
+    /// the real basket server at `server`.
+    fn filled(&self, server: &str) -> String {
+        support::write_some_fixtures(server, self.db(), Some("t-live"), "");
+        self.resume(server, "t-live", &json!({"sku": "widget", "qty": 2}));
+        let state = self.resume(server, "t-live", &json!({"sku": "gadget", "qty": 1}));
+        assert_eq!(state["next"], json!(["add_item"]), "{state}");
+        state["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// `custody sweep --once -o json -f DIR` plus `extra` arguments.
+fn sweep_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    ["sweep", "--once", "-o", "json", "-f"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([dir.display().to_string()])
+        .chain(extra.iter().map(|s| (*s).to_owned()))
+        .collect()
+}
+
+/// Runs custody and returns its output, whatever the exit status.
+fn run(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .output()
+        .expect("run custody")
+}
+
+/// The first store's report of a successful run.
+fn report(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "custody failed:\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("sweep JSON");
+    doc["stores"][0].clone()
+}
+
+/// `custody sweep --once --apply` of `dir`, asserting success: the first store's report.
+fn act(dir: &Path) -> Value {
+    report(&run(&sweep_args(dir, &["--apply"])))
+}
+
+/// The rows of one thread in a store report.
+fn rows<'a>(report: &'a Value, thread: &str) -> Vec<&'a Value> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["thread_id"] == thread)
+        .collect()
+}
+
+/// The one row of (thread, class).
+fn row<'a>(report: &'a Value, thread: &str, class: &str) -> &'a Value {
+    rows(report, thread)
+        .into_iter()
+        .find(|r| r["handle_class"] == class)
+        .unwrap_or_else(|| panic!("no row for {thread}/{class} in {report:#}"))
+}
+
+/// A running custody stopped at a failpoint.
+struct Stopped {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Stopped {
+    /// Starts custody with `FAILPOINTS=<point>=<action>` and waits until it reports the point.
+    fn at(args: &[String], point: &str, action: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(args)
+            .env("FAILPOINTS", format!("{point}={action}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start custody");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let marker = format!("custody failpoint {point}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line == marker => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!(
+                    "custody never reached {point}; stderr:\n{}",
+                    seen.join("\n")
+                ),
+            }
+        }
+        Self { child, lines }
+    }
+
+    /// Lets a `return(wait)` stop go on; returns its exit status, report (stdout) and stderr.
+    fn go(mut self) -> (std::process::ExitStatus, String, String) {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let stderr: Vec<String> = self.lines.try_iter().collect();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr.join("\n"),
+        )
+    }
+
+    /// SIGKILL.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+/// Calls a tool on an MCP server as a client would; the structuredContent of a success.
+async fn call(url: &str, tool: &str, arguments: Value) -> Value {
+    let cfg = ServerConfig {
+        name: "peer".into(),
+        url: url.to_owned(),
+        headers: vec![],
+        timeout: Duration::from_secs(10),
+        mode: custody::crd::ProtocolMode::Auto,
+        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+    };
+    let conn = Connection::connect(&cfg).await.expect("connect");
+    let result = conn
+        .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
+        .await
+        .expect("tools/call");
+    conn.close().await;
+    assert!(!result.is_error, "{tool}: {}", result.text);
+    result.structured.unwrap_or(Value::Null)
+}
+
+async fn baskets(url: &str) -> u64 {
+    call(url, "count_baskets", json!({})).await["count"]
+        .as_u64()
+        .unwrap()
+}
+
+// ------------------------------------------------------------------ 4: audit settlement killed
+
+/// tests/py/ticket_server.py on its own port; killed when dropped.
+struct TicketServer {
+    child: Child,
+    port: u16,
+}
+
+impl TicketServer {
+    fn start() -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("TICKET_PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ticket_server.py");
+        support::wait_for_port(port, Duration::from_secs(60));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    async fn finds(&self) -> u64 {
+        call(&self.url(), "stats", json!({})).await["finds"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+impl Drop for TicketServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The audit steps at which the sweeper is killed.
+const AUDIT_STEPS: [&str; 4] = [
+    "after-claim",
+    "after-lookup",
+    "before-commit",
+    "after-commit",
+];
+
+async fn audit_kill_case(kind: Kind) {
+    let basket = BasketServer::start(&[]);
+    let tickets = TicketServer::start();
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(kind, res.path(), "faults_audit_kill").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::write_file(
+        res.path(),
+        "servers.yaml",
+        &format!(
+            r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: tickets}}
+spec:
+  url: "{}"
+  timeoutSeconds: 10
+  reconciliation:
+  - tool: create_ticket
+    lookup:
+      tool: find_ticket
+      arguments: {{idempotency_key: "{{{{idempotency_key}}}}"}}
+      found: {{path: ticket, notFoundErrorPrefixes: [TICKET_NOT_FOUND]}}
+      idField: ticket.id
+"#,
+            tickets.url()
+        ),
+    );
+    support::write_file(
+        res.path(),
+        "store.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+             spec:\n  backend: {backend}\n  dsn: \"{dsn}\"\n  mode: act\n\
+             \x20 audit: {{graceSeconds: 60, maxAgeSeconds: 3600, verdictPath: custody}}\n"
+        ),
+    );
+    act(res.path()); // creates custody's tables
+    let args = sweep_args(res.path(), &["--apply"]);
+
+    for step in AUDIT_STEPS {
+        // Two writes that landed on the server, two that did not, all left pending.
+        let calls: Vec<String> = (0..4).map(|i| format!("{step}-{i}")).collect();
+        for (i, c) in calls.iter().enumerate() {
+            let key = idempotency_key("t-live", c);
+            if i % 2 == 0 {
+                call(
+                    &tickets.url(),
+                    "create_ticket",
+                    json!({"idempotency_key": key, "title": c}),
+                )
+                .await;
+            }
+            insert_pending(&db, c, &key).await;
+        }
+        let finds = tickets.finds().await;
+
+        Stopped::at(&args, &format!("audit::{step}"), "return").kill();
+        let next = act(res.path());
+        let handled: Vec<&str> = next["audit"]["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tool_call_id"].as_str().unwrap())
+            .collect();
+        if step == "after-commit" {
+            assert!(
+                handled.is_empty(),
+                "{step}: settled before the kill: {next:#}"
+            );
+        } else {
+            assert_eq!(handled, calls, "{step}: the next run settles each record");
+        }
+        // Lookups are read-only, so a batch looked up but not committed is looked up again.
+        let looked_up_twice = matches!(step, "after-lookup" | "before-commit");
+        assert_eq!(
+            tickets.finds().await - finds,
+            if looked_up_twice { 8 } else { 4 },
+            "{step}: lookups"
+        );
+        for (i, c) in calls.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                "committed"
+            } else {
+                "not_committed"
+            };
+            let got = db
+                .count(&format!(
+                    "SELECT count(*) FROM custody_audit WHERE tool_call_id = '{c}' AND status = '{want}'"
+                ))
+                .await;
+            assert_eq!(got, Some(1), "{step}: {c} is {want}");
+        }
+        // A further run finds nothing left to settle.
+        let idle = act(res.path());
+        assert!(
+            idle["audit"]["records"].as_array().unwrap().is_empty(),
+            "{step}: {idle:#}"
+        );
+    }
+}
+
+/// Writes a pending audit record for `call` on t-live, five minutes old, as an agent does.
+async fn insert_pending(db: &Checkpoints, call: &str, key: &str) {
+    use sqlx::Connection as _;
+    match db.kind {
+        Kind::Postgres => {
+            let mut c = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+            sqlx::query(
+                "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
+                    principal, created_at, updated_at)
+                 VALUES ('t-live', $1, $2, 'tickets', 'create_ticket', 'user-1',
+                    now() - interval '300 seconds', now() - interval '300 seconds')",
+            )
+            .bind(call)
+            .bind(key)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+        Kind::Sqlite => {
+            let url = format!("sqlite://{}", db.sqlite.display());
+            let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            sqlx::query(
+                "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
+                    principal, created_at, updated_at)
+                 VALUES ('t-live', ?1, ?2, 'tickets', 'create_ticket', 'user-1',
+                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-300 seconds'),
+                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-300 seconds'))",
+            )
+            .bind(call)
+            .bind(key)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_an_audit_settlement_settles_once_sqlite() {
+    audit_kill_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_an_audit_settlement_settles_once_postgres() {
+    audit_kill_case(Kind::Postgres).await;
+}
+
+// ------------------------------------------------------------------ 5: two acting sweeps
+
+async fn two_sweeps_case(kind: Kind) {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(kind, res.path(), "faults_two_sweeps").await;
+    let old = db.filled(&basket.url());
+    call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");
+    let before = baskets(&basket.url()).await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let first = Stopped::at(&args, "act::after-intent", "return(wait)");
+    let out = run(&args);
+    let second = report(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let r = row(&second, "t-live", "basket");
+    assert_eq!(r["verdict"], "gone", "{r:#}");
+    assert_eq!(r["action"]["outcome"], "skipped", "{r:#}");
+    assert_eq!(
+        r["action"]["reason"], "another custody process is acting on this store",
+        "{r:#}"
+    );
+    assert!(
+        stderr.contains("another custody process is acting on this store"),
+        "{stderr}"
+    );
+    assert!(second["settled"].as_array().unwrap().is_empty());
+    assert_eq!(
+        baskets(&basket.url()).await,
+        before,
+        "the second sweep minted nothing"
+    );
+
+    let (status, stdout, stderr) = first.go();
+    assert!(status.success(), "{stderr}");
+    let first: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        row(&first["stores"][0], "t-live", "basket")["action"]["outcome"],
+        "reminted"
+    );
+    assert_eq!(baskets(&basket.url()).await, before + 1, "one basket");
+    assert_eq!(db.unsettled().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_acting_sweeps_one_acts_the_other_says_why_sqlite() {
+    two_sweeps_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_acting_sweeps_one_acts_the_other_says_why_postgres() {
+    two_sweeps_case(Kind::Postgres).await;
+}
