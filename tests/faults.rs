@@ -1,7 +1,7 @@
-//! The sweep's fault matrix (issue 9): what happens to a sweep when the sweeper itself is
-//! killed, or when two sweepers act at once. Every row asserts the same outcome:
-//! no thread lost, no handle minted twice, no verdict written to a thread that moved on, a clear
-//! error or condition naming the cause, and the next run completes the work.
+//! The sweep's fault matrix (issue 9): what happens to a sweep when an MCP server misbehaves,
+//! when the sweeper itself is killed, or when two sweepers act at once. Every row asserts the
+//! same outcome: no thread lost, no handle minted twice, no verdict written to a thread that
+//! moved on, a clear error or condition naming the cause, and the next run completes the work.
 //!
 //! Real parts throughout: LangGraph (tests/py/order_graph.py) writes the threads, PostgreSQL and
 //! SQLite hold them, the Python basket and ticket servers, and tests/py/misbehaving_server.py (a
@@ -11,6 +11,11 @@
 //!
 //! | # | fault | expected outcome | test |
 //! |---|---|---|---|
+//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream, or is slower than its timeout | `unknown` (never `gone`) with the cause; one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
+//! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
+//! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
+//! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
+//! | 3e | replay call hangs / 5xx / drops | its effect is unknown: escalated with the cause, never replayed twice, one basket | `a_replay_call_that_fails_escalates_and_never_replays_twice` |
 //! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
 //! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
 //!
@@ -120,6 +125,10 @@ impl Checkpoints {
                 &value.to_string(),
             ],
         )
+    }
+
+    fn state(&self, thread: &str) -> Value {
+        support::order_graph(self.db(), &["state", "--thread", thread])
     }
 
     /// A parked thread `t-live` with two recorded items (widget ×2, gadget ×1), written through
@@ -273,10 +282,310 @@ async fn call(url: &str, tool: &str, arguments: Value) -> Value {
     result.structured.unwrap_or(Value::Null)
 }
 
+/// (sku, qty) of a basket, sorted.
+async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> =
+        call(url, "get_basket", json!({"basket_id": basket})).await["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["sku"].as_str().unwrap().to_owned(),
+                    l["qty"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+    out.sort();
+    out
+}
+
 async fn baskets(url: &str) -> u64 {
     call(url, "count_baskets", json!({})).await["count"]
         .as_u64()
         .unwrap()
+}
+
+// ------------------------------------------------------------------ 3: misbehaving MCP servers
+
+/// tests/py/misbehaving_server.py with one case and its settings; killed when dropped.
+struct Misbehaving {
+    child: Child,
+    port: u16,
+}
+
+impl Misbehaving {
+    fn start(case: &str, settings: &[(&str, &str)]) -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("MISBEHAVE_PORT", port.to_string())
+            .env("MISBEHAVE_CASE", case)
+            .envs(settings.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start misbehaving_server.py");
+        support::wait_for_port(port, Duration::from_secs(30));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for Misbehaving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An MCPServer and a HandleClass probing the thread's `basket` through it.
+fn probe_class(dir: &Path, name: &str, url: &str, timeout_s: u32) {
+    support::write_file(
+        dir,
+        &format!("{name}.yaml"),
+        &format!(
+            r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: {name}}}
+spec: {{url: "{url}", timeoutSeconds: {timeout_s}}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: {name}}}
+spec:
+  serverRef: {name}
+  statePath: basket
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
+"#
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::basket_resources(res.path(), &basket.url(), "auto", backend, &dsn);
+    let probe = [("MISBEHAVE_TOOLS", "get_basket")];
+    // Each bad server costs its 3 s timeout at most; in sequence they would cost 12 s.
+    let servers = [
+        ("hang", Misbehaving::start("call_hang", &probe), 3),
+        ("http-500", Misbehaving::start("call_http_500", &probe), 3),
+        (
+            "drop",
+            Misbehaving::start("call_drop_mid_stream", &probe),
+            3,
+        ),
+        (
+            "slow-late",
+            Misbehaving::start(
+                "call_slow_bytes",
+                &[
+                    ("MISBEHAVE_TOOLS", "get_basket"),
+                    ("MISBEHAVE_BYTE_DELAY_MS", "50"),
+                ],
+            ),
+            3,
+        ),
+        (
+            "slow-ok",
+            Misbehaving::start(
+                "call_slow_bytes",
+                &[
+                    ("MISBEHAVE_TOOLS", "get_basket"),
+                    ("MISBEHAVE_BYTE_DELAY_MS", "5"),
+                ],
+            ),
+            20,
+        ),
+    ];
+    for (name, server, timeout) in &servers {
+        probe_class(res.path(), name, &server.url(), *timeout);
+    }
+
+    let started = Instant::now();
+    let r = report(&run(&sweep_args(res.path(), &["--dry-run"])));
+    let took = started.elapsed();
+    assert_eq!(row(&r, "t-live", "basket")["verdict"], "ok", "{r:#}");
+    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again; rmcp then leaves
+    // the request to its deadline, so it reads as a timeout (as in discovery, tests/discovery.rs).
+    for (name, want) in [
+        ("hang", "tools/call get_basket timed out after 3s"),
+        ("http-500", "500"),
+        ("drop", "tools/call get_basket timed out after 3s"),
+        ("slow-late", "tools/call get_basket timed out after 3s"),
+    ] {
+        let bad = row(&r, "t-live", name);
+        assert_eq!(bad["verdict"], "unknown", "{name}: never gone: {bad:#}");
+        assert!(
+            bad["reason"].as_str().unwrap().contains(want),
+            "{name}: the reason names the cause ({want}): {bad:#}"
+        );
+        assert!(bad["action"].is_null(), "unknown is never acted on");
+    }
+    let slow = row(&r, "t-live", "slow-ok");
+    assert_eq!(
+        slow["verdict"], "gone",
+        "a slow answer within the timeout is judged on its content: {slow:#}"
+    );
+    assert!(
+        slow["reason"]
+            .as_str()
+            .unwrap()
+            .contains("BASKET_NOT_FOUND"),
+        "{slow:#}"
+    );
+    assert!(
+        took < Duration::from_secs(12),
+        "servers are probed in parallel, each bounded by its own timeout: {took:?}"
+    );
+}
+
+/// Resources re-minting the thread's basket on `url`, with 3 s timeouts.
+fn remint_on(dir: &Path, url: &str, db: &Checkpoints) {
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(dir, url, backend, &dsn, "remint");
+    support::write_file(
+        dir,
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+             spec: {{url: \"{url}\", timeoutSeconds: 3}}\n"
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once() {
+    let basket = BasketServer::start(&[]);
+    for case in ["call_hang", "call_http_500", "call_drop_mid_stream"] {
+        // The thread's basket lives on the real server; the misbehaving one does not know it,
+        // so its probe answers BASKET_NOT_FOUND and the sweep re-mints there.
+        let bad = Misbehaving::start(
+            case,
+            &[
+                ("MISBEHAVE_TOOLS", "create_basket"),
+                ("MISBEHAVE_TIMES", "1"),
+            ],
+        );
+        let res = tempfile::tempdir().unwrap();
+        let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+        let old = db.filled(&basket.url());
+        remint_on(res.path(), &bad.url(), &db);
+
+        let first = act(res.path());
+        let r = row(&first, "t-live", "basket");
+        assert_eq!(r["verdict"], "gone", "{case}: {r:#}");
+        assert_eq!(r["action"]["outcome"], "error", "{case}: {r:#}");
+        assert!(
+            r["action"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("mint failed, retried next sweep: server basket: tools/call"),
+            "{case}: {r:#}"
+        );
+        assert_eq!(db.unsettled().await, 1, "{case}: the intent stays");
+        assert_eq!(
+            db.state("t-live")["values"]["basket"]["value"],
+            old.as_str(),
+            "{case}: nothing appended"
+        );
+
+        let second = act(res.path());
+        assert_eq!(
+            second["settled"][0]["outcome"], "reminted",
+            "{case}: {second:#}"
+        );
+        let new = db.state("t-live")["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            baskets(&bad.url()).await,
+            1,
+            "{case}: one basket, whatever the first call did"
+        );
+        assert_eq!(
+            items(&bad.url(), &new).await,
+            vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+            "{case}"
+        );
+        assert_eq!(db.unsettled().await, 0, "{case}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_mint_within_the_timeout_remints() {
+    let basket = BasketServer::start(&[]);
+    let bad = Misbehaving::start(
+        "call_slow_bytes",
+        &[
+            ("MISBEHAVE_TOOLS", "create_basket"),
+            ("MISBEHAVE_BYTE_DELAY_MS", "5"),
+        ],
+    );
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    db.filled(&basket.url());
+    remint_on(res.path(), &bad.url(), &db);
+    // At 5 ms a byte the answer takes 1–2 s: slow, but within the 3 s per-request timeout.
+    let r = act(res.path());
+    assert_eq!(
+        row(&r, "t-live", "basket")["action"]["outcome"],
+        "reminted",
+        "{r:#}"
+    );
+    assert_eq!(baskets(&bad.url()).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
+    let basket = BasketServer::start(&[]);
+    for (case, cause) in [
+        ("call_hang", "timed out"),
+        ("call_http_500", "500"),
+        ("call_drop_mid_stream", "failed"),
+    ] {
+        let bad = Misbehaving::start(
+            case,
+            &[("MISBEHAVE_TOOLS", "add_item"), ("MISBEHAVE_TIMES", "1")],
+        );
+        let res = tempfile::tempdir().unwrap();
+        let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+        let old = db.filled(&basket.url());
+        remint_on(res.path(), &bad.url(), &db);
+
+        let first = act(res.path());
+        let r = row(&first, "t-live", "basket");
+        assert_eq!(r["action"]["outcome"], "escalated", "{case}: {r:#}");
+        let state = db.state("t-live");
+        let custody = &state["values"]["custody"];
+        let reason = custody["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("replay add_item of item 1 failed") && reason.contains(cause),
+            "{case}: the verdict names the failed call and its cause: {custody:#}"
+        );
+        assert_eq!(state["values"]["basket"]["value"], old.as_str(), "{case}");
+        assert_eq!(state["next"], json!(["add_item"]), "{case}");
+        assert_eq!(baskets(&bad.url()).await, 1, "{case}: minted once");
+        assert_eq!(db.unsettled().await, 0, "{case}");
+
+        let again = act(res.path());
+        let r = row(&again, "t-live", "basket");
+        assert_eq!(r["action"]["reason"], "already escalated", "{case}: {r:#}");
+        assert_eq!(baskets(&bad.url()).await, 1, "{case}: not minted again");
+    }
 }
 
 // ------------------------------------------------------------------ 4: audit settlement killed
