@@ -1,7 +1,7 @@
-//! The sweep's fault matrix (issue 9): what happens to a sweep when an MCP server misbehaves,
-//! when the sweeper itself is killed, or when two sweepers act at once. Every row asserts the
-//! same outcome: no thread lost, no handle minted twice, no verdict written to a thread that
-//! moved on, a clear error or condition naming the cause, and the next run completes the work.
+//! The sweep's fault matrix (issue 9): what happens to a sweep when its database or an MCP
+//! server misbehaves, or when the sweeper itself is killed. Every row asserts the same outcome:
+//! no thread lost, no handle minted twice, no verdict written to a thread that moved on, a clear
+//! error or condition naming the cause, and the next run completes the work.
 //!
 //! Real parts throughout: LangGraph (tests/py/order_graph.py) writes the threads, PostgreSQL and
 //! SQLite hold them, the Python basket and ticket servers, and tests/py/misbehaving_server.py (a
@@ -11,6 +11,9 @@
 //!
 //! | # | fault | expected outcome | test |
 //! |---|---|---|---|
+//! | 1a | PostgreSQL restarted while the sweep scans | the sweep exits 1 naming the store and the lost connection, writes nothing; the next run acts | `postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts` |
+//! | 1b | PostgreSQL restarted while the sweep acts (between mint and replay) | the act lock went with the connection: the action stops with an error saying so, the ledger keeps the minted handle; the next run replays and appends, one basket | `postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once` |
+//! | 2 | checkpoint database read-only (`default_transaction_read_only`), or a role with SELECT only (PostgreSQL) | observing works; acting exits 1 with "the checkpoint database refuses writes (<the database's reason>)", writes nothing, not even custody's tables; writable again, the next run acts | `a_read_only_database_is_observed_refused_for_acting_then_acted_on` |
 //! | 3a | probe: server hangs, answers 5xx, drops the SSE stream, or is slower than its timeout | `unknown` (never `gone`) with the cause; one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
 //! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
 //! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
@@ -69,6 +72,14 @@ impl Checkpoints {
             kind,
             sqlite: dir.join("checkpoints.sqlite"),
             pg,
+        }
+    }
+
+    fn on_postgres(url: String) -> Self {
+        Self {
+            kind: Kind::Postgres,
+            sqlite: PathBuf::new(),
+            pg: url,
         }
     }
 
@@ -304,6 +315,296 @@ async fn baskets(url: &str) -> u64 {
     call(url, "count_baskets", json!({})).await["count"]
         .as_u64()
         .unwrap()
+}
+
+// ------------------------------------------------------------------ 1: PostgreSQL restarts
+
+/// A PostgreSQL of this test's own (tests/harness/pg.sh), stopped and removed when dropped.
+struct OwnPg {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl OwnPg {
+    fn pg_sh(command: &str, dir: &Path) -> String {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg(command)
+            .arg(dir)
+            .output()
+            .expect("run pg.sh");
+        assert!(
+            out.status.success(),
+            "pg.sh {command} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Starts it and creates database `checkpoints`; `url` points at that database.
+    async fn start() -> Self {
+        use sqlx::Connection as _;
+        let dir = tempfile::tempdir().unwrap();
+        let admin = Self::pg_sh("start", dir.path());
+        let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+        sqlx::query("CREATE DATABASE checkpoints")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        let (base, _) = admin.rsplit_once('/').unwrap();
+        let url = format!("{base}/checkpoints");
+        Self { dir, url }
+    }
+
+    /// A fast restart on the same port: every open session is terminated.
+    fn restart(&self) {
+        Self::pg_sh("restart", self.dir.path());
+    }
+
+    /// Copies thread `from` (all its checkpoints, blobs and writes) `n` times as `bulk-<i>`,
+    /// so a scan's result is larger than the socket buffers and is still streaming when the
+    /// server goes away. The copies are LangGraph's own rows under other thread ids.
+    async fn bulk_copy(&self, from: &str, n: u32) {
+        use sqlx::Connection as _;
+        let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
+        for table in ["checkpoints", "checkpoint_blobs", "checkpoint_writes"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table}
+                 SELECT (jsonb_populate_record(NULL::{table},
+                     to_jsonb(c) || jsonb_build_object('thread_id', 'bulk-' || g))).*
+                 FROM {table} c, generate_series(1, $2) g WHERE c.thread_id = $1"
+            )))
+            .bind(from)
+            .bind(i32::try_from(n).unwrap())
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+impl Drop for OwnPg {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts() {
+    let pg = OwnPg::start().await;
+    let db = Checkpoints::on_postgres(pg.url.clone());
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-expired,t-live"), "");
+    pg.bulk_copy("t-live", 4000).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+    let checkpoints_before = db.count("SELECT count(*) FROM checkpoints").await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let stopped = Stopped::at(&args, "sweep::mid-scan", "return(wait)");
+    pg.restart();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(
+        !status.success(),
+        "a scan cut off by the restart must fail the sweep:\n{stdout}\n{stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    // The cause's text depends on timing: the server's "terminating connection due to
+    // administrator command" when it reaches the client, otherwise the cut-off read.
+    assert!(
+        error.starts_with("error: store default/orders: the scan stopped after ")
+            && (error.contains("terminating connection due to administrator command")
+                || error.contains("error communicating with database")),
+        "the error names the store, the step and the cause: {error:?}\n{stderr}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM checkpoints").await,
+        checkpoints_before,
+        "nothing written"
+    );
+
+    let again = act(res.path());
+    assert_eq!(
+        row(&again, "t-expired", "basket")["action"]["outcome"],
+        "escalated",
+        "{again:#}"
+    );
+    assert_eq!(again["summary"]["parkedThreads"], 4002);
+    assert_eq!(db.unsettled().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once() {
+    let pg = OwnPg::start().await;
+    let db = Checkpoints::on_postgres(pg.url.clone());
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let old = db.filled(&basket.url());
+    call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");
+    let before = baskets(&basket.url()).await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let stopped = Stopped::at(&args, "act::after-mint", "return(wait)");
+    pg.restart();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let first: Value = serde_json::from_str(&stdout).unwrap();
+    let r = row(&first["stores"][0], "t-live", "basket");
+    assert_eq!(r["action"]["outcome"], "error", "{r:#}");
+    assert!(
+        r["action"]["reason"].as_str().unwrap().contains("act lock"),
+        "the error says why acting stopped: {r:#}"
+    );
+    assert_eq!(
+        db.unsettled().await,
+        1,
+        "the minted handle stays in the ledger"
+    );
+    assert_eq!(
+        db.state("t-live")["values"]["basket"]["value"],
+        old.as_str(),
+        "nothing appended"
+    );
+
+    let again = act(res.path());
+    assert_eq!(again["settled"].as_array().unwrap().len(), 1, "{again:#}");
+    assert_eq!(again["settled"][0]["outcome"], "reminted", "{again:#}");
+    assert_eq!(baskets(&basket.url()).await, before + 1, "one basket");
+    let state = db.state("t-live");
+    let new = state["values"]["basket"]["value"].as_str().unwrap();
+    assert_ne!(new, old);
+    assert_eq!(
+        items(&basket.url(), new).await,
+        vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+        "replayed once"
+    );
+    assert_eq!(db.unsettled().await, 0);
+}
+
+// ------------------------------------------------------------------ 2: read-only database
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
+    use sqlx::Connection as _;
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Postgres, res.path(), "faults_read_only").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-expired,t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+    let name = db.pg.rsplit_once('/').unwrap().1.to_owned();
+    let mut admin = sqlx::PgConnection::connect(&support::var("CUSTODY_TEST_PG_URL"))
+        .await
+        .unwrap();
+    let checkpoints = db.count("SELECT count(*) FROM checkpoints").await;
+
+    // A role that may only read: observed, refused for acting with the database's reason.
+    let reader = format!("faults_reader_{}", std::process::id());
+    {
+        let mut owner = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+        for sql in [
+            format!("DROP ROLE IF EXISTS {reader}"),
+            format!("CREATE ROLE {reader} LOGIN"),
+            format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut owner)
+                .await
+                .unwrap();
+        }
+    }
+    let as_reader = db.pg.replacen("postgres@", &format!("{reader}@"), 1);
+    support::act_resources(res.path(), &basket.url(), backend, &as_reader, "escalate");
+    let observed = report(&run(&sweep_args(res.path(), &[])));
+    assert_eq!(row(&observed, "t-expired", "basket")["verdict"], "gone");
+    let out = run(&sweep_args(res.path(), &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "store default/orders: the checkpoint database refuses writes (permission denied"
+        ),
+        "{stderr}"
+    );
+    {
+        let mut owner = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+        for sql in [
+            format!("DROP OWNED BY {reader}"),
+            format!("DROP ROLE {reader}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut owner)
+                .await
+                .unwrap();
+        }
+    }
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {name} SET default_transaction_read_only = on"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+
+    // The whole database read-only. Observing needs no writes.
+    let observed = report(&run(&sweep_args(res.path(), &[])));
+    assert_eq!(row(&observed, "t-expired", "basket")["verdict"], "gone");
+    assert_eq!(
+        row(&observed, "t-expired", "basket")["action"]["outcome"],
+        "planned"
+    );
+    assert_eq!(row(&observed, "t-live", "basket")["verdict"], "ok");
+
+    // Acting is refused with the cause, and nothing is written.
+    let out = run(&sweep_args(res.path(), &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    assert!(
+        error.contains("store default/orders: the checkpoint database refuses writes")
+            && error.contains("read-only transaction"),
+        "the error names the store and the read-only database: {error:?}\n{stderr}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM checkpoints").await,
+        checkpoints
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM custody_actions").await,
+        None,
+        "not even custody's tables"
+    );
+
+    // Writable again: the next run acts.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {name} RESET default_transaction_read_only"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let acted = act(res.path());
+    assert_eq!(
+        row(&acted, "t-expired", "basket")["action"]["outcome"],
+        "escalated",
+        "{acted:#}"
+    );
+    assert_eq!(db.unsettled().await, 0);
 }
 
 // ------------------------------------------------------------------ 3: misbehaving MCP servers
