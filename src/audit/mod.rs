@@ -343,16 +343,19 @@ async fn step(
     let Some(last_id) = records.last().map(|r| r.id) else {
         return Ok(Step::Done);
     };
+    failpoint("after-claim");
     let (lookups, sent) = look_up(plan, &records).await;
     report.lookups += sent;
-    let (mut tx, token) = claim.completing(pool).await?;
+    failpoint("after-lookup");
+    let (mut tx, lease) = claim.completing(pool).await?;
+    let token = lease.as_ref().map(store::Lease::token);
     let mut entries = Vec::with_capacity(records.len());
     for (record, lookup) in records.iter().zip(lookups) {
         let settlement = settle(lookup, record.age, plan.max_age);
         let at = now.to_rfc3339_opts(SecondsFormat::Secs, true);
         let (status, resolution, outcome, server_id, detail) = match settlement {
             Settlement::Pending { error } => {
-                store::release(&mut tx, token.as_deref(), record.id).await?;
+                store::release(&mut tx, token, record.id).await?;
                 tracing::warn!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
                 entries.push(entry(record, AuditOutcome::Error, None, error));
                 continue;
@@ -392,28 +395,29 @@ async fn step(
                 )
             }
         };
-        let outcome = if store::finish(
-            &mut tx,
-            token.as_deref(),
-            record.id,
-            status,
-            &resolution,
-            now,
-        )
-        .await?
-        {
+        let outcome = if store::finish(&mut tx, token, record.id, status, &resolution, now).await? {
             outcome
         } else {
             AuditOutcome::Skipped
         };
         entries.push(entry(record, outcome, server_id, detail));
     }
+    failpoint("before-commit");
     tx.commit().await?;
+    drop(lease);
+    failpoint("after-commit");
     for e in entries {
         sink.audit(&AuditEvent { store, entry: &e });
         report.records.push(e);
     }
     Ok(Step::Handled { last_id })
+}
+
+/// Stops the process at `audit::<name>` in failpoint builds (the kill -9 tests, tests/faults.rs):
+/// `after-claim`, `after-lookup`, `before-commit` (completions written, not committed) and
+/// `after-commit`.
+fn failpoint(name: &str) {
+    crate::sweep::act::stop_at(&format!("audit::{name}"));
 }
 
 fn entry(

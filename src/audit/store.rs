@@ -14,7 +14,18 @@
 //!   still `pending` and still carrying the token. A sweeper that dies leaves a lease that
 //!   expires; a completion after expiry that another sweeper took over changes nothing (lookups
 //!   are read-only, so the duplicate lookup is harmless).
+//!
+//!   A lease alone would keep a killed sweeper's rows from the next sweep until it expires
+//!   (minutes: the lookups' deadlines plus slack). So each claim also holds an OS lock on a
+//!   file next to the database, `<database>-custody-claim-<token>.lock`, which the OS drops
+//!   when the process dies, however it dies. Before claiming, a sweeper checks the holder of
+//!   every unexpired lease: a lock file it can lock, or one that is gone, belongs to a dead
+//!   sweeper, and its rows are taken over at once. (The same kind of lock as the act lock; SQLite
+//!   needs every process on one host anyway.) A claim by a sweeper without such a file is
+//!   taken over too, which costs at most a duplicate read-only lookup.
 
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -29,8 +40,79 @@ use crate::checkpoint::writer::{Tx, WritePool};
 pub(super) enum Claim {
     /// The open transaction holding the rows' locks.
     Postgres(Tx),
-    /// The lease token stamped on the rows.
-    Sqlite(String),
+    /// The lease stamped on the rows.
+    Sqlite(Lease),
+}
+
+/// A SQLite claim's token and the locked file that shows its holder is alive. Dropping it
+/// removes the file; the lock goes with the file handle (or with the process).
+pub(super) struct Lease {
+    token: String,
+    path: PathBuf,
+    _file: File,
+}
+
+impl Lease {
+    /// Creates and locks the lease file of a new random token.
+    fn take(database: &Path) -> Result<Self, sqlx::Error> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let path = lease_path(database, &token);
+        let file = File::options()
+            .create_new(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| lease_error(&path, &e))?;
+        file.try_lock()
+            .map_err(|e| lease_error(&path, &std::io::Error::from(e)))?;
+        Ok(Self {
+            token,
+            path,
+            _file: file,
+        })
+    }
+
+    /// The token stamped on the claimed rows.
+    pub(super) fn token(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn lease_path(database: &Path, token: &str) -> PathBuf {
+    let mut name = database.as_os_str().to_owned();
+    name.push(format!("-custody-claim-{token}.lock"));
+    PathBuf::from(name)
+}
+
+fn lease_error(path: &Path, e: &std::io::Error) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        e.kind(),
+        format!("audit claim lock {}: {e}", path.display()),
+    ))
+}
+
+/// Whether the sweeper that stamped `token` is gone: its lease file is missing or can be
+/// locked. Tokens that are not custody's 32 hex digits are left to their expiry (never a path).
+fn holder_is_gone(database: &Path, token: &str) -> bool {
+    if token.len() != 32 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return false;
+    }
+    let path = lease_path(database, token);
+    match File::options().write(true).open(&path) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(file) => {
+            let gone = file.try_lock().is_ok();
+            if gone {
+                let _ = std::fs::remove_file(&path);
+            }
+            gone
+        }
+    }
 }
 
 /// SQLite's text form of a time, ISO 8601 UTC with microseconds (what `julianday()` parses).
@@ -79,13 +161,31 @@ pub(super) async fn claim(
                 .collect::<Result<_, sqlx::Error>>()?;
             Ok((Claim::Postgres(tx), records))
         }
-        WritePool::Sqlite(..) => {
-            let token = uuid::Uuid::new_v4().simple().to_string();
+        WritePool::Sqlite(_, database) => {
+            let ours = Lease::take(database)?;
             let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
             let mut tx = pool.begin().await?;
             let Tx::Sqlite(lite) = &mut tx else {
                 unreachable!("a SQLite pool begins SQLite transactions")
             };
+            let holders: Vec<String> = sqlx::query_scalar(
+                "SELECT DISTINCT claimed_by FROM custody_audit
+                 WHERE status = 'pending' AND claimed_by IS NOT NULL
+                   AND julianday(claimed_until) >= julianday(?1)",
+            )
+            .bind(text(now))
+            .fetch_all(&mut **lite)
+            .await?;
+            for gone in holders.iter().filter(|t| holder_is_gone(database, t)) {
+                tracing::info!(token = %gone, "taking over audit records claimed by a sweeper that is gone");
+                sqlx::query(
+                    "UPDATE custody_audit SET claimed_by = NULL, claimed_until = NULL
+                     WHERE claimed_by = ?1 AND status = 'pending'",
+                )
+                .bind(gone)
+                .execute(&mut **lite)
+                .await?;
+            }
             let rows = sqlx::query(
                 "UPDATE custody_audit SET claimed_by = ?1, claimed_until = ?2
                  WHERE id IN (
@@ -97,7 +197,7 @@ pub(super) async fn claim(
                            argument_summary, principal,
                            (julianday(?5) - julianday(created_at)) * 86400.0 AS age_s",
             )
-            .bind(&token)
+            .bind(ours.token())
             .bind(text(until))
             .bind(text(cutoff))
             .bind(after)
@@ -117,7 +217,7 @@ pub(super) async fn claim(
                 .collect::<Result<Vec<_>, sqlx::Error>>()?;
             // RETURNING gives no order.
             records.sort_by_key(|r| r.id);
-            Ok((Claim::Sqlite(token), records))
+            Ok((Claim::Sqlite(ours), records))
         }
     }
 }
@@ -148,14 +248,14 @@ where
 
 impl Claim {
     /// The transaction that completes the batch: PostgreSQL's claiming one, a new
-    /// `BEGIN IMMEDIATE` one on SQLite.
+    /// `BEGIN IMMEDIATE` one on SQLite with the lease, to be dropped after the commit.
     pub(super) async fn completing(
         self,
         pool: &WritePool,
-    ) -> Result<(Tx, Option<String>), sqlx::Error> {
+    ) -> Result<(Tx, Option<Lease>), sqlx::Error> {
         match self {
             Self::Postgres(tx) => Ok((tx, None)),
-            Self::Sqlite(token) => Ok((pool.begin().await?, Some(token))),
+            Self::Sqlite(lease) => Ok((pool.begin().await?, Some(lease))),
         }
     }
 }

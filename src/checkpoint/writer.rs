@@ -281,6 +281,22 @@ impl WritePool {
 }
 
 impl ActLock {
+    /// Checks that the lock is still held. A PostgreSQL session lock lives exactly as long as
+    /// its connection, so a server restart or a cut connection loses it silently, and another
+    /// process may then take it; a SQLite file lock lasts as long as this process.
+    ///
+    /// # Errors
+    /// Why the lock is gone (the connection's error).
+    pub async fn check(&mut self) -> Result<(), String> {
+        match self {
+            Self::Postgres(conn) => conn
+                .ping()
+                .await
+                .map_err(|e| format!("the database connection holding it failed: {e}")),
+            Self::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// Releases the lock.
     pub async fn release(self) {
         match self {

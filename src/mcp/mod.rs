@@ -43,6 +43,10 @@ pub mod egress;
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1 << 20;
 /// SSE resumption attempts before a broken stream is an error (rmcp's default is unbounded).
 pub const SSE_RETRIES: usize = 2;
+/// How much longer than the server's timeout an idle read may wait. The per-request deadline
+/// must fire first, so a server that never answers is reported as that request timing out
+/// (`tools/call get_basket timed out after 3s`), not as reqwest's opaque "error sending request".
+const READ_IDLE_SLACK: Duration = Duration::from_secs(1);
 
 /// Everything needed to reach one MCP server.
 #[derive(Clone, Debug)]
@@ -196,7 +200,7 @@ impl Connection {
         let mut http = reqwest::Client::builder()
             .connect_timeout(cfg.timeout)
             // An idle-read bound, not a total one: a total timeout would cut long SSE streams.
-            .read_timeout(cfg.timeout)
+            .read_timeout(cfg.timeout + READ_IDLE_SLACK)
             .redirect(egress::redirect_policy());
         if policy == egress::AddressPolicy::DenyMetadata {
             http = http.dns_resolver(egress::GuardedResolver);

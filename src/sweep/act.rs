@@ -418,7 +418,7 @@ pub struct Actor<'a> {
     target: &'a Target,
     pool: WritePool,
     ledger: Ledger,
-    lock: Option<ActLock>,
+    lock: Option<tokio::sync::Mutex<ActLock>>,
     /// The shard this process acts on; unfinished ledger entries of other shards' threads are
     /// theirs to settle.
     shard: Shard,
@@ -434,6 +434,29 @@ pub enum ActError {
     /// custody's tables could not be migrated or read.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// The database refuses writes: `default_transaction_read_only`, a hot standby, or a role
+    /// without write privileges (SQLSTATE 25006 or 42501). Observing sweeps still work.
+    #[error(
+        "the checkpoint database refuses writes ({0}): custody cannot act on it and wrote nothing; an observing sweep still works"
+    )]
+    ReadOnly(String),
+}
+
+/// The database's message when `e` is a refused write (SQLSTATE 25006
+/// `read_only_sql_transaction`, 42501 `insufficient_privilege`), anywhere in its causes.
+fn refused_write(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(db) = c
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            && matches!(db.code().as_deref(), Some("25006" | "42501"))
+        {
+            return Some(db.message().to_owned());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 impl<'a> Actor<'a> {
@@ -441,7 +464,7 @@ impl<'a> Actor<'a> {
     /// ([`WritePool::try_lock`]).
     ///
     /// # Errors
-    /// [`ActError`].
+    /// [`ActError`]; [`ActError::ReadOnly`] when the database refuses custody's tables.
     pub async fn open(
         target: &'a Target,
         dsn: &str,
@@ -449,7 +472,9 @@ impl<'a> Actor<'a> {
         sink: &'a dyn ActionSink,
     ) -> Result<Self, ActError> {
         let pool = WritePool::connect(target.backend, dsn).await?;
-        let ledger = Ledger::open(pool.clone()).await?;
+        let ledger = Ledger::open(pool.clone())
+            .await
+            .map_err(|e| refused_write(&e).map_or(ActError::Ledger(e), ActError::ReadOnly))?;
         let lock = pool.try_lock(shard).await?;
         if lock.is_none() {
             tracing::warn!(store = %target.store, "another custody process is acting on this store; planning only");
@@ -458,7 +483,7 @@ impl<'a> Actor<'a> {
             target,
             pool,
             ledger,
-            lock,
+            lock: lock.map(tokio::sync::Mutex::new),
             shard,
             sink,
         })
@@ -467,8 +492,21 @@ impl<'a> Actor<'a> {
     /// Releases the act lock.
     pub async fn close(self) {
         if let Some(lock) = self.lock {
-            lock.release().await;
+            lock.into_inner().release().await;
         }
+    }
+
+    /// Before each side effect: an error outcome when the act lock was lost (PostgreSQL
+    /// restarted, the connection was cut). Another process may hold it now and be driving the
+    /// same ledger entries, so this one must not continue from what it has in memory; the entry
+    /// stays unfinished and the next sweep that holds the lock settles it from the ledger.
+    async fn lock_lost(&self) -> Option<Outcome> {
+        let lock = self.lock.as_ref()?;
+        let why = lock.lock().await.check().await.err()?;
+        tracing::warn!(store = %self.target.store, why = %why, "act lock lost; not acting further");
+        Some(error(format!(
+            "stopped acting: the act lock was lost ({why}); the next sweep finishes this action"
+        )))
     }
 
     /// The writable pool (audit settlement uses it without the act lock: its records are
@@ -604,6 +642,9 @@ impl<'a> Actor<'a> {
     /// Runs an entry's state machine from where it stands. `resumed`: the entry was found
     /// unfinished (a crash or an earlier error), not just written by this process.
     async fn drive(&self, mut entry: Entry, resumed: bool) -> Outcome {
+        if let Some(lost) = self.lock_lost().await {
+            return lost;
+        }
         let (plan, instead): (LedgerPlan, Option<String>) = match (
             entry.plan.get("plan").cloned().map(serde_json::from_value),
             entry.plan.get("instead_of_remint").and_then(Value::as_str),
@@ -652,6 +693,11 @@ impl<'a> Actor<'a> {
                         }
                         Err(Step::Stop(outcome)) => return outcome,
                     }
+                }
+                if entry.state == State::Minted
+                    && let Some(lost) = self.lock_lost().await
+                {
+                    return lost;
                 }
                 if entry.state == State::Minted
                     && let Err(why) = self.replay(&mut entry, class).await
@@ -921,6 +967,9 @@ impl<'a> Actor<'a> {
         done: Outcome,
     ) -> Outcome {
         failpoint("before-append");
+        if let Some(lost) = self.lock_lost().await {
+            return lost;
+        }
         let mut tags = Map::new();
         tags.insert("custody_action".into(), Value::from(entry.action.as_str()));
         tags.insert("custody_key".into(), Value::from(entry.key.as_str()));
@@ -1130,32 +1179,36 @@ fn first_line(text: &str) -> String {
     }
 }
 
-/// Stops the process at a named step when the `failpoints` feature is built in and
-/// `FAILPOINTS=act::<name>=return` (or `return(wait)`) is set: it prints
-/// `custody failpoint act::<name>` on stderr and then blocks until killed (or, with `wait`,
-/// until a line arrives on stdin). For the kill -9 tests; a no-op otherwise.
-#[cfg(feature = "failpoints")]
+/// Stops the process at a named step of an action (`act::<name>`), see [`stop_at`].
 fn failpoint(name: &str) {
-    fn hit(name: &str) {
-        fail::fail_point!(&format!("act::{name}"), |arg: Option<String>| {
-            use std::io::{BufRead, Write};
-            eprintln!("custody failpoint act::{name}");
-            let _ = std::io::stderr().flush();
-            if arg.as_deref() == Some("wait") {
-                let mut line = String::new();
-                let _ = std::io::stdin().lock().read_line(&mut line);
-            } else {
-                loop {
-                    std::thread::park();
-                }
-            }
-        });
-    }
-    hit(name);
+    stop_at(&format!("act::{name}"));
 }
 
+/// Stops the process at a named point when the `failpoints` feature is built in and
+/// `FAILPOINTS=<point>=return` (or `return(wait)`) is set: it prints `custody failpoint <point>`
+/// on stderr and then blocks until killed (or, with `wait`, until a line arrives on stdin).
+/// Points are `act::<step>` (a re-mint), `audit::<step>` (an audit settlement) and
+/// `sweep::<step>` (the scan). For the kill -9 and fault tests; a no-op otherwise.
+#[cfg(feature = "failpoints")]
+pub(crate) fn stop_at(point: &str) {
+    fail::fail_point!(point, |arg: Option<String>| {
+        use std::io::{BufRead, Write};
+        eprintln!("custody failpoint {point}");
+        let _ = std::io::stderr().flush();
+        if arg.as_deref() == Some("wait") {
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        } else {
+            loop {
+                std::thread::park();
+            }
+        }
+    });
+}
+
+/// See the `failpoints` build of this function.
 #[cfg(not(feature = "failpoints"))]
-fn failpoint(_: &str) {}
+pub(crate) fn stop_at(_: &str) {}
 
 #[cfg(test)]
 mod tests {

@@ -166,6 +166,20 @@ pub enum SweepError {
         #[source]
         source: StoreError,
     },
+    /// The scan was cut off part-way (the database restarted, the connection dropped). Acting
+    /// comes after the scan, so nothing it found was acted on.
+    #[error(
+        "store {store}: the scan stopped after {threads} threads; nothing it found was acted on, the next sweep scans again: {source}"
+    )]
+    Scan {
+        /// `namespace/name`.
+        store: String,
+        /// Threads read before it stopped.
+        threads: u64,
+        /// What failed.
+        #[source]
+        source: StoreError,
+    },
     /// The store's database could not be opened for acting, or custody's ledger failed.
     #[error("store {store}: {source}")]
     Act {
@@ -205,7 +219,8 @@ pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepErr
 /// each action to `sink`.
 ///
 /// # Errors
-/// [`SweepError::Store`] when the database cannot be reached or read, [`SweepError::Act`] when
+/// [`SweepError::Store`] when the database cannot be reached or read, [`SweepError::Scan`] when
+/// reading stops part-way, [`SweepError::Act`] when
 /// an acting sweep cannot open its writable pool or ledger; per-thread problems are reported in
 /// [`Report::skipped`], per-handle problems as `unknown` rows, failed actions as row outcomes.
 pub async fn run_with(
@@ -277,7 +292,13 @@ pub async fn run_with(
     let mut probes: BTreeMap<(String, String, String), PendingProbe> = BTreeMap::new();
 
     let mut scan = store.parked_threads_in(&channels, options.shard);
-    while let Some(item) = scan.try_next().await.map_err(store_err)? {
+    let mut read = 0u64;
+    while let Some(item) = scan.try_next().await.map_err(|source| SweepError::Scan {
+        store: target.store.clone(),
+        threads: read,
+        source,
+    })? {
+        read += 1;
         let thread = match item {
             Scanned::Skipped(s) => {
                 tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, channel = ?s.channel, kind = s.kind.as_str(), reason = %s.reason, "skipping thread");
@@ -293,6 +314,9 @@ pub async fn run_with(
             continue;
         }
         parked_threads += 1;
+        if parked_threads == 1 {
+            act::stop_at("sweep::mid-scan");
+        }
         let principal = thread
             .metadata
             .get(&target.principal_key)

@@ -5,6 +5,9 @@
 #                                   port, wait until it accepts connections, then print
 #                                   postgres://postgres@127.0.0.1:PORT/postgres on stdout
 #   tests/harness/pg.sh stop DIR    stop it (a no-op when it is not running)
+#   tests/harness/pg.sh restart DIR stop it (fast: open sessions are terminated) and start it
+#                                   again on the same port, printing the same URL (for tests
+#                                   of a database that restarts under a running client)
 #
 # Trust auth, no Unix socket, fsync/synchronous_commit/full_page_writes off: test data only.
 # PostgreSQL refuses to run as root, so as root the server runs as the OS user
@@ -18,7 +21,7 @@ PG_OS_USER="${CUSTODY_PG_USER:-custody-pg}"
 
 die() { echo "pg.sh: $*" >&2; exit 1; }
 
-usage() { die "usage: pg.sh start DIR | pg.sh stop DIR"; }
+usage() { die "usage: pg.sh start DIR | pg.sh stop DIR | pg.sh restart DIR"; }
 
 [[ $# -eq 2 ]] || usage
 command="$1"
@@ -52,7 +55,9 @@ free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# start [PORT]: on PORT (one attempt) or on a free port (up to five).
 start() {
+    local fixed="${1:-}"
     [[ -x "$PG_BIN/postgres" ]] || die "no PostgreSQL at $PG_BIN (apt-get install postgresql-15)"
     ensure_os_user
     if [[ -f "$data/postmaster.pid" ]] && as_pg "$PG_BIN/pg_ctl" -D "$data" status >/dev/null 2>&1; then
@@ -65,7 +70,7 @@ start() {
     fi
     local attempt port
     for attempt in 1 2 3 4 5; do
-        port="$(free_port)"
+        port="${fixed:-$(free_port)}"
         echo "pg.sh: starting on 127.0.0.1:$port" >&2
         if as_pg "$PG_BIN/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 -o "\
 -c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories='' \
@@ -86,6 +91,7 @@ start() {
         fi
         tail -n 5 "$dir/postgres.log" >&2 || true
         echo "pg.sh: start attempt $attempt failed" >&2
+        [[ -z "$fixed" ]] || break
     done
     die "could not start PostgreSQL (see $dir/postgres.log)"
 }
@@ -99,8 +105,16 @@ stop() {
     as_pg "$PG_BIN/pg_ctl" -D "$data" -m fast -w -t 60 stop >/dev/null
 }
 
+restart() {
+    local port
+    port="$(cat "$dir/port" 2>/dev/null)" || die "no port recorded in $dir (pg.sh start $dir first)"
+    stop
+    start "$port"
+}
+
 case "$command" in
     start) start ;;
     stop) stop ;;
+    restart) restart ;;
     *) usage ;;
 esac

@@ -48,6 +48,19 @@ MISBEHAVE_CASE (one per process):
                        can tell whose listing reached a status; logs `listing <N> started`
   redirect             every request -> 307 to MISBEHAVE_REDIRECT_TO (a client must not follow)
 
+  The call_* cases misbehave on tools/call of the tools in MISBEHAVE_TOOLS only (discovery and
+  every other tool work), for the first MISBEHAVE_TIMES such calls, so a test can show that the
+  next run succeeds:
+  call_hang            runs the tool (the write lands), then never answers
+  call_http_500        answers 500 with an HTML body without running the tool (a gateway error)
+  call_drop_mid_stream runs the tool, sends the SSE priming event with an id, then closes the
+                       connection (a GET resume with Last-Event-ID gets the same treatment)
+  call_slow_bytes      runs the tool; the correct SSE reply, one byte every MISBEHAVE_BYTE_DELAY_MS
+
+  Besides create_basket and get_basket (the only tools listed), tools/call also serves
+  add_item(basket_id, sku, qty) and count_baskets() -> {"count": baskets ever created};
+  create_basket takes an optional idempotency_key and returns the first basket created with it.
+
 Environment:
   MISBEHAVE_PORT           TCP port on 127.0.0.1 (required; 0 = any free port, see stderr)
   MISBEHAVE_CASE           one of the cases above                      (ok)
@@ -58,6 +71,8 @@ Environment:
   MISBEHAVE_REDIRECT_TO    redirect: the Location of every answer       (http://169.254.169.254/mcp)
   MISBEHAVE_PAGINATE       1 = tools/list in two pages in every case   (forget_session and
                            stale_session_400 always paginate)
+  MISBEHAVE_TOOLS          call_*: comma-separated tools that misbehave (every tool)
+  MISBEHAVE_TIMES          call_*: misbehave on this many calls, then behave (0 = always) (0)
 
 Prints `ready` on stdout once listening; logs one line per request on stderr.
 """
@@ -95,6 +110,10 @@ CASES = (
     "invalid_utf8",
     "slow_list",
     "redirect",
+    "call_hang",
+    "call_http_500",
+    "call_drop_mid_stream",
+    "call_slow_bytes",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -134,6 +153,8 @@ LIST_DELAY_S = _env_int("MISBEHAVE_LIST_DELAY_MS", 5000) / 1000.0
 PAGINATE = os.environ.get("MISBEHAVE_PAGINATE", "0").strip() in ("1", "true", "yes", "on")
 PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
 REDIRECT_TO = os.environ.get("MISBEHAVE_REDIRECT_TO", "http://169.254.169.254/mcp")
+CALL_TOOLS = {t.strip() for t in os.environ.get("MISBEHAVE_TOOLS", "").split(",") if t.strip()}
+CALL_TIMES = _env_int("MISBEHAVE_TIMES", 0)
 
 
 def log(line: str) -> None:
@@ -264,6 +285,10 @@ class State:
     cursor_loop_pages: int = 0
     listings: int = 0
     resumes: int = 0
+    # create_basket's idempotency keys -> basket id; baskets ever created; call_* misbehaviours
+    basket_keys: dict[str, str] = field(default_factory=dict)
+    baskets_created: int = 0
+    call_faults: int = 0
 
 
 STATE = State()
@@ -492,10 +517,30 @@ def call_tool(params: dict) -> dict:
         customer = args.get("customer")
         if not isinstance(customer, str):
             return tool_text_result("Error executing tool create_basket: customer: Field required", True)
+        key = args.get("idempotency_key")
+        if isinstance(key, str) and key in STATE.basket_keys:
+            value = {"basket_id": STATE.basket_keys[key]}
+            return tool_text_result(json.dumps(value, indent=2), False, value)
         basket_id = "bsk_" + secrets.token_hex(8)
         STATE.baskets[basket_id] = {"basket_id": basket_id, "customer": customer, "items": [], "item_count": 0}
+        STATE.baskets_created += 1
+        if isinstance(key, str):
+            STATE.basket_keys[key] = basket_id
         value = {"basket_id": basket_id}
         return tool_text_result(json.dumps(value, indent=2), False, value)
+    if name == "add_item":
+        basket = STATE.baskets.get(args.get("basket_id"))
+        sku, qty = args.get("sku"), args.get("qty")
+        if basket is None:
+            return tool_text_result(f"BASKET_NOT_FOUND: no basket with id '{args.get('basket_id')}'", True)
+        if not isinstance(sku, str) or not isinstance(qty, int):
+            return tool_text_result("Error executing tool add_item: sku and qty required", True)
+        basket["items"].append({"sku": sku, "qty": qty})
+        basket["item_count"] = sum(line["qty"] for line in basket["items"])
+        return tool_text_result(json.dumps(basket, indent=2), False, dict(basket))
+    if name == "count_baskets":
+        value = {"count": STATE.baskets_created}
+        return tool_text_result(json.dumps(value), False, value)
     if name == "get_basket":
         basket_id = args.get("basket_id")
         if not isinstance(basket_id, str):
@@ -571,7 +616,7 @@ async def handle_get(conn: Conn, req: Request, sid: str | None) -> None:
         log(f"{what} -> 500")
         await send_500(conn)
         return
-    if CASE == "drop_mid_stream" and last_event_id:
+    if CASE in ("drop_mid_stream", "call_drop_mid_stream") and last_event_id:
         STATE.resumes += 1
         log(f"{what} -> resume #{STATE.resumes}: priming event, then drop")
         await conn.start_chunked(200, sse_headers(sid))
@@ -693,6 +738,8 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
 
     if method == "tools/list":
         await tools_list(conn, what, sid, session, rid, params)
+    elif method == "tools/call" and call_fault(params):
+        await misbehaving_call(conn, what, sid, rid, params)
     elif method == "tools/call":
         result = call_tool(params)
         log(f"{what} name={params.get('name')} -> 200 isError={str(result['isError']).lower()}")
@@ -704,6 +751,43 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
         log(f"{what} -> -32601 method not found")
         await send_sse(conn, sid, {"jsonrpc": "2.0", "id": rid,
                                    "error": {"code": -32601, "message": "Method not found", "data": method}})
+
+
+def call_fault(params: dict) -> bool:
+    """call_* cases: does this tools/call misbehave? Counts the misbehaviours."""
+    if not CASE.startswith("call_"):
+        return False
+    if CALL_TOOLS and params.get("name") not in CALL_TOOLS:
+        return False
+    if CALL_TIMES and STATE.call_faults >= CALL_TIMES:
+        return False
+    STATE.call_faults += 1
+    return True
+
+
+async def misbehaving_call(conn: Conn, what: str, sid: str, rid: Any, params: dict) -> None:
+    what = f"{what} name={params.get('name')} (fault #{STATE.call_faults})"
+    if CASE == "call_http_500":
+        log(f"{what} -> 500 (HTML), tool not run")
+        await send_500(conn)
+        return
+    result = call_tool(params)
+    if CASE == "call_hang":
+        log(f"{what} -> tool run (isError={str(result['isError']).lower()}), then hang")
+        await conn.hang()
+    if CASE == "call_drop_mid_stream":
+        log(f"{what} -> tool run, SSE priming event with an id, then drop the connection")
+        await conn.start_chunked(200, sse_headers(sid))
+        await conn.chunk(ts_event("", event=False))
+        await asyncio.sleep(DROP_AFTER_S)
+        raise Close
+    body = py_event({"jsonrpc": "2.0", "id": rid, "result": result})
+    log(f"{what} -> tool run, {len(body)} bytes at one per {BYTE_DELAY_S * 1000:g} ms")
+    await conn.start_chunked(200, sse_headers(sid))
+    for i in range(len(body)):
+        await asyncio.sleep(BYTE_DELAY_S)
+        await conn.chunk(body[i:i + 1])
+    await conn.end_chunked()
 
 
 async def tools_list(conn: Conn, what: str, sid: str, session: Session, rid: Any, params: dict) -> None:

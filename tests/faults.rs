@@ -1,0 +1,1144 @@
+//! The sweep's fault matrix (issue 9): what happens to a sweep when its database or an MCP
+//! server misbehaves, or when the sweeper itself is killed. Every row asserts the same outcome:
+//! no thread lost, no handle minted twice, no verdict written to a thread that moved on, a clear
+//! error or condition naming the cause, and the next run completes the work.
+//!
+//! Real parts throughout: LangGraph (tests/py/order_graph.py) writes the threads, PostgreSQL and
+//! SQLite hold them, the Python basket and ticket servers, and tests/py/misbehaving_server.py (a
+//! real HTTP peer with one misbehaviour per process) answer, and the real `custody` binary
+//! sweeps. Stops at a named step use failpoints, so the file builds only with
+//! `--features failpoints`, as tests/run.sh runs it.
+//!
+//! | # | fault | expected outcome | test |
+//! |---|---|---|---|
+//! | 1a | PostgreSQL restarted while the sweep scans | the sweep exits 1 naming the store and the lost connection, writes nothing; the next run acts | `postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts` |
+//! | 1b | PostgreSQL restarted while the sweep acts (between mint and replay) | the act lock went with the connection: the action stops with an error saying so, the ledger keeps the minted handle; the next run replays and appends, one basket | `postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once` |
+//! | 2 | checkpoint database read-only (`default_transaction_read_only`), or a role with SELECT only (PostgreSQL) | observing works; acting exits 1 with "the checkpoint database refuses writes (<the database's reason>)", writes nothing, not even custody's tables; writable again, the next run acts | `a_read_only_database_is_observed_refused_for_acting_then_acted_on` |
+//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream, or is slower than its timeout | `unknown` (never `gone`) with the cause; one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
+//! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
+//! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
+//! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
+//! | 3e | replay call hangs / 5xx / drops | its effect is unknown: escalated with the cause, never replayed twice, one basket | `a_replay_call_that_fails_escalates_and_never_replays_twice` |
+//! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
+//! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
+//!
+//! Rows covered elsewhere:
+//!
+//! | fault | expected outcome | test |
+//! |---|---|---|
+//! | sweeper SIGKILLed at every step of a re-mint (`act::after-intent` … `after-append`), both backends | one basket, items replayed once or the thread escalated (`mid-replay`) | tests/actions.rs `kill_9_at_every_step_of_a_remint_mints_once_{sqlite,postgres}` |
+//! | the thread resumed between custody's read and its write | nothing appended, `skipped: thread moved` | tests/actions.rs `a_thread_resumed_between_read_and_write_is_left_untouched_{sqlite,postgres}` |
+//! | two sweepers settling audit records at once | each record looked up and settled once | tests/audit.rs `two_concurrent_sweeps_settle_each_record_once_{sqlite,postgres}` |
+//! | audit lookup slower than the timeout, or its server down | the record stays pending, counted as an error | tests/audit.rs `a_lookup_that_times_out_leaves_the_record_pending`, `settles_landed_lost_down_and_old_records_{sqlite,postgres}` |
+//! | discovery against a hanging, 5xx, dropping, slow, looping or malformed server | an error naming the server and step, within the timeout | tests/discovery.rs |
+//! | probe server refusing connections | `unknown` | tests/sweep.rs |
+//! | controller: lease lost, Secret deleted | (the controller's rows) | tests/cluster_controller.rs |
+
+#![cfg(feature = "failpoints")]
+
+mod support;
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use custody::audit::idempotency_key;
+use custody::mcp::{Connection, ServerConfig};
+use serde_json::{Value, json};
+use support::{BasketServer, Db};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// A checkpoint database: a SQLite file in a temporary directory, or a PostgreSQL database.
+struct Checkpoints {
+    kind: Kind,
+    sqlite: PathBuf,
+    pg: String,
+}
+
+impl Checkpoints {
+    async fn new(kind: Kind, dir: &Path, name: &str) -> Self {
+        let pg = match kind {
+            Kind::Postgres => support::fresh_pg_database(name).await,
+            Kind::Sqlite => String::new(),
+        };
+        Self {
+            kind,
+            sqlite: dir.join("checkpoints.sqlite"),
+            pg,
+        }
+    }
+
+    fn on_postgres(url: String) -> Self {
+        Self {
+            kind: Kind::Postgres,
+            sqlite: PathBuf::new(),
+            pg: url,
+        }
+    }
+
+    fn db(&self) -> Db<'_> {
+        match self.kind {
+            Kind::Sqlite => Db::Sqlite(&self.sqlite),
+            Kind::Postgres => Db::Postgres(&self.pg),
+        }
+    }
+
+    fn backend_dsn(&self) -> (&'static str, String) {
+        match self.kind {
+            Kind::Sqlite => ("sqlite", format!("sqlite://{}", self.sqlite.display())),
+            Kind::Postgres => ("postgres", self.pg.clone()),
+        }
+    }
+
+    /// One integer from a query (`count(*)`), or `None` when the query fails (no such table).
+    async fn count(&self, sql: &str) -> Option<i64> {
+        use sqlx::Connection as _;
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self.kind {
+            Kind::Sqlite => {
+                let url = format!("sqlite://{}", self.sqlite.display());
+                let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
+            }
+            Kind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
+            }
+        }
+    }
+
+    /// Ledger entries that are not done.
+    async fn unsettled(&self) -> i64 {
+        self.count("SELECT count(*) FROM custody_actions WHERE state <> 'done'")
+            .await
+            .unwrap()
+    }
+
+    fn resume(&self, server: &str, thread: &str, value: &Value) -> Value {
+        support::order_graph(
+            self.db(),
+            &[
+                "resume",
+                "--thread",
+                thread,
+                "--server",
+                server,
+                "--principal",
+                "user-1",
+                "--value",
+                &value.to_string(),
+            ],
+        )
+    }
+
+    fn state(&self, thread: &str) -> Value {
+        support::order_graph(self.db(), &["state", "--thread", thread])
+    }
+
+    /// A parked thread `t-live` with two recorded items (widget ×2, gadget ×1), written through
+    /// the real basket server at `server`.
+    fn filled(&self, server: &str) -> String {
+        support::write_some_fixtures(server, self.db(), Some("t-live"), "");
+        self.resume(server, "t-live", &json!({"sku": "widget", "qty": 2}));
+        let state = self.resume(server, "t-live", &json!({"sku": "gadget", "qty": 1}));
+        assert_eq!(state["next"], json!(["add_item"]), "{state}");
+        state["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// `custody sweep --once -o json -f DIR` plus `extra` arguments.
+fn sweep_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    ["sweep", "--once", "-o", "json", "-f"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([dir.display().to_string()])
+        .chain(extra.iter().map(|s| (*s).to_owned()))
+        .collect()
+}
+
+/// Runs custody and returns its output, whatever the exit status.
+fn run(args: &[String]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .output()
+        .expect("run custody")
+}
+
+/// The first store's report of a successful run.
+fn report(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "custody failed:\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("sweep JSON");
+    doc["stores"][0].clone()
+}
+
+/// `custody sweep --once --apply` of `dir`, asserting success: the first store's report.
+fn act(dir: &Path) -> Value {
+    report(&run(&sweep_args(dir, &["--apply"])))
+}
+
+/// The rows of one thread in a store report.
+fn rows<'a>(report: &'a Value, thread: &str) -> Vec<&'a Value> {
+    report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["thread_id"] == thread)
+        .collect()
+}
+
+/// The one row of (thread, class).
+fn row<'a>(report: &'a Value, thread: &str, class: &str) -> &'a Value {
+    rows(report, thread)
+        .into_iter()
+        .find(|r| r["handle_class"] == class)
+        .unwrap_or_else(|| panic!("no row for {thread}/{class} in {report:#}"))
+}
+
+/// A running custody stopped at a failpoint.
+struct Stopped {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Stopped {
+    /// Starts custody with `FAILPOINTS=<point>=<action>` and waits until it reports the point.
+    fn at(args: &[String], point: &str, action: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(args)
+            .env("FAILPOINTS", format!("{point}={action}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start custody");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let marker = format!("custody failpoint {point}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) if line == marker => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!(
+                    "custody never reached {point}; stderr:\n{}",
+                    seen.join("\n")
+                ),
+            }
+        }
+        Self { child, lines }
+    }
+
+    /// Lets a `return(wait)` stop go on; returns its exit status, report (stdout) and stderr.
+    fn go(mut self) -> (std::process::ExitStatus, String, String) {
+        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let stderr: Vec<String> = self.lines.try_iter().collect();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr.join("\n"),
+        )
+    }
+
+    /// SIGKILL.
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+/// Calls a tool on an MCP server as a client would; the structuredContent of a success.
+async fn call(url: &str, tool: &str, arguments: Value) -> Value {
+    let cfg = ServerConfig {
+        name: "peer".into(),
+        url: url.to_owned(),
+        headers: vec![],
+        timeout: Duration::from_secs(10),
+        mode: custody::crd::ProtocolMode::Auto,
+        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+    };
+    let conn = Connection::connect(&cfg).await.expect("connect");
+    let result = conn
+        .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
+        .await
+        .expect("tools/call");
+    conn.close().await;
+    assert!(!result.is_error, "{tool}: {}", result.text);
+    result.structured.unwrap_or(Value::Null)
+}
+
+/// (sku, qty) of a basket, sorted.
+async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> =
+        call(url, "get_basket", json!({"basket_id": basket})).await["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                (
+                    l["sku"].as_str().unwrap().to_owned(),
+                    l["qty"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+    out.sort();
+    out
+}
+
+async fn baskets(url: &str) -> u64 {
+    call(url, "count_baskets", json!({})).await["count"]
+        .as_u64()
+        .unwrap()
+}
+
+// ------------------------------------------------------------------ 1: PostgreSQL restarts
+
+/// A PostgreSQL of this test's own (tests/harness/pg.sh), stopped and removed when dropped.
+struct OwnPg {
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl OwnPg {
+    fn pg_sh(command: &str, dir: &Path) -> String {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .arg(command)
+            .arg(dir)
+            .output()
+            .expect("run pg.sh");
+        assert!(
+            out.status.success(),
+            "pg.sh {command} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Starts it and creates database `checkpoints`; `url` points at that database.
+    async fn start() -> Self {
+        use sqlx::Connection as _;
+        let dir = tempfile::tempdir().unwrap();
+        let admin = Self::pg_sh("start", dir.path());
+        let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+        sqlx::query("CREATE DATABASE checkpoints")
+            .execute(&mut c)
+            .await
+            .unwrap();
+        let (base, _) = admin.rsplit_once('/').unwrap();
+        let url = format!("{base}/checkpoints");
+        Self { dir, url }
+    }
+
+    /// A fast restart on the same port: every open session is terminated.
+    fn restart(&self) {
+        Self::pg_sh("restart", self.dir.path());
+    }
+
+    /// Copies thread `from` (all its checkpoints, blobs and writes) `n` times as `bulk-<i>`,
+    /// so a scan's result is larger than the socket buffers and is still streaming when the
+    /// server goes away. The copies are LangGraph's own rows under other thread ids.
+    async fn bulk_copy(&self, from: &str, n: u32) {
+        use sqlx::Connection as _;
+        let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
+        for table in ["checkpoints", "checkpoint_blobs", "checkpoint_writes"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table}
+                 SELECT (jsonb_populate_record(NULL::{table},
+                     to_jsonb(c) || jsonb_build_object('thread_id', 'bulk-' || g))).*
+                 FROM {table} c, generate_series(1, $2) g WHERE c.thread_id = $1"
+            )))
+            .bind(from)
+            .bind(i32::try_from(n).unwrap())
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+impl Drop for OwnPg {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts() {
+    let pg = OwnPg::start().await;
+    let db = Checkpoints::on_postgres(pg.url.clone());
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-expired,t-live"), "");
+    pg.bulk_copy("t-live", 4000).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+    let checkpoints_before = db.count("SELECT count(*) FROM checkpoints").await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let stopped = Stopped::at(&args, "sweep::mid-scan", "return(wait)");
+    pg.restart();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(
+        !status.success(),
+        "a scan cut off by the restart must fail the sweep:\n{stdout}\n{stderr}"
+    );
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    // The cause's text depends on timing: the server's "terminating connection due to
+    // administrator command" when it reaches the client, otherwise the cut-off read.
+    assert!(
+        error.starts_with("error: store default/orders: the scan stopped after ")
+            && (error.contains("terminating connection due to administrator command")
+                || error.contains("error communicating with database")),
+        "the error names the store, the step and the cause: {error:?}\n{stderr}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM checkpoints").await,
+        checkpoints_before,
+        "nothing written"
+    );
+
+    let again = act(res.path());
+    assert_eq!(
+        row(&again, "t-expired", "basket")["action"]["outcome"],
+        "escalated",
+        "{again:#}"
+    );
+    assert_eq!(again["summary"]["parkedThreads"], 4002);
+    assert_eq!(db.unsettled().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once() {
+    let pg = OwnPg::start().await;
+    let db = Checkpoints::on_postgres(pg.url.clone());
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let old = db.filled(&basket.url());
+    call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");
+    let before = baskets(&basket.url()).await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let stopped = Stopped::at(&args, "act::after-mint", "return(wait)");
+    pg.restart();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let first: Value = serde_json::from_str(&stdout).unwrap();
+    let r = row(&first["stores"][0], "t-live", "basket");
+    assert_eq!(r["action"]["outcome"], "error", "{r:#}");
+    assert!(
+        r["action"]["reason"].as_str().unwrap().contains("act lock"),
+        "the error says why acting stopped: {r:#}"
+    );
+    assert_eq!(
+        db.unsettled().await,
+        1,
+        "the minted handle stays in the ledger"
+    );
+    assert_eq!(
+        db.state("t-live")["values"]["basket"]["value"],
+        old.as_str(),
+        "nothing appended"
+    );
+
+    let again = act(res.path());
+    assert_eq!(again["settled"].as_array().unwrap().len(), 1, "{again:#}");
+    assert_eq!(again["settled"][0]["outcome"], "reminted", "{again:#}");
+    assert_eq!(baskets(&basket.url()).await, before + 1, "one basket");
+    let state = db.state("t-live");
+    let new = state["values"]["basket"]["value"].as_str().unwrap();
+    assert_ne!(new, old);
+    assert_eq!(
+        items(&basket.url(), new).await,
+        vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+        "replayed once"
+    );
+    assert_eq!(db.unsettled().await, 0);
+}
+
+// ------------------------------------------------------------------ 2: read-only database
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
+    use sqlx::Connection as _;
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Postgres, res.path(), "faults_read_only").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-expired,t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+    let name = db.pg.rsplit_once('/').unwrap().1.to_owned();
+    let mut admin = sqlx::PgConnection::connect(&support::var("CUSTODY_TEST_PG_URL"))
+        .await
+        .unwrap();
+    let checkpoints = db.count("SELECT count(*) FROM checkpoints").await;
+
+    // A role that may only read: observed, refused for acting with the database's reason.
+    let reader = format!("faults_reader_{}", std::process::id());
+    {
+        let mut owner = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+        for sql in [
+            format!("DROP ROLE IF EXISTS {reader}"),
+            format!("CREATE ROLE {reader} LOGIN"),
+            format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut owner)
+                .await
+                .unwrap();
+        }
+    }
+    let as_reader = db.pg.replacen("postgres@", &format!("{reader}@"), 1);
+    support::act_resources(res.path(), &basket.url(), backend, &as_reader, "escalate");
+    let observed = report(&run(&sweep_args(res.path(), &[])));
+    assert_eq!(row(&observed, "t-expired", "basket")["verdict"], "gone");
+    let out = run(&sweep_args(res.path(), &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "store default/orders: the checkpoint database refuses writes (permission denied"
+        ),
+        "{stderr}"
+    );
+    {
+        let mut owner = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+        for sql in [
+            format!("DROP OWNED BY {reader}"),
+            format!("DROP ROLE {reader}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut owner)
+                .await
+                .unwrap();
+        }
+    }
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {name} SET default_transaction_read_only = on"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+
+    // The whole database read-only. Observing needs no writes.
+    let observed = report(&run(&sweep_args(res.path(), &[])));
+    assert_eq!(row(&observed, "t-expired", "basket")["verdict"], "gone");
+    assert_eq!(
+        row(&observed, "t-expired", "basket")["action"]["outcome"],
+        "planned"
+    );
+    assert_eq!(row(&observed, "t-live", "basket")["verdict"], "ok");
+
+    // Acting is refused with the cause, and nothing is written.
+    let out = run(&sweep_args(res.path(), &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    assert!(
+        error.contains("store default/orders: the checkpoint database refuses writes")
+            && error.contains("read-only transaction"),
+        "the error names the store and the read-only database: {error:?}\n{stderr}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM checkpoints").await,
+        checkpoints
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM custody_actions").await,
+        None,
+        "not even custody's tables"
+    );
+
+    // Writable again: the next run acts.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER DATABASE {name} RESET default_transaction_read_only"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let acted = act(res.path());
+    assert_eq!(
+        row(&acted, "t-expired", "basket")["action"]["outcome"],
+        "escalated",
+        "{acted:#}"
+    );
+    assert_eq!(db.unsettled().await, 0);
+}
+
+// ------------------------------------------------------------------ 3: misbehaving MCP servers
+
+/// tests/py/misbehaving_server.py with one case and its settings; killed when dropped.
+struct Misbehaving {
+    child: Child,
+    port: u16,
+}
+
+impl Misbehaving {
+    fn start(case: &str, settings: &[(&str, &str)]) -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("MISBEHAVE_PORT", port.to_string())
+            .env("MISBEHAVE_CASE", case)
+            .envs(settings.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start misbehaving_server.py");
+        support::wait_for_port(port, Duration::from_secs(30));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for Misbehaving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An MCPServer and a HandleClass probing the thread's `basket` through it.
+fn probe_class(dir: &Path, name: &str, url: &str, timeout_s: u32) {
+    support::write_file(
+        dir,
+        &format!("{name}.yaml"),
+        &format!(
+            r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: {name}}}
+spec: {{url: "{url}", timeoutSeconds: {timeout_s}}}
+---
+apiVersion: custody.dev/v1alpha1
+kind: HandleClass
+metadata: {{name: {name}}}
+spec:
+  serverRef: {name}
+  statePath: basket
+  probe:
+    tool: get_basket
+    arguments: {{basket_id: "{{{{handle}}}}"}}
+    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
+"#
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::basket_resources(res.path(), &basket.url(), "auto", backend, &dsn);
+    let probe = [("MISBEHAVE_TOOLS", "get_basket")];
+    // Each bad server costs its 3 s timeout at most; in sequence they would cost 12 s.
+    let servers = [
+        ("hang", Misbehaving::start("call_hang", &probe), 3),
+        ("http-500", Misbehaving::start("call_http_500", &probe), 3),
+        (
+            "drop",
+            Misbehaving::start("call_drop_mid_stream", &probe),
+            3,
+        ),
+        (
+            "slow-late",
+            Misbehaving::start(
+                "call_slow_bytes",
+                &[
+                    ("MISBEHAVE_TOOLS", "get_basket"),
+                    ("MISBEHAVE_BYTE_DELAY_MS", "50"),
+                ],
+            ),
+            3,
+        ),
+        (
+            "slow-ok",
+            Misbehaving::start(
+                "call_slow_bytes",
+                &[
+                    ("MISBEHAVE_TOOLS", "get_basket"),
+                    ("MISBEHAVE_BYTE_DELAY_MS", "5"),
+                ],
+            ),
+            20,
+        ),
+    ];
+    for (name, server, timeout) in &servers {
+        probe_class(res.path(), name, &server.url(), *timeout);
+    }
+
+    let started = Instant::now();
+    let r = report(&run(&sweep_args(res.path(), &["--dry-run"])));
+    let took = started.elapsed();
+    assert_eq!(row(&r, "t-live", "basket")["verdict"], "ok", "{r:#}");
+    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again; rmcp then leaves
+    // the request to its deadline, so it reads as a timeout (as in discovery, tests/discovery.rs).
+    for (name, want) in [
+        ("hang", "tools/call get_basket timed out after 3s"),
+        ("http-500", "500"),
+        ("drop", "tools/call get_basket timed out after 3s"),
+        ("slow-late", "tools/call get_basket timed out after 3s"),
+    ] {
+        let bad = row(&r, "t-live", name);
+        assert_eq!(bad["verdict"], "unknown", "{name}: never gone: {bad:#}");
+        assert!(
+            bad["reason"].as_str().unwrap().contains(want),
+            "{name}: the reason names the cause ({want}): {bad:#}"
+        );
+        assert!(bad["action"].is_null(), "unknown is never acted on");
+    }
+    let slow = row(&r, "t-live", "slow-ok");
+    assert_eq!(
+        slow["verdict"], "gone",
+        "a slow answer within the timeout is judged on its content: {slow:#}"
+    );
+    assert!(
+        slow["reason"]
+            .as_str()
+            .unwrap()
+            .contains("BASKET_NOT_FOUND"),
+        "{slow:#}"
+    );
+    assert!(
+        took < Duration::from_secs(12),
+        "servers are probed in parallel, each bounded by its own timeout: {took:?}"
+    );
+}
+
+/// Resources re-minting the thread's basket on `url`, with 3 s timeouts.
+fn remint_on(dir: &Path, url: &str, db: &Checkpoints) {
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(dir, url, backend, &dsn, "remint");
+    support::write_file(
+        dir,
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+             spec: {{url: \"{url}\", timeoutSeconds: 3}}\n"
+        ),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once() {
+    let basket = BasketServer::start(&[]);
+    for case in ["call_hang", "call_http_500", "call_drop_mid_stream"] {
+        // The thread's basket lives on the real server; the misbehaving one does not know it,
+        // so its probe answers BASKET_NOT_FOUND and the sweep re-mints there.
+        let bad = Misbehaving::start(
+            case,
+            &[
+                ("MISBEHAVE_TOOLS", "create_basket"),
+                ("MISBEHAVE_TIMES", "1"),
+            ],
+        );
+        let res = tempfile::tempdir().unwrap();
+        let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+        let old = db.filled(&basket.url());
+        remint_on(res.path(), &bad.url(), &db);
+
+        let first = act(res.path());
+        let r = row(&first, "t-live", "basket");
+        assert_eq!(r["verdict"], "gone", "{case}: {r:#}");
+        assert_eq!(r["action"]["outcome"], "error", "{case}: {r:#}");
+        assert!(
+            r["action"]["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("mint failed, retried next sweep: server basket: tools/call"),
+            "{case}: {r:#}"
+        );
+        assert_eq!(db.unsettled().await, 1, "{case}: the intent stays");
+        assert_eq!(
+            db.state("t-live")["values"]["basket"]["value"],
+            old.as_str(),
+            "{case}: nothing appended"
+        );
+
+        let second = act(res.path());
+        assert_eq!(
+            second["settled"][0]["outcome"], "reminted",
+            "{case}: {second:#}"
+        );
+        let new = db.state("t-live")["values"]["basket"]["value"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            baskets(&bad.url()).await,
+            1,
+            "{case}: one basket, whatever the first call did"
+        );
+        assert_eq!(
+            items(&bad.url(), &new).await,
+            vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+            "{case}"
+        );
+        assert_eq!(db.unsettled().await, 0, "{case}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_mint_within_the_timeout_remints() {
+    let basket = BasketServer::start(&[]);
+    let bad = Misbehaving::start(
+        "call_slow_bytes",
+        &[
+            ("MISBEHAVE_TOOLS", "create_basket"),
+            ("MISBEHAVE_BYTE_DELAY_MS", "5"),
+        ],
+    );
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    db.filled(&basket.url());
+    remint_on(res.path(), &bad.url(), &db);
+    // At 5 ms a byte the answer takes 1–2 s: slow, but within the 3 s per-request timeout.
+    let r = act(res.path());
+    assert_eq!(
+        row(&r, "t-live", "basket")["action"]["outcome"],
+        "reminted",
+        "{r:#}"
+    );
+    assert_eq!(baskets(&bad.url()).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
+    let basket = BasketServer::start(&[]);
+    for (case, cause) in [
+        ("call_hang", "timed out"),
+        ("call_http_500", "500"),
+        ("call_drop_mid_stream", "failed"),
+    ] {
+        let bad = Misbehaving::start(
+            case,
+            &[("MISBEHAVE_TOOLS", "add_item"), ("MISBEHAVE_TIMES", "1")],
+        );
+        let res = tempfile::tempdir().unwrap();
+        let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+        let old = db.filled(&basket.url());
+        remint_on(res.path(), &bad.url(), &db);
+
+        let first = act(res.path());
+        let r = row(&first, "t-live", "basket");
+        assert_eq!(r["action"]["outcome"], "escalated", "{case}: {r:#}");
+        let state = db.state("t-live");
+        let custody = &state["values"]["custody"];
+        let reason = custody["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("replay add_item of item 1 failed") && reason.contains(cause),
+            "{case}: the verdict names the failed call and its cause: {custody:#}"
+        );
+        assert_eq!(state["values"]["basket"]["value"], old.as_str(), "{case}");
+        assert_eq!(state["next"], json!(["add_item"]), "{case}");
+        assert_eq!(baskets(&bad.url()).await, 1, "{case}: minted once");
+        assert_eq!(db.unsettled().await, 0, "{case}");
+
+        let again = act(res.path());
+        let r = row(&again, "t-live", "basket");
+        assert_eq!(r["action"]["reason"], "already escalated", "{case}: {r:#}");
+        assert_eq!(baskets(&bad.url()).await, 1, "{case}: not minted again");
+    }
+}
+
+// ------------------------------------------------------------------ 4: audit settlement killed
+
+/// tests/py/ticket_server.py on its own port; killed when dropped.
+struct TicketServer {
+    child: Child,
+    port: u16,
+}
+
+impl TicketServer {
+    fn start() -> Self {
+        let port = support::free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
+        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg(script)
+            .env("TICKET_PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ticket_server.py");
+        support::wait_for_port(port, Duration::from_secs(60));
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    async fn finds(&self) -> u64 {
+        call(&self.url(), "stats", json!({})).await["finds"]
+            .as_u64()
+            .unwrap()
+    }
+}
+
+impl Drop for TicketServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The audit steps at which the sweeper is killed.
+const AUDIT_STEPS: [&str; 4] = [
+    "after-claim",
+    "after-lookup",
+    "before-commit",
+    "after-commit",
+];
+
+async fn audit_kill_case(kind: Kind) {
+    let basket = BasketServer::start(&[]);
+    let tickets = TicketServer::start();
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(kind, res.path(), "faults_audit_kill").await;
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-live"), "");
+    let (backend, dsn) = db.backend_dsn();
+    support::write_file(
+        res.path(),
+        "servers.yaml",
+        &format!(
+            r#"apiVersion: custody.dev/v1alpha1
+kind: MCPServer
+metadata: {{name: tickets}}
+spec:
+  url: "{}"
+  timeoutSeconds: 10
+  reconciliation:
+  - tool: create_ticket
+    lookup:
+      tool: find_ticket
+      arguments: {{idempotency_key: "{{{{idempotency_key}}}}"}}
+      found: {{path: ticket, notFoundErrorPrefixes: [TICKET_NOT_FOUND]}}
+      idField: ticket.id
+"#,
+            tickets.url()
+        ),
+    );
+    support::write_file(
+        res.path(),
+        "store.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+             spec:\n  backend: {backend}\n  dsn: \"{dsn}\"\n  mode: act\n\
+             \x20 audit: {{graceSeconds: 60, maxAgeSeconds: 3600, verdictPath: custody}}\n"
+        ),
+    );
+    act(res.path()); // creates custody's tables
+    let args = sweep_args(res.path(), &["--apply"]);
+
+    for step in AUDIT_STEPS {
+        // Two writes that landed on the server, two that did not, all left pending.
+        let calls: Vec<String> = (0..4).map(|i| format!("{step}-{i}")).collect();
+        for (i, c) in calls.iter().enumerate() {
+            let key = idempotency_key("t-live", c);
+            if i % 2 == 0 {
+                call(
+                    &tickets.url(),
+                    "create_ticket",
+                    json!({"idempotency_key": key, "title": c}),
+                )
+                .await;
+            }
+            insert_pending(&db, c, &key).await;
+        }
+        let finds = tickets.finds().await;
+
+        Stopped::at(&args, &format!("audit::{step}"), "return").kill();
+        let next = act(res.path());
+        let handled: Vec<&str> = next["audit"]["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tool_call_id"].as_str().unwrap())
+            .collect();
+        if step == "after-commit" {
+            assert!(
+                handled.is_empty(),
+                "{step}: settled before the kill: {next:#}"
+            );
+        } else {
+            assert_eq!(handled, calls, "{step}: the next run settles each record");
+        }
+        // Lookups are read-only, so a batch looked up but not committed is looked up again.
+        let looked_up_twice = matches!(step, "after-lookup" | "before-commit");
+        assert_eq!(
+            tickets.finds().await - finds,
+            if looked_up_twice { 8 } else { 4 },
+            "{step}: lookups"
+        );
+        for (i, c) in calls.iter().enumerate() {
+            let want = if i % 2 == 0 {
+                "committed"
+            } else {
+                "not_committed"
+            };
+            let got = db
+                .count(&format!(
+                    "SELECT count(*) FROM custody_audit WHERE tool_call_id = '{c}' AND status = '{want}'"
+                ))
+                .await;
+            assert_eq!(got, Some(1), "{step}: {c} is {want}");
+        }
+        // A further run finds nothing left to settle.
+        let idle = act(res.path());
+        assert!(
+            idle["audit"]["records"].as_array().unwrap().is_empty(),
+            "{step}: {idle:#}"
+        );
+    }
+}
+
+/// Writes a pending audit record for `call` on t-live, five minutes old, as an agent does.
+async fn insert_pending(db: &Checkpoints, call: &str, key: &str) {
+    use sqlx::Connection as _;
+    match db.kind {
+        Kind::Postgres => {
+            let mut c = sqlx::PgConnection::connect(&db.pg).await.unwrap();
+            sqlx::query(
+                "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
+                    principal, created_at, updated_at)
+                 VALUES ('t-live', $1, $2, 'tickets', 'create_ticket', 'user-1',
+                    now() - interval '300 seconds', now() - interval '300 seconds')",
+            )
+            .bind(call)
+            .bind(key)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+        Kind::Sqlite => {
+            let url = format!("sqlite://{}", db.sqlite.display());
+            let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            sqlx::query(
+                "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
+                    principal, created_at, updated_at)
+                 VALUES ('t-live', ?1, ?2, 'tickets', 'create_ticket', 'user-1',
+                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-300 seconds'),
+                    strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-300 seconds'))",
+            )
+            .bind(call)
+            .bind(key)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_an_audit_settlement_settles_once_sqlite() {
+    audit_kill_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_every_step_of_an_audit_settlement_settles_once_postgres() {
+    audit_kill_case(Kind::Postgres).await;
+}
+
+// ------------------------------------------------------------------ 5: two acting sweeps
+
+async fn two_sweeps_case(kind: Kind) {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let db = Checkpoints::new(kind, res.path(), "faults_two_sweeps").await;
+    let old = db.filled(&basket.url());
+    call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");
+    let before = baskets(&basket.url()).await;
+
+    let args = sweep_args(res.path(), &["--apply"]);
+    let first = Stopped::at(&args, "act::after-intent", "return(wait)");
+    let out = run(&args);
+    let second = report(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let r = row(&second, "t-live", "basket");
+    assert_eq!(r["verdict"], "gone", "{r:#}");
+    assert_eq!(r["action"]["outcome"], "skipped", "{r:#}");
+    assert_eq!(
+        r["action"]["reason"], "another custody process is acting on this store",
+        "{r:#}"
+    );
+    assert!(
+        stderr.contains("another custody process is acting on this store"),
+        "{stderr}"
+    );
+    assert!(second["settled"].as_array().unwrap().is_empty());
+    assert_eq!(
+        baskets(&basket.url()).await,
+        before,
+        "the second sweep minted nothing"
+    );
+
+    let (status, stdout, stderr) = first.go();
+    assert!(status.success(), "{stderr}");
+    let first: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        row(&first["stores"][0], "t-live", "basket")["action"]["outcome"],
+        "reminted"
+    );
+    assert_eq!(baskets(&basket.url()).await, before + 1, "one basket");
+    assert_eq!(db.unsettled().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_acting_sweeps_one_acts_the_other_says_why_sqlite() {
+    two_sweeps_case(Kind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_acting_sweeps_one_acts_the_other_says_why_postgres() {
+    two_sweeps_case(Kind::Postgres).await;
+}
