@@ -18,15 +18,14 @@ mod cluster;
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use cluster::{ControllerProcess, metric, metric_sum, token_kubeconfig};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -52,144 +51,22 @@ const LEASE: &str = "custody-controller";
 // ---------------------------------------------------------------------------------------------
 // The controller processes.
 
-/// Runs the controller in the background with its output in `$CUSTODY_LOG`, prints its pid, and
-/// SIGTERMs it when stdin closes: when the test drops it, or when the test process ends in any
-/// way (the pipe closes), so no controller outlives the suite. Exits with the controller's status.
-const WRAPPER: &str = r#""$@" </dev/null >>"$CUSTODY_LOG" 2>&1 &
-pid=$!
-echo "$pid"
-read -r _ || true
-kill -TERM "$pid" 2>/dev/null
-wait "$pid""#;
-
-/// One `custody controller` replica.
-struct Controller {
-    identity: String,
-    port: u16,
-    pid: u32,
-    log: PathBuf,
-    wrapper: Child,
-}
-
-impl Controller {
-    /// Starts a replica with the controller ServiceAccount's kubeconfig and waits for `/readyz`.
-    fn start(infra: &Infra) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let identity = format!("replica-{}", N.fetch_add(1, Ordering::SeqCst));
-        let port = support::free_port();
-        let log = infra.dir.join(format!("{identity}.log"));
-        let mut wrapper = Command::new("sh")
-            .args([
-                "-c",
-                WRAPPER,
-                "sh",
-                env!("CARGO_BIN_EXE_custody"),
-                "controller",
-            ])
-            .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-            .args(["--lease-namespace", &infra.system_ns])
-            .args(["--identity", &identity])
-            .args(["--health-interval-seconds", &HEALTH_INTERVAL.to_string()])
-            .env("KUBECONFIG", &infra.controller_kubeconfig)
-            .env("CUSTODY_LOG", &log)
-            .env("RUST_LOG", "info,custody=debug")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the controller");
-        let mut line = String::new();
-        BufReader::new(wrapper.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let pid = line.trim().parse().expect("the controller's pid");
-        let c = Self {
-            identity,
-            port,
-            pid,
-            log,
-            wrapper,
-        };
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some((200, _)) = http_get(c.port, "/readyz") {
-                return c;
-            }
-            assert!(c.alive(), "the controller exited:\n{}", c.log_tail());
-            assert!(
-                Instant::now() < deadline,
-                "/readyz not 200 after {DEADLINE:?}:\n{}",
-                c.log_tail()
-            );
-            std::thread::sleep(POLL);
-        }
-    }
-
-    fn alive(&self) -> bool {
-        // The wrapper reaps it only after stdin closes: a dead controller is a zombie until then.
-        std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| !r.starts_with(" Z"))
-        })
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// `/metrics`.
-    fn metrics(&self) -> String {
-        match http_get(self.port, "/metrics") {
-            Some((200, body)) => body,
-            other => panic!("{}: /metrics answered {other:?}", self.identity),
-        }
-    }
-
-    /// SIGTERM, and the controller's exit status.
-    fn terminate(&mut self) -> ExitStatus {
-        drop(self.wrapper.stdin.take());
-        self.wrapper.wait().unwrap()
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        self.terminate();
-    }
-}
-
-/// A plain HTTP/1.1 GET on 127.0.0.1: `(status, body)`, or `None` when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+/// Starts a replica with the controller ServiceAccount's kubeconfig and waits for `/readyz`.
+fn start_replica(infra: &Infra) -> ControllerProcess {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let identity = format!("replica-{}", N.fetch_add(1, Ordering::SeqCst));
+    ControllerProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_custody")),
+        &infra.controller_kubeconfig,
+        &identity,
+        &infra.dir.join(format!("{identity}.log")),
+        &[
+            "--lease-namespace",
+            &infra.system_ns,
+            "--health-interval-seconds",
+            &HEALTH_INTERVAL.to_string(),
+        ],
     )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
-
-/// The value of one series (`name{labels}` exactly as exposed) in OpenMetrics text.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        let (name, value) = l.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().ok()).flatten()
-    })
-}
-
-/// `custody_reconciles_total` summed over every kind.
-fn reconciles(text: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with("custody_reconciles_total{"))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,7 +82,7 @@ struct Infra {
     /// Logs and kubeconfigs.
     dir: PathBuf,
     /// The replica serving the suite (the leader-election test replaces it).
-    current: tokio::sync::Mutex<Option<Controller>>,
+    current: tokio::sync::Mutex<Option<ControllerProcess>>,
 }
 
 /// Tests hold it shared; the leader-election test holds it alone.
@@ -221,38 +98,12 @@ fn infra() -> &'static Infra {
         let pid = std::process::id();
         let release = format!("custody-e2e-{pid}");
         let system_ns = format!("custody-e2e-system-{pid}");
-        c.ensure_namespace(&system_ns);
-        let rendered = c
-            .helm(
-                &["template", &release, "charts/custody", "-n", &system_ns],
-                None,
-            )
-            .ok();
-        let rbac: Vec<Value> = cluster::yaml_docs(&rendered)
-            .into_iter()
-            .filter(|d| {
-                [
-                    "ServiceAccount",
-                    "ClusterRole",
-                    "ClusterRoleBinding",
-                    "Role",
-                    "RoleBinding",
-                ]
-                .contains(&d["kind"].as_str().unwrap_or_default())
-            })
-            .collect();
-        assert!(rbac.len() >= 6, "{rbac:?}");
-        c.kubectl(
-            &["apply", "-f", "-"],
-            Some(&json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string()),
-        )
-        .ok();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-e2e-{pid}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let controller_kubeconfig = token_kubeconfig(
-            &dir.join("controller.kubeconfig"),
+        let controller_kubeconfig = cluster::controller_kubeconfig(
+            &release,
             &system_ns,
-            &format!("{release}-controller"),
+            &dir.join("controller.kubeconfig"),
         );
         let mut infra = Infra {
             release,
@@ -261,7 +112,7 @@ fn infra() -> &'static Infra {
             dir,
             current: tokio::sync::Mutex::new(None),
         };
-        let first = Controller::start(&infra);
+        let first = start_replica(&infra);
         let deadline = Instant::now() + DEADLINE;
         while metric(&first.metrics(), "custody_leader") != Some(1.0) {
             assert!(
@@ -274,23 +125,6 @@ fn infra() -> &'static Infra {
         *infra.current.get_mut() = Some(first);
         infra
     })
-}
-
-/// A kubeconfig for the cluster that authenticates with a token of ServiceAccount `ns/sa`.
-fn token_kubeconfig(path: &Path, ns: &str, sa: &str) -> PathBuf {
-    let c = cluster::cluster();
-    let token = c
-        .kubectl(&["create", "token", sa, "-n", ns, "--duration=2h"], None)
-        .ok()
-        .trim()
-        .to_owned();
-    let admin = std::fs::read_to_string(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
-    let mut kc: Value = serde_yaml::from_str(&admin).unwrap();
-    for user in kc["users"].as_array_mut().unwrap() {
-        user["user"] = json!({ "token": token });
-    }
-    std::fs::write(path, kc.to_string()).unwrap();
-    path.to_owned()
 }
 
 /// An admin client (the tests' own view of the cluster).
@@ -1280,7 +1114,7 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     };
     let mut current = infra.current.lock().await;
     let mut leader = current.take().expect("the suite's controller");
-    let standby = Controller::start(infra);
+    let standby = start_replica(infra);
 
     eventually("one leader, one standby", async || {
         let (l, s) = (leader.metrics(), standby.metrics());
@@ -1308,7 +1142,11 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     );
     assert!(metric(&leader.metrics(), series).unwrap_or(0.0) > before);
     let idle = standby.metrics();
-    assert_eq!(reconciles(&idle), 0.0, "the standby reconciled:\n{idle}");
+    assert_eq!(
+        metric_sum(&idle, "custody_reconciles_total"),
+        0.0,
+        "the standby reconciled:\n{idle}"
+    );
 
     // SIGTERM the leader: it exits cleanly and releases the Lease; the standby takes it.
     let stopped = Instant::now();

@@ -301,7 +301,7 @@ pub fn key(obj: &Value) -> (String, String, String) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// `custody controller` replicas (tests/cluster_faults.rs).
+// `custody controller` replicas (tests/cluster_faults.rs, tests/cluster_controller.rs).
 
 /// Runs the controller in the background with its output in `$CUSTODY_LOG`, prints its pid, and
 /// SIGTERMs it when stdin closes: when the test drops it, or when the test process ends in any
