@@ -11,6 +11,7 @@
 //! | `bad-trunc` | truncated to half | skipped `decode` (the checkpoint document) | same, channel `basket` (the blob) |
 //! | `bad-huge` | 64 MiB more: in the `basket` record (PostgreSQL), in the document (SQLite) | skipped `too_large`, not fetched | same, channel `basket` |
 //! | `bad-types` | `channel_versions` is a string | skipped `decode` | same |
+//! | `bad-version`, `bad-ts` | `channel_versions.basket` is `[1]`, `ts` a number (read from projected columns on PostgreSQL) | — | skipped `decode` |
 //! | `bad-pickle` | serializer type `pickle` | skipped `unsupported_format` | same, channel `basket` |
 //! | `bad-aes` | serializer type `msgpack+aes` (encrypted) | — (no per-value types) | skipped `unsupported_format`, channel `basket` |
 //! | `bad-future` | checkpoint format `v: 5` | skipped `unsupported_format` | same |
@@ -582,6 +583,8 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-aes",
         "bad-future",
         "bad-metadata",
+        "bad-version",
+        "bad-ts",
         "old-v1",
     ] {
         pg_copy_thread(&mut conn, "t-live", copy).await;
@@ -611,6 +614,20 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         &mut conn,
         "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_versions}', '\"x\"') WHERE thread_id = $1",
         "bad-types",
+    )
+    .await;
+    // Well-shaped documents with one bad field the sweep reads: the reader takes these from
+    // projected columns, not from the document, and must still refuse them.
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_versions,basket}', '[1]') WHERE thread_id = $1",
+        "bad-version",
+    )
+    .await;
+    pg_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{ts}', '1700000000') WHERE thread_id = $1",
+        "bad-ts",
     )
     .await;
     pg_exec(&mut conn, &blobs("type = 'pickle'"), "bad-pickle").await;
@@ -655,7 +672,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 8] = [
+    let expect: [Expect; 10] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -693,8 +710,15 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "unsupported serializer type \"pickle\"",
         ),
         ("bad-trunc", "decode", Some("basket"), "malformed msgpack"),
+        ("bad-ts", "decode", None, "ts is not a string"),
         (
             "bad-types",
+            "decode",
+            None,
+            "channel_versions is not a map of versions",
+        ),
+        (
+            "bad-version",
             "decode",
             None,
             "channel_versions is not a map of versions",

@@ -78,8 +78,6 @@ pub struct ParkedThread {
     pub checkpoint_ts: Option<DateTime<Utc>>,
     /// Checkpoint metadata (source, step, and scalar `configurable` entries such as a principal).
     pub metadata: serde_json::Map<String, Value>,
-    /// Nodes due next (`branch:to:<node>` triggers newer than the node has seen).
-    pub next_nodes: Vec<String>,
     /// Requested channels that exist in this checkpoint (have a version).
     pub channels: BTreeMap<String, Channel>,
 }
@@ -250,6 +248,14 @@ fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
     })
 }
 
+/// The statement a scan of a PostgresSaver database runs for `channels` requested channels, for
+/// a DBA's `EXPLAIN` and for the benchmark. Parameters: `$1` the channel names (`text[]`), `$2`
+/// and `$3` the shard count and index (`1`, `0` for the whole store), `$4` the largest blob
+/// fetched, in bytes ([`MAX_VALUE_BYTES`]).
+pub fn postgres_scan_statement(channels: usize) -> String {
+    postgres::parked_sql(channels)
+}
+
 /// Replaces the password of a URL-shaped DSN with `***`, for messages.
 pub fn redact_dsn(dsn: &str) -> String {
     let Some((scheme, rest)) = dsn.split_once("://") else {
@@ -339,6 +345,9 @@ fn classify(
 struct Head {
     checkpoint_id: String,
     checkpoint_ts: Option<DateTime<Utc>>,
+    /// Nodes due next; read only for a thread without a pending interrupt, where they decide
+    /// whether an `update_state` edit left it parked (the PostgreSQL reader leaves them empty
+    /// for interrupted threads, see `postgres::parked_sql`).
     next_nodes: Vec<String>,
 }
 
@@ -364,7 +373,6 @@ fn classify_head(
         parked_by,
         checkpoint_ts: head.checkpoint_ts,
         metadata,
-        next_nodes: head.next_nodes,
         channels,
     })
 }
@@ -381,7 +389,6 @@ mod tests {
             parked_by: ParkedBy::Interrupt,
             checkpoint_ts: None,
             metadata: serde_json::Map::new(),
-            next_nodes: vec!["add_item".into()],
             channels,
         })
     }

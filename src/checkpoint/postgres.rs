@@ -10,7 +10,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow, PgValueFormat};
 use sqlx::{Row, ValueRef};
 
-use super::doc::parse_ts;
+use super::doc::{LATEST_FORMAT, parse_ts};
 use super::{
     Channel, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
     classify_head, redact_dsn, typed,
@@ -22,11 +22,50 @@ pub const KNOWN_MIGRATION: i32 = 9;
 /// Lowest version whose tables (checkpoints, checkpoint_blobs, checkpoint_writes) we query.
 const REQUIRED_MIGRATION: i32 = 3;
 
-/// One statement finds the latest root checkpoint per thread (an index-only scan of the primary
-/// key grouped by thread), keeps those with a pending interrupt or an `update_state` edit, and
-/// fetches the requested channels' blobs by primary key. Why this shape and not `DISTINCT ON`:
-/// the anti-join form degrades quadratically (see BENCHMARKS.md / the perf baseline notes).
-const PARKED_SQL: &str = r#"
+/// The statement of a scan for `channels` requested channels. One statement finds the latest
+/// root checkpoint per thread (an index-only scan of the primary key grouped by thread), keeps
+/// those with a pending interrupt or an `update_state` edit, and fetches each requested channel's
+/// blob by primary key. Why this shape and not `DISTINCT ON`: the anti-join form degrades
+/// quadratically (BENCHMARKS.md, "The query").
+///
+/// Parameters: `$1` the requested channel names (`text[]`; channel k reads `$1[k+1]`), `$2`/`$3`
+/// the shard count and index, `$4` the largest blob fetched (bytes). Columns: [`Col`] in order,
+/// then five per requested channel ([`ChannelCols`]).
+///
+/// The checkpoint document itself is returned only when the sweep needs more of it than the
+/// columns carry: for a thread without a pending interrupt (its next nodes decide whether an
+/// edit left it parked) and for a document that is not of the current format with
+/// `channel_versions` and `channel_values` objects (the typed decoder then reads older formats
+/// and names what is wrong). Converting the ~1 KB JSONB document to text for every thread was a
+/// third of the database's work (BENCHMARKS.md, run 3). `@>` and `#>` walk the document in
+/// place; `->` on an object would copy it first.
+pub(super) fn parked_sql(channels: usize) -> String {
+    use std::fmt::Write as _;
+    let mut columns = String::new();
+    let mut blobs = String::new();
+    for k in 1..=channels {
+        let name = format!("($1::text[])[{k}]");
+        let _ = write!(
+            columns,
+            ",\n       c.checkpoint #> ARRAY['channel_versions', {name}], c.checkpoint #> ARRAY['channel_values', {name}],\n       b{k}.type, b{k}.blob, b{k}.size"
+        );
+        let _ = write!(
+            blobs,
+            r#"
+LEFT JOIN LATERAL (
+    -- A blob over $4 bytes is not fetched, only its size (octet_length reads the TOAST header).
+    SELECT b.type, CASE WHEN octet_length(b.blob) <= $4 THEN b.blob END AS blob, octet_length(b.blob) AS size
+    FROM checkpoint_blobs b
+    WHERE b.thread_id = l.thread_id AND b.checkpoint_ns = '' AND b.channel = {name}
+      AND b.version = c.checkpoint #>> ARRAY['channel_versions', {name}]
+    OFFSET 0
+) b{k} ON true"#
+        );
+    }
+    let plain =
+        format!(r#"{{"v": {LATEST_FORMAT}, "channel_versions": {{}}, "channel_values": {{}}}}"#);
+    format!(
+        r#"
 WITH latest AS (
     SELECT thread_id, max(checkpoint_id) AS checkpoint_id
     FROM checkpoints
@@ -38,9 +77,10 @@ WITH latest AS (
            OR ('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint % $2 = $3)
     GROUP BY thread_id
 )
-SELECT l.thread_id, l.checkpoint_id, c.checkpoint, c.metadata,
-       (p.task_id IS NOT NULL) AS pending_interrupt,
-       bl.channels, bl.types, bl.blobs, bl.sizes
+SELECT l.thread_id, l.checkpoint_id,
+       CASE WHEN p.task_id IS NULL OR NOT coalesce(c.checkpoint @> '{plain}', false)
+            THEN coalesce(c.checkpoint, 'null') END,
+       c.checkpoint -> 'ts', c.metadata, (p.task_id IS NOT NULL){columns}
 FROM latest l
 CROSS JOIN LATERAL (
     SELECT x.checkpoint, x.metadata FROM checkpoints x
@@ -58,20 +98,54 @@ LEFT JOIN LATERAL (
     HAVING bool_or(w.channel = '__interrupt__')
        AND NOT bool_or(w.channel NOT IN ('__interrupt__', '__resume__', '__error__', '__error_source_node__'))
     LIMIT 1
-) p ON true
-LEFT JOIN LATERAL (
-    -- A blob over $4 bytes is not fetched, only its size (octet_length reads the TOAST header).
-    SELECT array_agg(b.channel) AS channels, array_agg(b.type) AS types,
-           array_agg(CASE WHEN octet_length(b.blob) <= $4 THEN b.blob END) AS blobs,
-           array_agg(octet_length(b.blob)) AS sizes
-    FROM unnest($1::text[]) AS ch(name)
-    JOIN checkpoint_blobs b
-      ON b.thread_id = l.thread_id AND b.checkpoint_ns = '' AND b.channel = ch.name
-     AND b.version = c.checkpoint -> 'channel_versions' ->> ch.name
-) bl ON true
+) p ON true{blobs}
 WHERE p.task_id IS NOT NULL OR c.metadata ->> 'source' = 'update'
 ORDER BY l.thread_id
-"#;
+"#
+    )
+}
+
+/// The leading columns of [`parked_sql`], by position.
+#[derive(Clone, Copy)]
+enum Col {
+    ThreadId,
+    CheckpointId,
+    /// The whole document, or NULL when the columns carry what the sweep needs.
+    Checkpoint,
+    /// `checkpoint.ts` (JSON).
+    Ts,
+    Metadata,
+    PendingInterrupt,
+}
+
+/// Number of [`Col`] columns; requested channels' columns follow.
+const COLS: usize = Col::PendingInterrupt as usize + 1;
+
+/// The five columns of requested channel `k` (0-based) in [`parked_sql`]'s output.
+struct ChannelCols(usize);
+
+impl ChannelCols {
+    /// `channel_versions[name]` (JSON), NULL when absent.
+    fn version(&self) -> usize {
+        COLS + 5 * self.0
+    }
+    /// `channel_values[name]` (JSON): the inline value of a primitive, NULL when not inline.
+    fn inline(&self) -> usize {
+        self.version() + 1
+    }
+    /// The blob's serializer type, NULL without a blob.
+    fn blob_type(&self) -> usize {
+        self.version() + 2
+    }
+    /// The blob, NULL when over the limit.
+    fn blob(&self) -> usize {
+        self.version() + 3
+    }
+    /// The blob's size in bytes.
+    fn size(&self) -> usize {
+        self.version() + 4
+    }
+}
 
 /// A read-only pool on a PostgresSaver database.
 pub struct Reader {
@@ -131,7 +205,9 @@ impl Reader {
         channels: &'a [String],
         shard: Shard,
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
-        sqlx::query(PARKED_SQL)
+        // Only the channel count varies the text; the names are bound. The text is built by
+        // custody alone (no input reaches it), so it is SQL-safe.
+        sqlx::query(sqlx::AssertSqlSafe(parked_sql(channels.len())))
             .bind(channels.to_vec())
             .bind(i32::try_from(shard.count()).expect("shard count <= MAX_SHARDS"))
             .bind(i64::from(shard.index()))
@@ -152,9 +228,9 @@ fn strip_dsn(message: &str, dsn: &str) -> String {
     message.replace(dsn, &redact_dsn(dsn))
 }
 
-/// The text of a `json`/`jsonb` column, borrowed from the row: binary `jsonb` is a version byte
-/// (1) and the JSON text. `None` for SQL NULL.
-fn json_bytes<'r>(row: &'r PgRow, column: &str) -> Result<Option<&'r [u8]>, StoreError> {
+/// The text of a `json`/`jsonb` column at `column`, borrowed from the row: binary `jsonb` is a
+/// version byte (1) and the JSON text. `None` for SQL NULL.
+fn json_bytes(row: &PgRow, column: usize) -> Result<Option<&[u8]>, StoreError> {
     let raw = row.try_get_raw(column)?;
     if raw.is_null() {
         return Ok(None);
@@ -168,16 +244,53 @@ fn json_bytes<'r>(row: &'r PgRow, column: &str) -> Result<Option<&'r [u8]>, Stor
     }))
 }
 
+/// What the sweep needs of a plain document ([`parked_sql`] returned no `checkpoint`), from
+/// the projected columns, read under the rules of [`typed::decode`]. The outer error is the
+/// database's, the inner one the thread's (it is skipped).
+fn projected_view<'r>(
+    row: &'r PgRow,
+    requested: &'r [String],
+) -> Result<Result<typed::DocView<'r>, DecodeError>, StoreError> {
+    let mut view = typed::DocView {
+        id: Some(Cow::Borrowed(
+            row.try_get::<&str, _>(Col::CheckpointId as usize)?,
+        )),
+        ..typed::DocView::default()
+    };
+    if let Some(ts) = json_bytes(row, Col::Ts as usize)? {
+        match typed::ts(ts) {
+            Ok(ts) => view.ts = ts,
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    for (k, name) in requested.iter().enumerate() {
+        let cols = ChannelCols(k);
+        if let Some(version) = json_bytes(row, cols.version())? {
+            match typed::version(version) {
+                Ok(Some(v)) => view.versions.push((Cow::Borrowed(name.as_str()), v)),
+                Ok(None) => {}
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        if let Some(text) = json_bytes(row, cols.inline())? {
+            match serde_json::from_slice(text) {
+                Ok(value) => view.inline.push((k, value)),
+                Err(e) => {
+                    return Ok(Err(DecodeError::malformed(format!(
+                        "checkpoint channel_values is not JSON: {e}"
+                    ))));
+                }
+            }
+        }
+    }
+    Ok(Ok(view))
+}
+
 fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, StoreError> {
-    let thread_id: String = row.try_get("thread_id")?;
-    let checkpoint_id: String = row.try_get("checkpoint_id")?;
-    let checkpoint = json_bytes(row, "checkpoint")?;
-    let metadata = json_bytes(row, "metadata")?;
-    let pending: bool = row.try_get("pending_interrupt")?;
-    let names: Option<Vec<String>> = row.try_get("channels")?;
-    let types: Option<Vec<String>> = row.try_get("types")?;
-    let blobs: Option<Vec<Option<Vec<u8>>>> = row.try_get("blobs")?;
-    let sizes: Option<Vec<Option<i32>>> = row.try_get("sizes")?;
+    let thread_id: String = row.try_get(Col::ThreadId as usize)?;
+    let checkpoint_id: String = row.try_get(Col::CheckpointId as usize)?;
+    let metadata = json_bytes(row, Col::Metadata as usize)?;
+    let pending: bool = row.try_get(Col::PendingInterrupt as usize)?;
 
     let skip = |error: DecodeError| {
         Ok(Some(Scanned::Skipped(SkippedThread::new(
@@ -187,13 +300,16 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
             error,
         ))))
     };
-    let Some(checkpoint) = checkpoint else {
-        return skip(DecodeError::malformed("checkpoint column is NULL"));
-    };
-    // Typed straight from the row's bytes: no `Value` tree of the whole document (typed.rs).
-    let doc = match typed::decode(checkpoint, requested) {
-        Ok(doc) => doc,
-        Err(e) => return skip(e),
+    let doc = match json_bytes(row, Col::Checkpoint as usize)? {
+        // Typed straight from the row's bytes: no `Value` tree of the whole document (typed.rs).
+        Some(checkpoint) => match typed::decode(checkpoint, requested) {
+            Ok(doc) => doc,
+            Err(e) => return skip(e),
+        },
+        None => match projected_view(row, requested)? {
+            Ok(doc) => doc,
+            Err(e) => return skip(e),
+        },
     };
     let metadata = match serde_json::from_slice::<Value>(metadata.unwrap_or(b"{}")) {
         Ok(Value::Object(m)) => m,
@@ -210,26 +326,26 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
     };
 
     let mut channels = BTreeMap::new();
-    for (((name, type_), blob), size) in names
-        .unwrap_or_default()
-        .into_iter()
-        .zip(types.unwrap_or_default())
-        .zip(blobs.unwrap_or_default())
-        .zip(sizes.unwrap_or_default())
-    {
+    for (k, name) in requested.iter().enumerate() {
+        let cols = ChannelCols(k);
+        let Some(type_) = row.try_get::<Option<String>, _>(cols.blob_type())? else {
+            continue;
+        };
+        let blob: Option<&[u8]> = row.try_get(cols.blob())?;
+        let size: Option<i32> = row.try_get(cols.size())?;
         let decoded = match (blob, size) {
             (None, Some(size)) => Err(DecodeError::too_large(
                 &format!("the {type_} blob"),
                 usize::try_from(size).unwrap_or(usize::MAX),
             )),
-            (blob, _) => super::serde::decode_typed(&type_, blob.as_deref()),
+            (blob, _) => super::serde::decode_typed(&type_, blob),
         };
         let state = match decoded {
             Ok(Some(v)) => Channel::Value(v),
             Ok(None) => Channel::Empty,
             Err(e) => Channel::Undecodable(e),
         };
-        channels.insert(name, state);
+        channels.insert(name.clone(), state);
     }
     let next_nodes = doc.next_nodes();
     let mut inline = doc.inline;

@@ -102,6 +102,39 @@ pub(super) fn decode<'a>(json: &'a [u8], requested: &[String]) -> Result<DocView
     Ok(view)
 }
 
+/// A `channel_versions` value (JSON text) read as [`decode`] reads it: a string, or an unsigned
+/// integer as 32 zero-padded digits; null is `None`.
+///
+/// # Errors
+/// Anything else, named as in [`decode`].
+pub(super) fn version(json: &[u8]) -> Result<Option<Cow<'_, str>>, DecodeError> {
+    text(
+        json,
+        true,
+        "checkpoint channel_versions is not a map of versions",
+    )
+}
+
+/// A checkpoint's `ts` (JSON text) read as [`decode`] reads it: a string; null is `None`.
+///
+/// # Errors
+/// Anything else, named as in [`decode`].
+pub(super) fn ts(json: &[u8]) -> Result<Option<Cow<'_, str>>, DecodeError> {
+    text(json, false, "checkpoint ts is not a string")
+}
+
+fn text<'a>(
+    json: &'a [u8],
+    pad: bool,
+    wrong: &'static str,
+) -> Result<Option<Cow<'a, str>>, DecodeError> {
+    let mut de = serde_json::Deserializer::from_slice(json);
+    TextSeed { pad, wrong }
+        .deserialize(&mut de)
+        .and_then(|t| de.end().map(|()| t.0))
+        .map_err(|_| DecodeError::malformed(wrong))
+}
+
 struct DocSeed<'r> {
     requested: &'r [String],
 }
@@ -486,6 +519,39 @@ mod tests {
         }
         let err = decode(br#"{"v": 5, "id": "x"}"#, &[]).unwrap_err();
         assert_eq!(err.kind, crate::checkpoint::DecodeKind::UnsupportedFormat);
+    }
+
+    /// The PostgreSQL reader's projected columns are read with the document's own rules.
+    #[test]
+    fn projected_values_read_like_the_document() {
+        assert_eq!(
+            version(br#""0002.0.5""#).unwrap().as_deref(),
+            Some("0002.0.5")
+        );
+        assert_eq!(
+            version(b"12").unwrap().as_deref(),
+            Some("00000000000000000000000000000012")
+        );
+        assert_eq!(version(b"null").unwrap(), None);
+        for bad in [&b"-1"[..], b"[1]", b"{}", b"true", b"\"x"] {
+            let err = version(bad).unwrap_err();
+            assert!(
+                err.message
+                    .contains("channel_versions is not a map of versions"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            ts(br#""2026-11-30T06:00:00+00:00""#).unwrap().as_deref(),
+            Some("2026-11-30T06:00:00+00:00")
+        );
+        assert_eq!(ts(b"null").unwrap(), None);
+        assert!(
+            ts(b"1700000000")
+                .unwrap_err()
+                .message
+                .contains("ts is not a string")
+        );
     }
 
     #[test]

@@ -64,18 +64,21 @@ def one_line(sql: str) -> str:
 
 
 def psql_copy(url: str, sql_file: Path) -> list[str]:
+    """The rows into /dev/null in COPY's binary format: what a client on the binary protocol
+    (custody's sqlx, c's psycopg) receives, without text output functions (bytea as hex)."""
     one = one_line(sql_file.read_text())
-    return ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-c", f"\\copy ({one}) to '/dev/null'"]
+    return ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", url, "-c",
+            f"\\copy ({one}) to '/dev/null' with (format binary)"]
 
 
-def current_custody_sql(repo: Path, out: Path) -> Path:
-    """custody's PARKED_SQL as it is in src/ right now, with the channel list inlined."""
-    src = (repo / "src/checkpoint/postgres.rs").read_text()
-    start = src.index('const PARKED_SQL: &str = r#"') + len('const PARKED_SQL: &str = r#"')
-    sql = src[start:src.index('"#;', start)]
-    sql = sql.replace("$1::text[]", "'{basket}'::text[]").replace("$2", "1").replace("$3", "0")
+def custody_sql(bin_: str, out: Path, count: int = 1, index: int = 0) -> Path:
+    """The statement custody's scan runs (`scan sql`, from the library itself), parameters
+    inlined: the one channel `basket`, shard `index` of `count`, custody's blob size limit."""
+    sql = subprocess.run([bin_, "sql"], capture_output=True, text=True, check=True).stdout
+    sql = (sql.replace("$1::text[]", "'{basket}'::text[]").replace("$2", str(count))
+           .replace("$3", str(index)).replace("$4", str(16 << 20)))
     sql = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    path = out / "custody_current.sql"
+    path = out / (f"custody_shard_{index}_of_{count}.sql" if count > 1 else "custody.sql")
     path.write_text(sql)
     return path
 
@@ -87,8 +90,7 @@ def median(xs: list[float]) -> float | None:
 def scan(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    repo = HERE.parent.parent
-    cur_sql = current_custody_sql(repo, out)
+    cur_sql = custody_sql(args.bin, out)
     raw = (out / "raw.jsonl").open("a")
     sizes = [int(s) for s in args.sizes.split(",")]
     shards = [int(s) for s in args.shards.split(",")] if args.shards else []
@@ -96,19 +98,18 @@ def scan(args: argparse.Namespace) -> int:
     for n in sizes:
         url = f"{args.url}/lg_{n}"
         sweepers = {
-            "d_best": psql_copy(url, SQL / "best.sql"),
-            "d_current": psql_copy(url, cur_sql),
+            "d_best": psql_copy(url, cur_sql),
             "d_min": psql_copy(url, SQL / "careful.sql"),
             "a_custody": [args.bin, "scan", "--dsn", url],
-            **({"a_proposed": [args.bin_proposed, "scan", "--dsn", url]} if args.bin_proposed else {}),
             "c_careful": [args.python, str(HERE / "sweepers.py"), "careful", url],
+            "c_same_rule": [args.python, str(HERE / "sweepers.py"), "careful", url, str(SQL / "careful_same_rule.sql")],
         }
         slow = {}
         if n <= args.slow_max:
             slow["b_ids"] = [args.python, str(HERE / "sweepers.py"), "ids", url]
         if n <= args.api_max:
             slow["b_api"] = [args.python, str(HERE / "sweepers.py"), "api", url]
-        for name in ("d_best", "a_custody", "c_careful"):  # warm-up, untimed
+        for name in ("d_best", "a_custody", "c_careful", "c_same_rule"):  # warm-up, untimed
             timed(sweepers[name])
         runs: dict[str, list[dict]] = {k: [] for k in [*sweepers, *slow]}
 
@@ -140,7 +141,7 @@ def scan(args: argparse.Namespace) -> int:
         shard_res = {}
         if n == sizes[0]:
             for k in shards:
-                summary.setdefault("shard_cover", {})[k] = check_shards(url, out, k)
+                summary.setdefault("shard_cover", {})[k] = check_shards(args.bin, url, out, k)
         whole = runs["a_custody"][-1]["out"]
         custody_cover = {}
         for k in shards:
@@ -223,13 +224,13 @@ def thread_ids(url: str, sql: str) -> list[str]:
     return res.stdout.split()
 
 
-def check_shards(url: str, out: Path, k: int) -> dict:
-    """The k shards of best_shard.sql together return every parked thread of best.sql exactly once."""
-    full = thread_ids(url, (SQL / "best.sql").read_text())
+def check_shards(bin_: str, url: str, out: Path, k: int) -> dict:
+    """The k shards of custody's statement together return every parked thread of the whole
+    statement exactly once."""
+    full = thread_ids(url, custody_sql(bin_, out).read_text())
     parts = []
     for i in range(k):
-        sql = (SQL / "best_shard.sql").read_text().replace(":shard_n", str(k)).replace(":shard_i", str(i))
-        parts.append(thread_ids(url, sql))
+        parts.append(thread_ids(url, custody_sql(bin_, out, k, i).read_text()))
     union = [t for p in parts for t in p]
     res = {"threads": len(full), "per_shard": [len(p) for p in parts],
            "exactly_once": sorted(union) == sorted(full) and len(set(union)) == len(union)}
@@ -275,10 +276,8 @@ def summarize(n: int, runs: dict[str, list[dict]], shard_res: dict, noisy_load: 
             "a/b_ids": ratio("a_custody", "b_ids"),
             "a/b_api": ratio("a_custody", "b_api"),
             "a/c": ratio("a_custody", "c_careful"),
+            "a/c_same_rule": ratio("a_custody", "c_same_rule"),
             "a/d": ratio("a_custody", "d_best"),
-            "a/d_current": ratio("a_custody", "d_current"),
-            "a_proposed/d": ratio("a_proposed", "d_best"),
-            "a_proposed/c": ratio("a_proposed", "c_careful"),
         },
         "shards": shard_res,
     }
@@ -297,15 +296,15 @@ def render(summary: dict) -> str:
                 f"| {int(n):,} | {name} | {r['runs']} ({r['used']}) | {r['median_wall_s']:.2f} ({r['min_wall_s']:.2f}-{r['max_wall_s']:.2f}) "
                 f"| {r['threads_per_s']:,.0f} | {inproc} | {r['median_cpu_s']:.2f} | {r['peak_rss_mib']:.0f} | {parked} "
                 f"| {r['digest'] or '-'} | {' '.join(f'{x:.1f}' for x in r['load'])} |")
-    lines += ["", "| N | a/b_api | a/b_ids | a/c | a/d (best SQL) | a/d_current (custody's SQL) | a_proposed/c | a_proposed/d | digests agree | shards (wall s) |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines += ["", "| N | a/b_api | a/b_ids | a/c | a/c_same_rule | a/d | digests agree | shards (wall s) |",
+              "|---:|---:|---:|---:|---:|---:|---|---|"]
     fmt = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
     for n, s in summary.items():
         if n == "shard_cover":
             continue
         r = s["ratios"]
         sh = ", ".join(f"{k}: {v:.2f}" for k, v in s["shards"].items()) or "-"
-        lines.append(f"| {int(n):,} | {fmt(r['a/b_api'])} | {fmt(r['a/b_ids'])} | {fmt(r['a/c'])} | {fmt(r['a/d'])} | {fmt(r['a/d_current'])} | {fmt(r.get('a_proposed/c'))} | {fmt(r.get('a_proposed/d'))} | {s['digests_agree']} | {sh} |")
+        lines.append(f"| {int(n):,} | {fmt(r['a/b_api'])} | {fmt(r['a/b_ids'])} | {fmt(r['a/c'])} | {fmt(r['a/c_same_rule'])} | {fmt(r['a/d'])} | {s['digests_agree']} | {sh} |")
     lines += ["", "| N | custody shards: threads per shard, all exactly once | full sweep (probes refused): wall s, peak RSS MiB, rows |",
               "|---:|---|---|"]
     for n, s in summary.items():
@@ -377,7 +376,6 @@ def main() -> int:
     s.add_argument("--sizes", required=True)
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--runs-big", type=int, default=3, help="rounds at N >= 1000000")
-    s.add_argument("--bin-proposed", default="", help="a second scan binary, built with the proposed SQL")
     s.add_argument("--slow-runs", type=int, default=3)
     s.add_argument("--slow-runs-big", type=int, default=1, help="runs of the b sweepers at N >= 100000")
     s.add_argument("--api-max", type=int, default=100000, help="largest N for b_api (list(None) holds every checkpoint in memory)")

@@ -12,9 +12,6 @@
 #   --slow-max N      largest N for the b_ids sweeper, default 100000 (at 1M one run takes ~8 min);
 #                     b_api stops at 100000 whatever: list(None) holds every checkpoint in memory
 #                     (3.7 GB at 100k, tens of GB at 1M)
-#   --no-proposed     do not also time custody with the proposed PARKED_SQL (built from a copy of
-#                     src/ with OFFSET 0 added, in $CUSTODY_BENCH_DIR/proposed; src/ is not touched)
-#   --bin-proposed BIN  use this prebuilt proposed binary instead of building one
 #   --no-probe, --probe-only, --out DIR
 #
 # What it does, reusing whatever a previous run left in $CUSTODY_BENCH_DIR (default
@@ -26,7 +23,7 @@
 #     (templates.py), multiplies them into a 20-thread database and checks the copies with
 #     LangGraph's own API, resuming three of them to the end (verify.py);
 #  4. builds lg_<N> for each size (multiply.sql, then VACUUM ANALYZE);
-#  5. saves EXPLAIN (ANALYZE, BUFFERS) of custody's current query and of the proposed one;
+#  5. saves EXPLAIN (ANALYZE, BUFFERS) of custody's statement (`scan sql`) and of c's two queries;
 #  6. times (a) custody, (b) LangGraph's API, (c) careful Python, (d) psql \copy to /dev/null,
 #     interleaved, median of several runs, digests compared (driver.py scan);
 #  7. probe cost: M threads holding D distinct handles across K basket servers (driver.py probe).
@@ -37,8 +34,6 @@ repo="$(cd "$here/../.." && pwd)"
 sizes=10000,100000,1000000
 runs=5
 runs_big=3
-bin_proposed=""
-proposed=1
 slow_runs=3
 slow_max=100000
 probe=1
@@ -56,8 +51,6 @@ while [[ $# -gt 0 ]]; do
         --sizes) sizes="$2"; shift 2 ;;
         --runs) runs="$2"; shift 2 ;;
         --runs-big) runs_big="$2"; shift 2 ;;
-        --no-proposed) proposed=0; shift ;;
-        --bin-proposed) bin_proposed="$2"; proposed=0; shift 2 ;;  # a prebuilt proposed binary
         --slow-runs) slow_runs="$2"; shift 2 ;;
         --slow-max) slow_max="$2"; shift 2 ;;
         --no-probe) probe=0; shift ;;
@@ -94,27 +87,6 @@ for line in sys.stdin:
 log "binary: $bin"
 log "custody at $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo ' + uncommitted src changes'); src/checkpoint/postgres.rs sha256 $(sha256sum "$repo/src/checkpoint/postgres.rs" | cut -c1-12)"
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM; load average $(cut -d' ' -f1-3 /proc/loadavg)"
-
-# 1b. the same binary from a copy of custody with the proposed query (package renamed so that it
-# shares the dependency build but not custody's own artifacts)
-if [[ $proposed -eq 1 ]]; then
-    copy="$bench_dir/proposed"
-    rm -rf "$copy" && mkdir -p "$copy/tests"
-    cp -r "$repo/src" "$repo/Cargo.toml" "$repo/Cargo.lock" "$copy/"
-    cp -r "$here" "$copy/tests/bench"
-    if python3 "$here/propose.py" "$copy"; then
-        log "building the proposed variant in $copy"
-        bin_proposed="$(cd "$copy" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build-proposed.log" \
-            | python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scan" and m.get("executable"):
-        print(m["executable"])')"
-        log "proposed binary: $bin_proposed"
-    else
-        log "PARKED_SQL already has the proposed shape (or changed); not timing a proposed variant"
-    fi
-fi
 
 venv="$(CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}" "$repo/tests/harness/venv.sh")"
 py="$venv/bin/python"
@@ -202,16 +174,16 @@ if [[ $scan -eq 1 ]]; then
     done | tee "$out/sizes.tsv"
 
     # 5. plans (warm: run each once first)
-    python3 - "$repo" "$out" <<'EOF'
+    python3 - "$here" "$bin" "$out" <<'EOF'
 import sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1] + "/tests/bench")
+sys.path.insert(0, sys.argv[1])
 import driver
-driver.current_custody_sql(Path(sys.argv[1]), Path(sys.argv[2]))
+driver.custody_sql(sys.argv[2], Path(sys.argv[3]))
 EOF
     for n in "${size_list[@]}"; do
         (( n >= 100000 )) || continue
-        for q in best:"$here/sql/best.sql" current:"$out/custody_current.sql" careful:"$here/sql/careful.sql"; do
+        for q in custody:"$out/custody.sql" careful:"$here/sql/careful.sql" careful_same_rule:"$here/sql/careful_same_rule.sql"; do
             name="${q%%:*}"; file="${q#*:}"
             psql -X -q "$base/lg_$n" -c "\\copy ($(grep -v '^ *--' "$file" | tr '\n' ' ')) to '/dev/null'"
             { echo "-- load average: $(cut -d' ' -f1-3 /proc/loadavg)"; psql -X "$base/lg_$n" -c "EXPLAIN (ANALYZE, BUFFERS) $(cat "$file")"; } \
@@ -223,7 +195,7 @@ EOF
     # 6. the timings
     log "timing sizes $sizes, $runs runs ($slow_runs for the LangGraph API sweepers)"
     "$py" "$here/driver.py" scan --out "$out" --bin "$bin" --python "$py" --url "$base" \
-        --sizes "$sizes" --runs "$runs" --runs-big "$runs_big" --bin-proposed "$bin_proposed" --slow-runs "$slow_runs" --slow-max "$slow_max"
+        --sizes "$sizes" --runs "$runs" --runs-big "$runs_big" --slow-runs "$slow_runs" --slow-max "$slow_max"
 fi
 
 # 7. probe cost

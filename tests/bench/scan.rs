@@ -45,13 +45,18 @@ fn main() {
     let out = match mode.as_str() {
         "scan" => rt.block_on(scan(&opts)),
         "probe" => rt.block_on(probe(&opts)),
+        "sql" => {
+            // The statement a scan for one channel runs, for EXPLAIN and psql's \copy.
+            print!("{}", custody::checkpoint::postgres_scan_statement(1));
+            return;
+        }
         _ => usage(),
     };
     println!("{out}");
 }
 
 fn usage() -> ! {
-    eprintln!("usage: scan scan --dsn URL [--channel C] | scan probe --resources DIR");
+    eprintln!("usage: scan scan --dsn URL [--channel C] | scan probe --resources DIR | scan sql");
     std::process::exit(2)
 }
 

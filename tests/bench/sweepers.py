@@ -8,7 +8,9 @@ write, LangGraph's rule in pregel/_task_status.py) and reads its `basket` handle
                                every checkpoint of every thread into memory first)
   sweepers.py careful DSN [SQLFILE]
                          (c)  one query (tests/bench/sql/careful.sql unless given), streamed,
-                               blobs decoded with LangGraph's JsonPlusSerializer.loads_typed
+                               blobs decoded with LangGraph's JsonPlusSerializer.loads_typed;
+                               with sql/careful_same_rule.sql it also finds threads parked by an
+                               update_state edit, as custody does
 
 Prints one JSON line: parked threads, with/without handle, the digest (the wrapping sum of the
 first 8 bytes of sha256("{thread_id}\\t{value or -}"), as tests/bench/scan.rs computes it),

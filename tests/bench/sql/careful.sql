@@ -1,7 +1,9 @@
--- (c) the careful Python sweeper's one query: the same parked rule as custody (a pending
--- interrupt on the latest root checkpoint; plus update_state edits, which the benchmark data
--- does not contain), returning only what the answer needs: thread, the basket blob, or the
--- inline value when the channel has no blob.
+-- (c) the careful Python sweeper's one query, as in runs 1 and 2: threads whose latest root
+-- checkpoint has a pending interrupt (LangGraph's rule, _task_status.py), returning only what the
+-- answer needs: thread, the basket blob, or the inline value when the channel has no blob. It
+-- does not find threads parked by an update_state edit (custody does; careful_same_rule.sql is
+-- this query with custody's whole rule). The benchmark data holds no edited threads, so both
+-- find the same threads here.
 WITH latest AS (
     SELECT thread_id, max(checkpoint_id) AS checkpoint_id
     FROM checkpoints
