@@ -91,6 +91,10 @@ struct SweepArgs {
     /// name). Shards merge into `status.lastSweep` once all N of the same run have reported.
     #[arg(long, value_name = "ID", requires = "store")]
     run: Option<String>,
+    /// Parked threads judged, acted on and printed per batch: what the sweep holds in memory
+    /// at once, besides one small cache entry per distinct handle.
+    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    batch_threads: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
@@ -211,7 +215,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
             shard: args.shard,
-            ..Default::default()
+            batch_threads: args.batch_threads,
         };
         let sink: &dyn custody::sweep::act::ActionSink = if cluster.is_some() {
             &events

@@ -418,6 +418,7 @@ pub async fn run_with(
         too_recent: 0,
         principals_seen: 0,
         classes_seen: vec![0; target.classes.len()],
+        batches: 0,
     };
     let batch_threads = options.batch_threads.max(1);
     let mut batch = Batch::default();
@@ -512,6 +513,8 @@ struct Sweep<'t> {
     too_recent: u64,
     principals_seen: u64,
     classes_seen: Vec<u64>,
+    /// Batches finished.
+    batches: u64,
 }
 
 impl Sweep<'_> {
@@ -691,6 +694,10 @@ impl Sweep<'_> {
             }
         }
         sink.rows(rows);
+        self.batches += 1;
+        if self.batches == 1 {
+            act::stop_at("sweep::after-batch");
+        }
     }
 }
 
