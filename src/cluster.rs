@@ -237,18 +237,40 @@ pub fn merge_shards(shards: &[ShardSweep], count: u32, run: Option<&str>) -> Opt
 
 /// Collects a sweep's actions so they can be published as Events once the sweep is done
 /// ([`crate::sweep::act::ActionSink::record`] is synchronous; publishing is not). Also logs them.
+/// Keeps the first [`MAX_SWEEP_EVENTS`] only, counting the rest by Event reason, so a sweep
+/// acting on a million threads holds 50 notes, not a million.
 #[derive(Default)]
 pub struct CollectingSink {
-    events: std::sync::Mutex<Vec<(bool, &'static str, String)>>,
+    events: std::sync::Mutex<Collected>,
+}
+
+#[derive(Default)]
+struct Collected {
+    /// (warning, reason, note), at most [`MAX_SWEEP_EVENTS`].
+    kept: Vec<(bool, &'static str, String)>,
+    /// Events left out, by reason.
+    left_out: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl Collected {
+    fn push(&mut self, warning: bool, reason: &'static str, note: impl FnOnce() -> String) {
+        if self.kept.len() < MAX_SWEEP_EVENTS {
+            self.kept.push((warning, reason, note()));
+        } else {
+            *self.left_out.entry(reason).or_insert(0) += 1;
+        }
+    }
 }
 
 impl crate::sweep::act::ActionSink for CollectingSink {
     fn record(&self, e: &crate::sweep::act::ActionEvent<'_>) {
         crate::sweep::act::LogSink.record(e);
-        let note = format!(
-            "thread {} ({}): {}; {}",
-            e.thread_id, e.handle_class, e.action, e.reason
-        );
+        let note = || {
+            format!(
+                "thread {} ({}): {}; {}",
+                e.thread_id, e.handle_class, e.action, e.reason
+            )
+        };
         let reason = match e.action.outcome.kind() {
             "reminted" => "HandleReminted",
             "escalated" => "HandleEscalated",
@@ -259,7 +281,7 @@ impl crate::sweep::act::ActionSink for CollectingSink {
         self.events
             .lock()
             .expect("sink lock")
-            .push((e.action.outcome.is_warning(), reason, note));
+            .push(e.action.outcome.is_warning(), reason, note);
     }
 
     fn audit(&self, e: &crate::audit::AuditEvent<'_>) {
@@ -268,14 +290,16 @@ impl crate::sweep::act::ActionSink for CollectingSink {
         // unknown is an escalation a person must see.
         let r = e.entry;
         if r.outcome == crate::audit::AuditOutcome::Unknown {
-            let note = format!(
-                "audit record {} ({} {} of thread {}) is unknown: {}",
-                r.id, r.server, r.tool, r.thread_id, r.detail
-            );
+            let note = || {
+                format!(
+                    "audit record {} ({} {} of thread {}) is unknown: {}",
+                    r.id, r.server, r.tool, r.thread_id, r.detail
+                )
+            };
             self.events
                 .lock()
                 .expect("sink lock")
-                .push((true, "AuditRecordUnknown", note));
+                .push(true, "AuditRecordUnknown", note);
         }
     }
 }
@@ -286,10 +310,17 @@ pub const MAX_SWEEP_EVENTS: usize = 50;
 
 impl CollectingSink {
     /// Publishes the collected actions as Events on the CheckpointStore (at most
-    /// [`MAX_SWEEP_EVENTS`]); failures are logged, never fatal.
+    /// [`MAX_SWEEP_EVENTS`]; how many more there were is logged); failures are logged, never
+    /// fatal.
     pub async fn publish(&self, client: &Client, ns: &str, name: &str) {
         use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-        let events = std::mem::take(&mut *self.events.lock().expect("sink lock"));
+        let Collected {
+            kept: events,
+            left_out,
+        } = std::mem::take(&mut *self.events.lock().expect("sink lock"));
+        if !left_out.is_empty() {
+            tracing::info!(store = %format!("{ns}/{name}"), left_out = ?left_out, "more actions than Events published; the counts are in status.lastSweep");
+        }
         if events.is_empty() {
             return;
         }
@@ -303,7 +334,7 @@ impl CollectingSink {
         };
         let recorder = Recorder::new(client.clone(), reporter);
         let reference = kube::Resource::object_ref(&store, &());
-        for (warning, reason, note) in events.into_iter().take(MAX_SWEEP_EVENTS) {
+        for (warning, reason, note) in events {
             let event = Event {
                 type_: if warning {
                     EventType::Warning
@@ -343,6 +374,30 @@ pub fn object_key<K: ResourceExt>(obj: &K) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_event_sink_keeps_a_bounded_number_and_counts_the_rest() {
+        use crate::sweep::act::{ActionEvent, ActionSink, Outcome, Plan, RowAction};
+        let sink = CollectingSink::default();
+        let action = RowAction {
+            plan: Plan::Escalate,
+            outcome: Outcome::Escalated {
+                instead_of_remint: None,
+            },
+        };
+        for i in 0..MAX_SWEEP_EVENTS + 7 {
+            sink.record(&ActionEvent {
+                store: "ns/s",
+                thread_id: &format!("t{i}"),
+                handle_class: "basket",
+                action: &action,
+                reason: "gone",
+            });
+        }
+        let collected = sink.events.lock().unwrap();
+        assert_eq!(collected.kept.len(), MAX_SWEEP_EVENTS);
+        assert_eq!(collected.left_out.get("HandleEscalated"), Some(&7));
+    }
 
     fn shard(index: u32, count: u32, run: &str, ok: u64, finished: &str) -> ShardSweep {
         ShardSweep {

@@ -91,6 +91,10 @@ struct SweepArgs {
     /// name). Shards merge into `status.lastSweep` once all N of the same run have reported.
     #[arg(long, value_name = "ID", requires = "store")]
     run: Option<String>,
+    /// Parked threads judged, acted on and printed per batch: what the sweep holds in memory
+    /// at once, besides one small cache entry per distinct handle.
+    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    batch_threads: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
@@ -202,26 +206,37 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         (None, None) => unreachable!("clap requires --filename or --store"),
     };
     let now = chrono::Utc::now();
-    let mut reports = Vec::new();
+    let mut finished = Vec::new();
     let mut failures = Vec::new();
     let events = custody::cluster::CollectingSink::default();
+    // Rows are written as each batch finishes, never held: memory stays flat with the store.
+    let mut out = report::SweepWriter::new(std::io::BufWriter::new(std::io::stdout()), args.output);
     for target in &targets {
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
             shard: args.shard,
+            batch_threads: args.batch_threads,
         };
         let sink: &dyn custody::sweep::act::ActionSink = if cluster.is_some() {
             &events
         } else {
             &custody::sweep::act::LogSink
         };
-        match custody::sweep::run_with(target, now, options, sink).await {
-            Ok(r) => reports.push(r),
-            Err(e) => failures.push(e.to_string()),
+        out.begin_store(&target.store);
+        match custody::sweep::run_with(target, now, options, sink, &mut out).await {
+            Ok(f) => {
+                out.end_store(Ok(&f));
+                finished.push(f);
+            }
+            Err(e) => {
+                let e = e.to_string();
+                out.end_store(Err(&e));
+                failures.push(e);
+            }
         }
     }
     if let Some((client, ns, name)) = &cluster
-        && let Some(r) = reports.first()
+        && let Some(r) = finished.first()
     {
         if args.shard.is_all() {
             custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
@@ -238,9 +253,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         }
         events.publish(client, ns, name).await;
     }
-    let mut stdout = std::io::stdout().lock();
-    report::write_sweep(&mut stdout, &reports, &failures, args.output)?;
-    stdout.flush()?;
+    out.finish(&failures)?;
     if !failures.is_empty() {
         anyhow::bail!("{}", failures.join("; "));
     }

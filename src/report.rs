@@ -4,8 +4,9 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::checkpoint::SkippedThread;
 use crate::mcp::discovery::{Catalog, DiscoveryError, Health, Schedule};
-use crate::sweep::Report;
+use crate::sweep::{Finished, Row, RowSink};
 
 /// Output format of CLI commands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -17,58 +18,265 @@ pub enum Format {
     Json,
 }
 
-/// Writes the reports of one `custody sweep` run.
+/// Writes the reports of one `custody sweep` run as the sweeps go, holding no rows: a
+/// [`RowSink`] that writes each batch of rows (and each skipped thread) when the sweep hands it
+/// over. Call [`SweepWriter::end_store`] after each store's sweep and [`SweepWriter::finish`] once
+/// at the end.
 ///
-/// # Errors
-/// Only I/O errors of `out`.
+/// JSON is the document `{"stores": [<Report>…], "errors": [<message>…]}`, written
+/// incrementally: a store's object is opened at its first row, its `rows` array streamed, and the
+/// rest of the [`crate::sweep::Report`] fields written when it ends. Skipped threads cannot be written while
+/// the `rows` array is open, so they wait in an unnamed temporary file (deleted when closed)
+/// until then, however many a broken store has. A store whose sweep failed after rows were
+/// written gets `"error": <message>` in place of its summary fields (and is listed under
+/// `errors` as well); one that failed before any row is only listed under `errors`.
 ///
-/// `errors` are the stores that could not be swept (their message names the store); in JSON
-/// they are listed under `errors` so a machine reading stdout sees them too.
-pub fn write_sweep(
-    out: &mut dyn Write,
-    reports: &[Report],
-    errors: &[String],
+/// The table is `store <name>`, the rows under one header (columns aligned within a batch),
+/// `skipped …` lines as the scan meets them, then the settled actions, audit records, warnings
+/// and the summary line; stores that could not be swept follow as `not swept: …`.
+pub struct SweepWriter<W: Write + Send> {
+    out: W,
     format: Format,
-) -> std::io::Result<()> {
-    match format {
-        Format::Json => {
-            #[derive(Serialize)]
-            struct Doc<'a> {
-                stores: &'a [Report],
-                errors: &'a [String],
-            }
-            serde_json::to_writer_pretty(
-                &mut *out,
-                &Doc {
-                    stores: reports,
-                    errors,
-                },
-            )?;
-            writeln!(out)
+    /// The first write error: later writes are dropped and [`SweepWriter::finish`] returns it
+    /// (a closed stdout must not stop a sweep that is acting).
+    error: Option<std::io::Error>,
+    /// Stores opened so far in the JSON document.
+    stores: usize,
+    /// The store being swept.
+    current: Option<OpenStore>,
+}
+
+struct OpenStore {
+    name: String,
+    /// Whether its header is written.
+    opened: bool,
+    rows: u64,
+    /// JSON: skipped threads as JSON lines, written after the rows.
+    spool: Option<(std::io::BufWriter<std::fs::File>, u64)>,
+}
+
+impl<W: Write + Send> SweepWriter<W> {
+    /// A writer of `format` to `out`; nothing is written before the first store's rows.
+    pub fn new(out: W, format: Format) -> Self {
+        Self {
+            out,
+            format,
+            error: None,
+            stores: 0,
+            current: None,
         }
-        Format::Table => {
-            for report in reports {
-                write_table(out, report)?;
-            }
-            for e in errors {
-                writeln!(out, "not swept: {e}")?;
-            }
-            Ok(())
+    }
+
+    /// Starts the report of the store `name` (`namespace/name`).
+    pub fn begin_store(&mut self, name: &str) {
+        self.current = Some(OpenStore {
+            name: name.to_owned(),
+            opened: false,
+            rows: 0,
+            spool: None,
+        });
+    }
+
+    /// Ends the current store's report: with the rest of its [`crate::sweep::Report`] when its sweep finished,
+    /// or with the error message when it failed.
+    pub fn end_store(&mut self, result: Result<&Finished, &str>) {
+        let Some(mut store) = self.current.take() else {
+            return;
+        };
+        if result.is_ok() {
+            self.open(&mut store);
         }
+        let written = store.opened.then(|| self.close_store(store, result));
+        if let Some(Err(e)) = written {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    /// Writes the end of the report: the stores that could not be swept, then flushes.
+    ///
+    /// # Errors
+    /// The first I/O error of `out` or of the skipped-thread spool.
+    pub fn finish(mut self, errors: &[String]) -> std::io::Result<()> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        match self.format {
+            Format::Json => {
+                if self.stores == 0 {
+                    write!(self.out, "{{\n  \"stores\": [],")?;
+                } else {
+                    write!(self.out, "\n  ],")?;
+                }
+                let errors = indent(&serde_json::to_string_pretty(errors)?, "  ");
+                writeln!(self.out, "\n  \"errors\": {errors}\n}}")?;
+            }
+            Format::Table => {
+                for e in errors {
+                    writeln!(self.out, "not swept: {e}")?;
+                }
+            }
+        }
+        self.out.flush()
+    }
+
+    fn write(&mut self, f: impl FnOnce(&mut W, Format) -> std::io::Result<()>) {
+        if self.error.is_none()
+            && let Err(e) = f(&mut self.out, self.format)
+        {
+            self.error = Some(e);
+        }
+    }
+
+    fn open(&mut self, store: &mut OpenStore) {
+        if store.opened {
+            return;
+        }
+        store.opened = true;
+        let first = self.stores == 0;
+        self.stores += 1;
+        let name = store.name.clone();
+        self.write(|out, format| match format {
+            Format::Json => {
+                if first {
+                    write!(out, "{{\n  \"stores\": [\n    {{")?;
+                } else {
+                    write!(out, ",\n    {{")?;
+                }
+                write!(
+                    out,
+                    "\n      \"store\": {},\n      \"rows\": [",
+                    serde_json::to_string(&name)?
+                )
+            }
+            Format::Table => writeln!(out, "store {name}"),
+        });
+    }
+
+    fn close_store(
+        &mut self,
+        mut store: OpenStore,
+        result: Result<&Finished, &str>,
+    ) -> std::io::Result<()> {
+        if self.error.is_some() {
+            return Ok(());
+        }
+        let out = &mut self.out;
+        match self.format {
+            Format::Json => {
+                if store.rows > 0 {
+                    write!(out, "\n      ")?;
+                }
+                write!(out, "],\n      \"skipped\": [")?;
+                if let Some((spool, n)) = store.spool.take() {
+                    let mut file = spool.into_inner().map_err(|e| e.into_error())?;
+                    std::io::Seek::rewind(&mut file)?;
+                    let lines = std::io::BufRead::lines(std::io::BufReader::new(file));
+                    for (i, line) in lines.enumerate() {
+                        let sep = if i == 0 { "" } else { "," };
+                        write!(out, "{sep}\n        {}", line?)?;
+                    }
+                    if n > 0 {
+                        write!(out, "\n      ")?;
+                    }
+                }
+                write!(out, "]")?;
+                match result {
+                    Ok(f) => {
+                        // The fields after `store`, in their declared order (as the whole
+                        // report printed them): the pretty object without its braces and
+                        // its first field, which `open` already wrote.
+                        let pretty = serde_json::to_string_pretty(f)?;
+                        let head =
+                            format!("{{\n  \"store\": {},\n", serde_json::to_string(&f.store)?);
+                        let fields = pretty
+                            .strip_prefix(&head)
+                            .and_then(|p| p.strip_suffix("\n}"))
+                            .expect("Finished serializes as an object that starts with store");
+                        write!(out, ",\n    {}", indent(fields, "    "))?;
+                    }
+                    Err(e) => write!(out, ",\n      \"error\": {}", serde_json::to_string(e)?)?,
+                }
+                write!(out, "\n    }}")?;
+            }
+            Format::Table => {
+                if store.rows == 0 {
+                    write_rows(out, &[], true)?;
+                }
+                if let Ok(f) = result {
+                    write_end(out, f, store.rows)?;
+                }
+                writeln!(out)?;
+            }
+        }
+        out.flush()
     }
 }
 
-fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
-    writeln!(out, "store {}", r.store)?;
-    for w in &r.warnings {
-        writeln!(out, "warning: {w}")?;
+impl<W: Write + Send> RowSink for SweepWriter<W> {
+    fn rows(&mut self, rows: Vec<Row>) {
+        let Some(mut store) = self.current.take() else {
+            return;
+        };
+        self.open(&mut store);
+        let first = store.rows == 0;
+        store.rows += rows.len() as u64;
+        self.current = Some(store);
+        self.write(|out, format| {
+            match format {
+                Format::Json => {
+                    for (i, row) in rows.iter().enumerate() {
+                        let sep = if first && i == 0 { "" } else { "," };
+                        write!(out, "{sep}\n        {}", serde_json::to_string(row)?)?;
+                    }
+                }
+                Format::Table => write_rows(out, &rows, first)?,
+            }
+            out.flush()
+        });
     }
+
+    fn skipped(&mut self, thread: SkippedThread) {
+        let Some(mut store) = self.current.take() else {
+            return;
+        };
+        self.open(&mut store);
+        if self.format == Format::Json {
+            let spooled = (|| -> std::io::Result<()> {
+                if store.spool.is_none() {
+                    store.spool = Some((std::io::BufWriter::new(tempfile::tempfile()?), 0));
+                }
+                let (spool, n) = store.spool.as_mut().expect("spool just made");
+                serde_json::to_writer(&mut *spool, &thread)?;
+                writeln!(spool)?;
+                *n += 1;
+                Ok(())
+            })();
+            if let Err(e) = spooled {
+                self.error.get_or_insert(e);
+            }
+        } else {
+            self.write(|out, _| writeln!(out, "skipped {thread}"));
+        }
+        self.current = Some(store);
+    }
+}
+
+/// Indents every line of `text` but the first by `prefix` (JSON strings hold no raw newline,
+/// so every newline of pretty-printed JSON is between tokens).
+fn indent(text: &str, prefix: &str) -> String {
+    text.replace('\n', &format!("\n{prefix}"))
+}
+
+/// A batch of rows as aligned table lines, under the header when `header`.
+fn write_rows(out: &mut dyn Write, rows: &[Row], header: bool) -> std::io::Result<()> {
     let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
-    writeln!(
-        tw,
-        "THREAD\tNS\tCLASS\tHANDLE\tAGE\tPRINCIPAL\tVERDICT\tACTION\tREASON"
-    )?;
-    for row in &r.rows {
+    if header {
+        writeln!(
+            tw,
+            "THREAD\tNS\tCLASS\tHANDLE\tAGE\tPRINCIPAL\tVERDICT\tACTION\tREASON"
+        )?;
+    }
+    for row in rows {
         writeln!(
             tw,
             "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
@@ -89,8 +297,12 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
             row.reason,
         )?;
     }
-    tw.flush()?;
-    drop(tw);
+    tw.flush()
+}
+
+/// What follows a store's rows in the table: settled actions, audit records, warnings, and the
+/// summary line.
+fn write_end(out: &mut dyn Write, r: &Finished, rows: u64) -> std::io::Result<()> {
     for s in &r.settled {
         writeln!(
             out,
@@ -101,15 +313,15 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
     if let Some(audit) = &r.audit {
         write_audit(out, audit)?;
     }
-    for s in &r.skipped {
-        writeln!(out, "skipped {s}")?;
+    for w in &r.warnings {
+        writeln!(out, "warning: {w}")?;
     }
     let s = &r.summary;
     writeln!(
         out,
         "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}, {} parked too recently; {} ms",
         s.parked_threads,
-        r.rows.len(),
+        rows,
         s.ok,
         s.gone,
         s.absent,
@@ -120,8 +332,7 @@ fn write_table(out: &mut dyn Write, r: &Report) -> std::io::Result<()> {
         by_reason(&s.skipped_by_reason, ""),
         r.too_recent,
         s.duration_ms
-    )?;
-    writeln!(out)
+    )
 }
 
 /// ` (2 failed: 1 protocol, 1 timeout)`, or nothing when there are no counts.
@@ -321,6 +532,123 @@ mod tests {
         );
         assert_eq!(super::by_reason(&counts, ""), " (1 protocol, 2 timeout)");
         assert_eq!(super::by_reason(&Default::default(), "failed"), "");
+    }
+
+    fn row(thread: &str) -> crate::sweep::Row {
+        crate::sweep::Row {
+            thread_id: thread.into(),
+            checkpoint_ns: String::new(),
+            checkpoint_id: "c1".into(),
+            parked_by: crate::checkpoint::ParkedBy::Interrupt,
+            handle_class: "basket".into(),
+            handle: Some("bsk_1".into()),
+            age_seconds: Some(5),
+            principal: None,
+            verdict: crate::domain::verdict::Verdict::Ok,
+            reason: "probe answered success".into(),
+            probed: true,
+            action: None,
+        }
+    }
+
+    fn finished(store: &str) -> crate::sweep::Finished {
+        crate::sweep::Finished {
+            store: store.into(),
+            settled: Vec::new(),
+            audit: None,
+            too_recent: 0,
+            warnings: vec!["a warning".into()],
+            servers: Vec::new(),
+            summary: crate::crd::SweepSummary {
+                parked_threads: 3,
+                ok: 3,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Two stores streamed in batches: one finishes, one fails after its first batch. The
+    /// document parses, keeps the report's field names, and names the failure twice.
+    #[test]
+    fn streamed_json_is_one_document_even_when_a_store_fails_part_way() {
+        use crate::sweep::RowSink;
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
+        w.begin_store("ns/a");
+        w.rows(vec![row("t1"), row("t2")]);
+        w.skipped(crate::checkpoint::SkippedThread::new(
+            "t-bad".into(),
+            "c9".into(),
+            Some("basket".into()),
+            crate::checkpoint::DecodeError::malformed("not msgpack"),
+        ));
+        w.rows(vec![row("t3")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.begin_store("ns/b");
+        w.rows(vec![row("u1")]);
+        w.end_store(Err("store ns/b: the scan stopped"));
+        w.begin_store("ns/c");
+        w.end_store(Err("store ns/c: cannot connect"));
+        let errors = [
+            "store ns/b: the scan stopped".to_owned(),
+            "store ns/c: cannot connect".to_owned(),
+        ];
+        w.finish(&errors).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let stores = doc["stores"].as_array().unwrap();
+        assert_eq!(stores.len(), 2, "{doc:#}");
+        let a = &stores[0];
+        assert_eq!(a["store"], "ns/a");
+        let threads: Vec<&str> = a["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["thread_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(threads, ["t1", "t2", "t3"]);
+        assert_eq!(a["skipped"][0]["thread_id"], "t-bad");
+        assert_eq!(a["summary"]["parkedThreads"], 3);
+        assert_eq!(a["warnings"][0], "a warning");
+        assert_eq!(a["too_recent"], 0);
+        let b = &stores[1];
+        assert_eq!(b["rows"].as_array().unwrap().len(), 1);
+        assert_eq!(b["skipped"].as_array().unwrap().len(), 0);
+        assert_eq!(b["error"], "store ns/b: the scan stopped");
+        assert_eq!(doc["errors"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn streamed_table_and_empty_json() {
+        use crate::sweep::RowSink;
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
+        w.begin_store("ns/a");
+        w.rows(vec![row("t1")]);
+        w.rows(vec![row("t2")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&["store ns/c: cannot connect".to_owned()])
+            .unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "store ns/a");
+        assert!(lines[1].starts_with("THREAD"), "{text}");
+        assert!(
+            lines[2].starts_with("t1 ") && lines[3].starts_with("t2 "),
+            "{text}"
+        );
+        assert_eq!(lines[4], "warning: a warning");
+        assert!(
+            lines[5].starts_with("3 parked threads, 2 handles: 3 ok"),
+            "{text}"
+        );
+        assert_eq!(lines.last(), Some(&"not swept: store ns/c: cannot connect"));
+
+        let mut buf = Vec::new();
+        super::SweepWriter::new(&mut buf, super::Format::Json)
+            .finish(&[])
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(doc, serde_json::json!({"stores": [], "errors": []}));
     }
 
     #[test]

@@ -384,6 +384,27 @@ impl OwnPg {
     }
 }
 
+impl OwnPg {
+    /// Copies thread `from` to thread `to`, as [`OwnPg::bulk_copy`] does.
+    async fn copy_thread(&self, from: &str, to: &str) {
+        use sqlx::Connection as _;
+        let mut c = sqlx::PgConnection::connect(&self.url).await.unwrap();
+        for table in ["checkpoints", "checkpoint_blobs", "checkpoint_writes"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO {table}
+                 SELECT (jsonb_populate_record(NULL::{table},
+                     to_jsonb(c) || jsonb_build_object('thread_id', $2::text))).*
+                 FROM {table} c WHERE c.thread_id = $1"
+            )))
+            .bind(from)
+            .bind(to)
+            .execute(&mut c)
+            .await
+            .unwrap();
+        }
+    }
+}
+
 impl Drop for OwnPg {
     fn drop(&mut self) {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
@@ -441,6 +462,73 @@ async fn postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts() {
     );
     assert_eq!(again["summary"]["parkedThreads"], 4002);
     assert_eq!(db.unsettled().await, 0);
+}
+
+/// An acting sweep acts on each batch before it reads the next: a scan cut off after batch 1
+/// leaves batch 1's actions done and in the ledger, prints valid JSON with them, and the next
+/// sweep acts on the rest without acting on batch 1 again.
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_restarted_after_a_batch_keeps_its_actions_and_the_next_run_goes_on() {
+    let pg = OwnPg::start().await;
+    let db = Checkpoints::on_postgres(pg.url.clone());
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    support::write_some_fixtures(&basket.url(), db.db(), Some("t-expired,t-live"), "");
+    // Scan order: a-expired, 10000 bulk- copies of t-live, t-expired, t-live: more than the
+    // socket buffers hold (~2500 of them), so the restart cuts the scan before t-expired.
+    pg.copy_thread("t-expired", "a-expired").await;
+    pg.bulk_copy("t-live", 10_000).await;
+    let (backend, dsn) = db.backend_dsn();
+    support::act_resources(res.path(), &basket.url(), backend, &dsn, "escalate");
+    let checkpoints = async || db.count("SELECT count(*) FROM checkpoints").await.unwrap();
+    let before = checkpoints().await;
+
+    let args = sweep_args(res.path(), &["--apply", "--batch-threads", "1"]);
+    let stopped = Stopped::at(&args, "sweep::after-batch", "return(wait)");
+    pg.restart();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(!status.success(), "{stdout}\n{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    assert!(
+        error.starts_with("error: store default/orders: the scan stopped after ")
+            && error.contains(
+                " parked threads of the batches finished before were judged (and acted on when acting), the rest were not"
+            ),
+        "{error:?}\n{stderr}"
+    );
+    let doc: Value = serde_json::from_str(&stdout).expect("valid JSON though the scan failed");
+    let store = &doc["stores"][0];
+    assert_eq!(
+        row(store, "a-expired", "basket")["action"]["outcome"],
+        "escalated",
+        "{store:#}"
+    );
+    assert!(
+        store["error"]
+            .as_str()
+            .unwrap()
+            .contains("the scan stopped after"),
+        "{store:#}"
+    );
+    assert_eq!(doc["errors"].as_array().unwrap().len(), 1);
+    assert_eq!(checkpoints().await - before, 1, "batch 1's action is done");
+    assert_eq!(db.unsettled().await, 0, "and recorded as done");
+
+    let again = act(res.path());
+    assert_eq!(
+        row(&again, "a-expired", "basket")["action"]["reason"],
+        "already escalated",
+        "{again:#}"
+    );
+    assert_eq!(
+        row(&again, "t-expired", "basket")["action"]["outcome"],
+        "escalated"
+    );
+    assert_eq!(again["summary"]["parkedThreads"], 10_003);
+    assert_eq!(checkpoints().await - before, 2, "one action per thread");
 }
 
 #[tokio::test(flavor = "multi_thread")]

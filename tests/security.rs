@@ -1172,13 +1172,10 @@ fn config_types_never_print_a_secret() {
         .err()
         .unwrap();
     printed += &format!("\n{config}\n{config:?}");
-    let sweep = rt.block_on(custody::sweep::run_with(
+    let sweep = rt.block_on(custody::sweep::collect(
         &targets[0],
         chrono::Utc::now(),
-        custody::sweep::RunOptions {
-            apply: false,
-            shard: custody::checkpoint::Shard::ALL,
-        },
+        custody::sweep::RunOptions::default(),
         &custody::sweep::act::LogSink,
     ));
     let sweep = sweep.err().unwrap();

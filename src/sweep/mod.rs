@@ -1,15 +1,18 @@
 //! One sweep of one checkpoint store: (settle) → scan → extract → precheck → probe → judge →
-//! (plan or act, see [`act`]) → report.
+//! (plan or act, see [`act`]) → report, batch by batch.
 //!
 //! A sweep that may act first settles the unfinished entries of custody's ledger and the due
 //! pending audit records ([`crate::audit`]), then reads
-//! threads exactly as an observing sweep does (read-only pool), and only then acts on `gone` and
-//! `absent` rows through a separate writable pool. Probes are deduplicated:
-//! one handle on one server is probed once per sweep however many threads hold it, and each
-//! server gets one connection. Servers are probed concurrently; a server that hangs costs its own
-//! timeout only.
+//! threads exactly as an observing sweep does (read-only pool), in batches of
+//! [`RunOptions::batch_threads`] parked threads, and acts on each batch's `gone` and `absent`
+//! rows through a separate writable pool before reading the next batch. Each batch's rows then go
+//! to a [`RowSink`] and are dropped, so memory stays flat in the number of threads (only the
+//! probe cache grows, with the number of distinct handles). Probes are deduplicated:
+//! one handle on one server is probed once per sweep however many threads (and batches) hold
+//! it, and each server gets one connection per sweep. Servers are probed concurrently; a server
+//! that hangs costs its own timeout only.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -17,10 +20,11 @@ use futures::{StreamExt, TryStreamExt};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Serialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 pub mod act;
 
-use crate::checkpoint::{ParkedBy, Scanned, Shard, SkippedThread, Store, StoreError};
+use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, Store, StoreError};
 use crate::crd::{Backend, RecordFields, StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
 use crate::domain::template::{Context, Template};
@@ -33,6 +37,13 @@ use crate::mcp::{Connection, ServerConfig};
 pub const PROBES_PER_SERVER: usize = 8;
 /// Servers probed at once.
 pub const SERVERS_IN_PARALLEL: usize = 16;
+/// Parked threads per batch, by default ([`RunOptions::batch_threads`]). A batch's rows are
+/// what a sweep holds besides its probe cache: about 2.7 KB a row with its [`act::Facts`]
+/// (BENCHMARKS.md "Memory of the full sweep"), so ~14 MB per handle class at 5 000, whatever
+/// the store's size. Larger batches buy little: 5 000 threads give up to 5 000 distinct probes,
+/// which keep [`PROBES_PER_SERVER`] calls in flight for all but a batch's last round-trip, so
+/// the pause at each batch's end is one probe's latency, paid 200 times in a million threads.
+pub const BATCH_THREADS: usize = 5_000;
 
 /// A checkpoint store, resolved and validated, ready to sweep.
 #[derive(Clone, Debug)]
@@ -107,7 +118,7 @@ pub struct Row {
     pub action: Option<act::RowAction>,
 }
 
-/// The result of sweeping one store.
+/// The result of sweeping one store, every row included (see [`collect`]).
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     /// `namespace/name` of the CheckpointStore.
@@ -131,6 +142,26 @@ pub struct Report {
     pub summary: SweepSummary,
 }
 
+/// What a sweep returns besides its rows and skipped threads, which went to its [`RowSink`]:
+/// the fields of [`Report`] but those two.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finished {
+    /// `namespace/name` of the CheckpointStore.
+    pub store: String,
+    /// Unfinished actions of earlier sweeps that this sweep finished first.
+    pub settled: Vec<act::SettledEntry>,
+    /// Audit records this sweep settled or tried to; `None` when it did not act.
+    pub audit: Option<crate::audit::AuditReport>,
+    /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
+    pub too_recent: u64,
+    /// As [`Report::warnings`].
+    pub warnings: Vec<String>,
+    /// The servers probed, with the protocol version each negotiated.
+    pub servers: Vec<ServerContact>,
+    /// Counts by verdict, accumulated batch by batch.
+    pub summary: SweepSummary,
+}
+
 /// How contacting one server went.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerContact {
@@ -145,13 +176,27 @@ pub struct ServerContact {
 }
 
 /// What the caller allows a sweep to do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RunOptions {
     /// Act on stores whose `mode` is `act` (local mode: `--apply`; the controller: always).
     /// Otherwise every sweep only plans.
     pub apply: bool,
     /// Which threads to sweep (`--shard I/N`); [`Shard::ALL`] by default.
     pub shard: Shard,
+    /// Parked threads per batch ([`BATCH_THREADS`] by default; 0 counts as 1). The rows, probes
+    /// and actions of a batch are finished before the next batch is read; the verdicts do not
+    /// depend on it.
+    pub batch_threads: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            apply: false,
+            shard: Shard::ALL,
+            batch_threads: BATCH_THREADS,
+        }
+    }
 }
 
 /// Why a sweep could not run.
@@ -166,16 +211,19 @@ pub enum SweepError {
         #[source]
         source: StoreError,
     },
-    /// The scan was cut off part-way (the database restarted, the connection dropped). Acting
-    /// comes after the scan, so nothing it found was acted on.
+    /// The scan was cut off part-way (the database restarted, the connection dropped). The
+    /// batches finished before were judged and acted on (their actions are in the ledger and
+    /// their rows went to the sink); the batch being read was not.
     #[error(
-        "store {store}: the scan stopped after {threads} threads; nothing it found was acted on, the next sweep scans again: {source}"
+        "store {store}: the scan stopped after {threads} threads; the {finished} parked threads of the batches finished before were judged (and acted on when acting), the rest were not; the next sweep scans again: {source}"
     )]
     Scan {
         /// `namespace/name`.
         store: String,
         /// Threads read before it stopped.
         threads: u64,
+        /// Parked threads of the batches finished before it stopped.
+        finished: u64,
         /// What failed.
         #[source]
         source: StoreError,
@@ -200,35 +248,116 @@ pub enum SweepError {
     },
 }
 
-/// A probe to send, and the rows waiting for its answer.
+/// A probe to send, and the rows of its batch waiting for its answer.
 struct PendingProbe {
+    key: ProbeKey,
     class: usize,
     arguments: serde_json::Map<String, Value>,
     rows: Vec<usize>,
 }
 
-/// Sweeps one store once, observing only (rows get planned actions).
+/// The parked threads read since the last batch was finished: their rows, what acting on each
+/// row would need, and the probes they wait for.
+#[derive(Default)]
+struct Batch {
+    threads: usize,
+    rows: Vec<Row>,
+    /// Parallel to `rows`.
+    facts: Vec<act::Facts>,
+    probes: HashMap<ProbeKey, PendingProbe>,
+}
+
+/// Where a sweep hands its finished rows, one batch at a time, and its skipped threads as the
+/// scan meets them. The sweep keeps neither, so its memory is one batch plus its probe cache;
+/// what the sink keeps is the sink's choice ([`collect`] keeps everything, the CLI's
+/// [`crate::report::SweepWriter`] writes them out).
+pub trait RowSink: Send {
+    /// One batch's rows, judged and (when acting) acted on, in scan order (by thread). Called
+    /// once per batch of up to [`RunOptions::batch_threads`] parked threads.
+    fn rows(&mut self, rows: Vec<Row>);
+    /// A thread whose rows did not decode (the sweep has logged it and counts it in
+    /// [`SweepSummary::skipped_threads`]).
+    fn skipped(&mut self, thread: SkippedThread);
+}
+
+/// Keeps every row and skipped thread, for [`collect`].
+#[derive(Default)]
+struct Collected {
+    rows: Vec<Row>,
+    skipped: Vec<SkippedThread>,
+}
+
+impl RowSink for Collected {
+    fn rows(&mut self, rows: Vec<Row>) {
+        self.rows.extend(rows);
+    }
+
+    fn skipped(&mut self, thread: SkippedThread) {
+        self.skipped.push(thread);
+    }
+}
+
+/// Sweeps one store once, observing only (rows get planned actions), keeping every row: see
+/// [`collect`].
 ///
 /// # Errors
 /// As [`run_with`].
 pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepError> {
-    run_with(target, now, RunOptions::default(), &act::LogSink).await
+    collect(target, now, RunOptions::default(), &act::LogSink).await
+}
+
+/// As [`run_with`], returning every row and skipped thread in the [`Report`]. Memory then grows
+/// with the store (about 2.7 KB a row, BENCHMARKS.md "Memory of the full sweep"): for library
+/// users who want the rows in hand; the CLI and the sweep Job stream them instead.
+///
+/// # Errors
+/// As [`run_with`].
+pub async fn collect(
+    target: &Target,
+    now: DateTime<Utc>,
+    options: RunOptions,
+    actions: &dyn act::ActionSink,
+) -> Result<Report, SweepError> {
+    let mut all = Collected::default();
+    let f = run_with(target, now, options, actions, &mut all).await?;
+    Ok(Report {
+        store: f.store,
+        rows: all.rows,
+        skipped: all.skipped,
+        settled: f.settled,
+        audit: f.audit,
+        too_recent: f.too_recent,
+        warnings: f.warnings,
+        servers: f.servers,
+        summary: f.summary,
+    })
 }
 
 /// Sweeps one store once; acts when `options.apply` and the store's mode is `act`, reporting
-/// each action to `sink`.
+/// each action to `actions` and each batch's finished rows and each skipped thread to `rows`.
+///
+/// The scan is processed in batches of [`RunOptions::batch_threads`] parked threads: read,
+/// extract, precheck, probe the handles no earlier batch probed, judge, act, hand the rows to
+/// the sink, drop them. The scan stays open meanwhile (its own read-only connection; the
+/// actions go through a separate writable pool, and PostgreSQL's statement snapshot and
+/// SQLite's WAL read snapshot keep the threads custody appends to out of the scan). So an
+/// acting sweep has acted on batch 1 before it reads batch 2; a scan that fails part-way
+/// leaves the earlier batches' actions done and recorded in the ledger, and the next sweep
+/// scans again (a thread it already acted on has moved on, or carries custody's verdict, and is
+/// left alone).
 ///
 /// # Errors
 /// [`SweepError::Store`] when the database cannot be reached or read, [`SweepError::Scan`] when
 /// reading stops part-way, [`SweepError::Act`] when
-/// an acting sweep cannot open its writable pool or ledger; per-thread problems are reported in
-/// [`Report::skipped`], per-handle problems as `unknown` rows, failed actions as row outcomes.
+/// an acting sweep cannot open its writable pool or ledger; per-thread problems go to
+/// [`RowSink::skipped`], per-handle problems are `unknown` rows, failed actions row outcomes.
 pub async fn run_with(
     target: &Target,
     now: DateTime<Utc>,
     options: RunOptions,
-    sink: &dyn act::ActionSink,
-) -> Result<Report, SweepError> {
+    actions: &dyn act::ActionSink,
+    rows: &mut dyn RowSink,
+) -> Result<Finished, SweepError> {
     let started = Instant::now();
     let store_err = |source| SweepError::Store {
         store: target.store.clone(),
@@ -240,7 +369,7 @@ pub async fn run_with(
     };
     let actor = if options.apply && target.mode == StoreMode::Act {
         Some(
-            act::Actor::open(target, target.dsn.expose_secret(), options.shard, sink)
+            act::Actor::open(target, target.dsn.expose_secret(), options.shard, actions)
                 .await
                 .map_err(act_err)?,
         )
@@ -256,7 +385,7 @@ pub async fn run_with(
     };
     let audit = match &actor {
         Some(a) => Some(
-            crate::audit::reconcile(a.pool(), &target.store, &target.audit, now, sink)
+            crate::audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
                 .await
                 .map_err(|source| SweepError::Audit {
                     store: target.store.clone(),
@@ -280,55 +409,142 @@ pub async fn run_with(
         .into_iter()
         .collect();
 
-    let mut rows = Vec::new();
-    // Parallel to `rows`: what acting on the row would need from its thread.
-    let mut facts = Vec::new();
-    let mut skipped = Vec::new();
-    let mut too_recent = 0;
-    let mut principals_seen = 0u64;
-    let mut classes_seen = vec![0u64; target.classes.len()];
-    let mut parked_threads = 0;
-    // Keyed by (class's server, probe tool, rendered arguments): the dedup unit.
-    let mut probes: BTreeMap<(String, String, String), PendingProbe> = BTreeMap::new();
-
+    let mut sweep = Sweep {
+        target,
+        now,
+        servers: Servers::new(target),
+        cache: ProbeCache::default(),
+        summary: SweepSummary::default(),
+        too_recent: 0,
+        principals_seen: 0,
+        classes_seen: vec![0; target.classes.len()],
+        batches: 0,
+    };
+    let batch_threads = options.batch_threads.max(1);
+    let mut batch = Batch::default();
     let mut scan = store.parked_threads_in(&channels, options.shard);
     let mut read = 0u64;
-    while let Some(item) = scan.try_next().await.map_err(|source| SweepError::Scan {
-        store: target.store.clone(),
-        threads: read,
-        source,
-    })? {
-        read += 1;
-        let thread = match item {
-            Scanned::Skipped(s) => {
+    let scanned = loop {
+        let thread = match scan.try_next().await {
+            Err(source) => break Err(source),
+            Ok(None) => break Ok(()),
+            Ok(Some(Scanned::Skipped(s))) => {
+                read += 1;
                 tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, channel = ?s.channel, kind = s.kind.as_str(), reason = %s.reason, "skipping thread");
-                skipped.push(s);
+                sweep.summary.skipped_threads += 1;
+                *sweep
+                    .summary
+                    .skipped_by_reason
+                    .entry(s.kind.as_str().to_owned())
+                    .or_insert(0) += 1;
+                rows.skipped(s);
                 continue;
             }
-            Scanned::Parked(t) => t,
+            Ok(Some(Scanned::Parked(t))) => t,
         };
+        read += 1;
+        sweep.add(&mut batch, &thread);
+        if batch.threads >= batch_threads {
+            sweep
+                .finish(std::mem::take(&mut batch), actor.as_ref(), actions, rows)
+                .await;
+        }
+    };
+    drop(scan);
+    let acted_before = sweep.summary.parked_threads;
+    if scanned.is_ok() {
+        sweep.finish(batch, actor.as_ref(), actions, rows).await;
+    }
+    let Sweep {
+        servers,
+        mut summary,
+        too_recent,
+        principals_seen,
+        classes_seen,
+        ..
+    } = sweep;
+    let servers = servers.close().await;
+    if let Some(a) = actor {
+        a.close().await;
+    }
+    if let Err(source) = scanned {
+        return Err(SweepError::Scan {
+            store: target.store.clone(),
+            threads: read,
+            finished: acted_before,
+            source,
+        });
+    }
+
+    summary.audit = audit
+        .as_ref()
+        .map(crate::audit::AuditReport::counts)
+        .unwrap_or_default();
+    summary.duration_ms = started.elapsed().as_millis() as u64;
+    summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let warnings = warnings(
+        target,
+        summary.parked_threads,
+        principals_seen,
+        &classes_seen,
+    );
+    for w in &warnings {
+        tracing::warn!(store = %target.store, "{w}");
+    }
+    Ok(Finished {
+        store: target.store.clone(),
+        settled,
+        audit,
+        too_recent,
+        warnings,
+        servers,
+        summary,
+    })
+}
+
+/// The state of one sweep that outlives its batches: counters, connections, probe cache.
+struct Sweep<'t> {
+    target: &'t Target,
+    now: DateTime<Utc>,
+    servers: Servers<'t>,
+    cache: ProbeCache,
+    /// Counted batch by batch (`audit`, `duration_ms` and `finished_at` at the end).
+    summary: SweepSummary,
+    too_recent: u64,
+    principals_seen: u64,
+    classes_seen: Vec<u64>,
+    /// Batches finished.
+    batches: u64,
+}
+
+impl Sweep<'_> {
+    /// Adds a parked thread's rows to the batch: extracted, prechecked, decided at once from
+    /// the cache when an earlier batch probed the same handle, else waiting for a probe.
+    fn add(&mut self, batch: &mut Batch, thread: &ParkedThread) {
+        let (target, now) = (self.target, self.now);
         if let Some(ts) = thread.checkpoint_ts
             && now.signed_duration_since(ts).to_std().unwrap_or_default() < target.min_parked
         {
-            too_recent += 1;
-            continue;
+            self.too_recent += 1;
+            return;
         }
-        parked_threads += 1;
-        if parked_threads == 1 {
+        self.summary.parked_threads += 1;
+        if self.summary.parked_threads == 1 {
             act::stop_at("sweep::mid-scan");
         }
+        batch.threads += 1;
         let principal = thread
             .metadata
             .get(&target.principal_key)
             .and_then(Value::as_str)
             .map(str::to_owned);
-        principals_seen += u64::from(principal.is_some());
+        self.principals_seen += u64::from(principal.is_some());
         for (class_index, class) in target.classes.iter().enumerate() {
             let holding = handle::extract(&thread.channels, &class.state_path, &class.fields);
             if holding == Holding::NotApplicable {
                 continue;
             }
-            classes_seen[class_index] += 1;
+            self.classes_seen[class_index] += 1;
             let record = match &holding {
                 Holding::Record(r) => Some(r),
                 _ => None,
@@ -349,7 +565,7 @@ pub async fn run_with(
                 probed: false,
                 action: None,
             };
-            facts.push(act::Facts::gather(
+            batch.facts.push(act::Facts::gather(
                 &thread.channels,
                 class,
                 thread.parked_by == ParkedBy::Interrupt,
@@ -369,20 +585,23 @@ pub async fn run_with(
                     };
                     match class.probe_arguments.render(&ctx) {
                         Ok(arguments) => {
-                            let key = (
-                                class.server.name.clone(),
-                                class.probe_tool.clone(),
-                                Value::Object(arguments.clone()).to_string(),
-                            );
-                            probes
-                                .entry(key)
-                                .or_insert_with(|| PendingProbe {
-                                    class: class_index,
-                                    arguments,
-                                    rows: Vec::new(),
-                                })
-                                .rows
-                                .push(rows.len());
+                            let key = probe_key(class, &arguments);
+                            if let Some(d) = self.cache.get(&key) {
+                                set(&mut row, d);
+                                row.probed = true;
+                            } else {
+                                batch
+                                    .probes
+                                    .entry(key)
+                                    .or_insert_with(|| PendingProbe {
+                                        key,
+                                        class: class_index,
+                                        arguments,
+                                        rows: Vec::new(),
+                                    })
+                                    .rows
+                                    .push(batch.rows.len());
+                            }
                         }
                         Err(e) => set(
                             &mut row,
@@ -394,100 +613,142 @@ pub async fn run_with(
                     }
                 }
             }
-            rows.push(row);
-        }
-    }
-    drop(scan);
-
-    let probe_count = probes.len() as u64;
-    let (outcomes, mut servers) = run_probes(target, probes.into_values().collect()).await;
-    servers.sort_by(|a, b| a.server.cmp(&b.server));
-    let mut probe_errors = std::collections::BTreeMap::new();
-    for (pending, outcome, failure) in outcomes {
-        if let Some(category) = failure {
-            *probe_errors.entry(category.to_owned()).or_insert(0) += 1;
-        }
-        let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
-        for &i in &pending.rows {
-            set(&mut rows[i], decision.clone());
-            rows[i].probed = true;
+            batch.rows.push(row);
         }
     }
 
-    for (i, row) in rows.iter_mut().enumerate() {
-        let Some(class) = target.classes.iter().find(|c| c.name == row.handle_class) else {
-            continue;
-        };
-        let (plan, outcome) = match act::decide(row.verdict, class, &facts[i]) {
-            None => continue,
-            // Nothing to do, but say why a gone or absent handle is left as it is.
-            Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
-            Some((plan, None)) => match &actor {
-                None => (plan, act::Outcome::Planned),
-                Some(a) => (plan, a.act(row, class, &facts[i], plan).await),
-            },
-        };
-        let action = act::RowAction { plan, outcome };
-        if actor.is_some() {
-            sink.record(&act::ActionEvent {
-                store: &target.store,
-                thread_id: &row.thread_id,
-                handle_class: &row.handle_class,
-                action: &action,
-                reason: &row.reason,
-            });
+    /// Probes, judges, decides (and acts on) one batch, counts it, and hands its rows to `sink`.
+    async fn finish(
+        &mut self,
+        batch: Batch,
+        actor: Option<&act::Actor<'_>>,
+        actions: &dyn act::ActionSink,
+        sink: &mut dyn RowSink,
+    ) {
+        let target = self.target;
+        let Batch {
+            threads,
+            mut rows,
+            facts,
+            probes,
+        } = batch;
+        if threads == 0 {
+            return;
         }
-        row.action = Some(action);
+        for (pending, outcome, failure) in self.servers.probe(probes.into_values()).await {
+            self.summary.probes += 1;
+            if let Some(category) = failure {
+                *self
+                    .summary
+                    .probe_errors
+                    .entry(category.to_owned())
+                    .or_insert(0) += 1;
+            }
+            let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
+            for &i in &pending.rows {
+                set(&mut rows[i], decision.clone());
+                rows[i].probed = true;
+            }
+            self.cache.insert(pending.key, decision);
+        }
+
+        for (row, facts) in rows.iter_mut().zip(&facts) {
+            let Some(class) = target.classes.iter().find(|c| c.name == row.handle_class) else {
+                continue;
+            };
+            let (plan, outcome) = match act::decide(row.verdict, class, facts) {
+                None => continue,
+                // Nothing to do, but say why a gone or absent handle is left as it is.
+                Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
+                Some((plan, None)) => match actor {
+                    None => (plan, act::Outcome::Planned),
+                    Some(a) => (plan, a.act(row, class, facts, plan).await),
+                },
+            };
+            let action = act::RowAction { plan, outcome };
+            if actor.is_some() {
+                actions.record(&act::ActionEvent {
+                    store: &target.store,
+                    thread_id: &row.thread_id,
+                    handle_class: &row.handle_class,
+                    action: &action,
+                    reason: &row.reason,
+                });
+            }
+            row.action = Some(action);
+        }
+        drop(facts);
+
+        let s = &mut self.summary;
+        for row in &rows {
+            *match row.verdict {
+                Verdict::Ok => &mut s.ok,
+                Verdict::Gone => &mut s.gone,
+                Verdict::Absent => &mut s.absent,
+                Verdict::Unknown => &mut s.unknown,
+            } += 1;
+            if let Some(kind) = row.action.as_ref().map(|a| a.outcome.kind())
+                && kind != "planned"
+            {
+                *s.actions.entry(kind.to_owned()).or_insert(0) += 1;
+            }
+        }
+        sink.rows(rows);
+        self.batches += 1;
+        if self.batches == 1 {
+            act::stop_at("sweep::after-batch");
+        }
     }
-    if let Some(a) = actor {
-        a.close().await;
+}
+
+/// The probe dedup unit, (server, probe tool, rendered arguments), as the first 128 bits of
+/// its SHA-256: fixed-size keys keep [`ProbeCache`] small, and a cryptographic hash means a
+/// handle value crafted into some checkpoint cannot collide with another thread's handle and
+/// borrow its verdict.
+type ProbeKey = [u8; 16];
+
+fn probe_key(class: &ClassPlan, arguments: &serde_json::Map<String, Value>) -> ProbeKey {
+    let mut h = Sha256::new();
+    let arguments = serde_json::to_string(arguments).expect("a JSON object serializes");
+    for part in [&class.server.name, &class.probe_tool, &arguments] {
+        // Length-prefixed, so no choice of names and arguments can shift bytes between parts.
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let mut key = ProbeKey::default();
+    key.copy_from_slice(&h.finalize()[..16]);
+    key
+}
+
+/// The decision of every probe this sweep sent, so a handle held by threads in different
+/// batches is probed once per sweep. The only state of a sweep that grows with the store: per
+/// distinct probe a 16-byte key and a 4-byte index in a hash table (about 25–45 bytes with the
+/// table's spare capacity: ~40 MB at a million distinct handles), plus each distinct decision
+/// once. Decisions repeat ("probe answered success", one refusal reason per server), except the
+/// text of a gone handle's error, which may name the handle (~100 bytes more for each).
+#[derive(Default)]
+struct ProbeCache {
+    by_key: HashMap<ProbeKey, u32>,
+    decisions: indexmap::IndexSet<(Verdict, String)>,
+}
+
+impl ProbeCache {
+    fn get(&self, key: &ProbeKey) -> Option<Decision> {
+        let (verdict, reason) = self.decisions.get_index(*self.by_key.get(key)? as usize)?;
+        Some(Decision {
+            verdict: *verdict,
+            reason: reason.clone(),
+        })
     }
 
-    let count = |v: Verdict| rows.iter().filter(|r| r.verdict == v).count() as u64;
-    let summary = SweepSummary {
-        parked_threads,
-        skipped_threads: skipped.len() as u64,
-        skipped_by_reason: skipped.iter().fold(Default::default(), |mut counts, s| {
-            *counts.entry(s.kind.as_str().to_owned()).or_insert(0) += 1;
-            counts
-        }),
-        probe_errors,
-        ok: count(Verdict::Ok),
-        gone: count(Verdict::Gone),
-        absent: count(Verdict::Absent),
-        unknown: count(Verdict::Unknown),
-        probes: probe_count,
-        actions: rows
-            .iter()
-            .filter_map(|r| r.action.as_ref())
-            .map(|a| a.outcome.kind())
-            .filter(|kind| *kind != "planned")
-            .fold(Default::default(), |mut counts, kind| {
-                *counts.entry(kind.to_owned()).or_insert(0) += 1;
-                counts
-            }),
-        audit: audit
-            .as_ref()
-            .map(crate::audit::AuditReport::counts)
-            .unwrap_or_default(),
-        duration_ms: started.elapsed().as_millis() as u64,
-        finished_at: Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    };
-    let warnings = warnings(target, parked_threads, principals_seen, &classes_seen);
-    for w in &warnings {
-        tracing::warn!(store = %target.store, "{w}");
+    fn insert(&mut self, key: ProbeKey, d: Decision) {
+        let (index, _) = self.decisions.insert_full((d.verdict, d.reason));
+        // Past 4 billion distinct decisions a handle is not cached: a later batch probes it
+        // again rather than borrow another decision.
+        if let Ok(index) = u32::try_from(index) {
+            self.by_key.insert(key, index);
+        }
     }
-    Ok(Report {
-        store: target.store.clone(),
-        rows,
-        skipped,
-        settled,
-        audit,
-        too_recent,
-        warnings,
-        servers,
-        summary,
-    })
 }
 
 /// A typo in a selector, `statePath` or `principalKey` silently sweeps nothing or turns a check
@@ -532,60 +793,105 @@ fn set(row: &mut Row, d: Decision) {
 /// A probe, its outcome, and the category of its failure when it could not be completed.
 type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
 
-/// Sends every probe: one connection per server, servers in parallel, a bounded number of calls
-/// in flight per server. A server that cannot be reached fails all of its probes with that reason.
-async fn run_probes(
-    target: &Target,
-    probes: Vec<PendingProbe>,
-) -> (Vec<Probed>, Vec<ServerContact>) {
-    let mut by_server: HashMap<String, Vec<PendingProbe>> = HashMap::new();
-    for p in probes {
-        by_server
-            .entry(target.classes[p.class].server.name.clone())
-            .or_default()
-            .push(p);
+/// How contacting one server went, kept for the whole sweep.
+struct Contacted {
+    contact: ServerContact,
+    /// The session, or why there is none (its text and [`crate::mcp::McpError::category`]).
+    connection: Result<Connection, (String, &'static str)>,
+}
+
+/// The servers of one sweep: each is connected when a batch first has a probe for it, and the
+/// session (or the failure to get one) is kept until the sweep ends, so a sweep of many batches
+/// still opens one connection per server.
+struct Servers<'t> {
+    target: &'t Target,
+    by_name: HashMap<String, tokio::sync::OnceCell<Contacted>>,
+}
+
+impl<'t> Servers<'t> {
+    fn new(target: &'t Target) -> Self {
+        let by_name = target
+            .classes
+            .iter()
+            .map(|c| (c.server.name.clone(), tokio::sync::OnceCell::new()))
+            .collect();
+        Self { target, by_name }
     }
-    let groups: Vec<(Vec<Probed>, ServerContact)> = futures::stream::iter(by_server.into_values())
-        .map(|group| async move {
-            let server = &target.classes[group[0].class].server;
-            match Connection::connect(server).await {
-                Err(e) => {
-                    tracing::warn!(server = %server.name, error = %e, "cannot reach server; its probes are unknown");
-                    let reason = e.to_string();
-                    let contact = ServerContact {
-                        server: server.name.clone(),
-                        protocol_version: None,
-                        connect_ms: None,
-                        error: Some(reason.clone()),
-                    };
-                    let category = e.category();
-                    let failed = group.into_iter().map(|p| (p, ProbeOutcome::Failed(reason.clone()), Some(category))).collect();
-                    (failed, contact)
+
+    /// Sends a batch's probes: servers in parallel, a bounded number of calls in flight per
+    /// server. A server that cannot be reached fails all of its probes with that reason.
+    async fn probe(&self, probes: impl IntoIterator<Item = PendingProbe>) -> Vec<Probed> {
+        let target = self.target;
+        let mut by_server: HashMap<&str, Vec<PendingProbe>> = HashMap::new();
+        for p in probes {
+            by_server
+                .entry(target.classes[p.class].server.name.as_str())
+                .or_default()
+                .push(p);
+        }
+        let groups: Vec<Vec<Probed>> = futures::stream::iter(by_server)
+            .map(|(name, group)| async move {
+                let server = &target.classes[group[0].class].server;
+                let contacted = self.by_name[name].get_or_init(|| contact(server)).await;
+                match &contacted.connection {
+                    Err((reason, category)) => group
+                        .into_iter()
+                        .map(|p| (p, ProbeOutcome::Failed(reason.clone()), Some(*category)))
+                        .collect(),
+                    Ok(conn) => probe_group(target, conn, group).await,
                 }
-                Ok(conn) => {
-                    let contact = ServerContact {
-                        server: server.name.clone(),
-                        protocol_version: conn.protocol_version(),
-                        connect_ms: Some(conn.connect_latency.as_millis() as u64),
-                        error: None,
-                    };
-                    tracing::debug!(server = %server.name, protocol = ?contact.protocol_version, "connected");
-                    let out = probe_group(target, &conn, group).await;
+            })
+            .buffer_unordered(SERVERS_IN_PARALLEL)
+            .collect()
+            .await;
+        groups.into_iter().flatten().collect()
+    }
+
+    /// Ends every session; the servers contacted, by name.
+    async fn close(self) -> Vec<ServerContact> {
+        let mut contacts = Vec::new();
+        for cell in self.by_name.into_values() {
+            if let Some(c) = cell.into_inner() {
+                if let Ok(conn) = c.connection {
                     conn.close().await;
-                    (out, contact)
                 }
+                contacts.push(c.contact);
             }
-        })
-        .buffer_unordered(SERVERS_IN_PARALLEL)
-        .collect()
-        .await;
-    let mut outcomes = Vec::new();
-    let mut contacts = Vec::new();
-    for (out, contact) in groups {
-        outcomes.extend(out);
-        contacts.push(contact);
+        }
+        contacts.sort_by(|a, b| a.server.cmp(&b.server));
+        contacts
     }
-    (outcomes, contacts)
+}
+
+async fn contact(server: &ServerConfig) -> Contacted {
+    match Connection::connect(server).await {
+        Err(e) => {
+            tracing::warn!(server = %server.name, error = %e, "cannot reach server; its probes are unknown");
+            let reason = e.to_string();
+            Contacted {
+                contact: ServerContact {
+                    server: server.name.clone(),
+                    protocol_version: None,
+                    connect_ms: None,
+                    error: Some(reason.clone()),
+                },
+                connection: Err((reason, e.category())),
+            }
+        }
+        Ok(conn) => {
+            let contact = ServerContact {
+                server: server.name.clone(),
+                protocol_version: conn.protocol_version(),
+                connect_ms: Some(conn.connect_latency.as_millis() as u64),
+                error: None,
+            };
+            tracing::debug!(server = %server.name, protocol = ?contact.protocol_version, "connected");
+            Contacted {
+                contact,
+                connection: Ok(conn),
+            }
+        }
+    }
 }
 
 async fn probe_group(target: &Target, conn: &Connection, group: Vec<PendingProbe>) -> Vec<Probed> {

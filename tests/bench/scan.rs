@@ -6,8 +6,10 @@
 //! scan  --dsn URL [--channel basket] [--shard I/N]   scan + decode every parked thread's handle
 //!                                                   record through checkpoint::Store (one shard
 //!                                                   of them with --shard, filtered in SQL), no probes
-//! probe --resources DIR                              custody::sweep::run on every CheckpointStore
-//!                                                   in DIR (probes on, dry run)
+//! probe --resources DIR                              custody::sweep::run_with on every
+//!                                                   CheckpointStore in DIR (probes on, dry run),
+//!                                                   rows counted and dropped as the CLI's
+//!                                                   streaming writer does, not collected
 //! ```
 //!
 //! Each run prints one JSON line on stdout. `scan` reports an order-independent digest of
@@ -177,6 +179,45 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
     })
 }
 
+/// Distinct probed handles are counted up to this many (the probe-cost run has ~20k); past it
+/// the set is dropped and the count reported as null, so the full sweeps' peak RSS measures
+/// the sweep, not this set (at most ~3 MB of it, the same at 100k and 1M threads).
+const DISTINCT_CAP: usize = 100_000;
+
+/// Counts what a sweep hands over, keeping no row: the memory figure is the sweep's own, as
+/// under `custody sweep`'s streaming writer (whose formatting of a batch is not measured here).
+#[derive(Default)]
+struct Counting {
+    rows: u64,
+    skipped: u64,
+    /// First 16 bytes of sha256("{class}\t{handle}") of the probed rows, up to [`DISTINCT_CAP`].
+    distinct: Option<std::collections::HashSet<[u8; 16]>>,
+}
+
+impl custody::sweep::RowSink for Counting {
+    fn rows(&mut self, rows: Vec<custody::sweep::Row>) {
+        self.rows += rows.len() as u64;
+        if let Some(d) = &mut self.distinct {
+            for r in rows.iter().filter(|r| r.probed) {
+                let Some(handle) = &r.handle else { continue };
+                let digest = Sha256::digest(format!("{}\t{handle}", r.handle_class));
+                d.insert(digest[..16].try_into().expect("16 bytes"));
+            }
+        }
+        if self
+            .distinct
+            .as_ref()
+            .is_some_and(|d| d.len() > DISTINCT_CAP)
+        {
+            self.distinct = None;
+        }
+    }
+
+    fn skipped(&mut self, _: custody::checkpoint::SkippedThread) {
+        self.skipped += 1;
+    }
+}
+
 async fn probe(opts: &BTreeMap<String, String>) -> serde_json::Value {
     let dir = opts.get("resources").cloned().unwrap_or_else(|| usage());
     let resources = custody::local::Resources::load(std::path::Path::new(&dir))
@@ -188,24 +229,29 @@ async fn probe(opts: &BTreeMap<String, String>) -> serde_json::Value {
     for target in &targets {
         let cpu0 = cpu_seconds();
         let t0 = Instant::now();
-        let report = custody::sweep::run(target, chrono::Utc::now())
-            .await
-            .unwrap_or_else(|e| panic!("sweep: {e}"));
+        let mut rows = Counting {
+            distinct: Some(Default::default()),
+            ..Counting::default()
+        };
+        let report = custody::sweep::run_with(
+            target,
+            chrono::Utc::now(),
+            custody::sweep::RunOptions::default(),
+            &custody::sweep::act::LogSink,
+            &mut rows,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("sweep: {e}"));
         let wall = t0.elapsed().as_secs_f64();
         let cpu = cpu_seconds() - cpu0;
         let s = &report.summary;
-        let distinct: std::collections::BTreeSet<(String, String)> = report
-            .rows
-            .iter()
-            .filter(|r| r.probed)
-            .filter_map(|r| Some((r.handle_class.clone(), r.handle.clone()?)))
-            .collect();
         out.push(json!({
             "store": report.store,
-            "rows": report.rows.len(),
+            "rows": rows.rows,
             "parked_threads": s.parked_threads,
+            "skipped": rows.skipped,
             "probes": s.probes,
-            "distinct_probed_handles": distinct.len(),
+            "distinct_probed_handles": rows.distinct.map(|d| d.len()),
             "ok": s.ok, "gone": s.gone, "absent": s.absent, "unknown": s.unknown,
             "servers": report.servers.len(),
             "connect_ms": report.servers.iter().filter_map(|c| c.connect_ms).collect::<Vec<_>>(),
