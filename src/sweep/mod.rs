@@ -451,7 +451,8 @@ pub async fn run_with(
         }
     };
     drop(scan);
-    let acted_before = sweep.summary.parked_threads;
+    // The batch being read when the scan failed is counted in `parked_threads` but not judged.
+    let acted_before = sweep.summary.parked_threads - batch.threads as u64;
     if scanned.is_ok() {
         sweep.finish(batch, actor.as_ref(), actions, rows).await;
     }
