@@ -267,8 +267,7 @@ fn projected_view<'r>(
         let cols = ChannelCols(k);
         if let Some(version) = json_bytes(row, cols.version())? {
             match typed::version(version) {
-                Ok(Some(v)) => view.versions.push((Cow::Borrowed(name.as_str()), v)),
-                Ok(None) => {}
+                Ok(v) => view.versions.push((Cow::Borrowed(name.as_str()), v)),
                 Err(e) => return Ok(Err(e)),
             }
         }

@@ -103,16 +103,13 @@ pub(super) fn decode<'a>(json: &'a [u8], requested: &[String]) -> Result<DocView
 }
 
 /// A `channel_versions` value (JSON text) read as [`decode`] reads it: a string, or an unsigned
-/// integer as 32 zero-padded digits; null is `None`.
+/// integer as 32 zero-padded digits. (A channel without a version is SQL NULL, not JSON null.)
 ///
 /// # Errors
 /// Anything else, named as in [`decode`].
-pub(super) fn version(json: &[u8]) -> Result<Option<Cow<'_, str>>, DecodeError> {
-    text(
-        json,
-        true,
-        "checkpoint channel_versions is not a map of versions",
-    )
+pub(super) fn version(json: &[u8]) -> Result<Cow<'_, str>, DecodeError> {
+    const WRONG: &str = "checkpoint channel_versions is not a map of versions";
+    text(json, true, WRONG)?.ok_or_else(|| DecodeError::malformed(WRONG))
 }
 
 /// A checkpoint's `ts` (JSON text) read as [`decode`] reads it: a string; null is `None`.
@@ -196,10 +193,10 @@ impl<'de> Visitor<'de> for DocSeed<'_> {
     }
 }
 
-/// A string, borrowed from the input when it has no escapes; with `pad`, an unsigned integer
-/// as 32 zero-padded digits (channel versions of other savers compare as text that way). Null
-/// is `None`; anything else is the error `wrong`, as [`super::CheckpointDoc::from_json`] reads
-/// it.
+/// A string, borrowed from the input when it has no escapes; with `pad` (a version), an
+/// unsigned integer as 32 zero-padded digits (channel versions of other savers compare as text
+/// that way). Null is `None` without `pad`; anything else is the error `wrong`, as
+/// [`super::CheckpointDoc::from_json`] reads it.
 struct Text<'a>(Option<Cow<'a, str>>);
 
 struct TextSeed {
@@ -246,8 +243,14 @@ impl<'de> Visitor<'de> for TextSeed {
     fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
         Err(E::custom(self.wrong))
     }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(Text(None))
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        // A null version is an error in `CheckpointDoc::from_json` too: read as "no version",
+        // the thread's handle channel would look as if the graph had none.
+        if self.pad {
+            Err(E::custom(self.wrong))
+        } else {
+            Ok(Text(None))
+        }
     }
     fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
         Err(serde::de::Error::custom(self.wrong))
@@ -496,6 +499,14 @@ mod tests {
                 "channel_versions is not a map of versions",
             ),
             (
+                json!({"id": "x", "channel_versions": {"branch:to:a": null}}),
+                "channel_versions is not a map of versions",
+            ),
+            (
+                json!({"id": "x", "versions_seen": {"n": {"branch:to:a": null}}}),
+                "versions_seen is not a map of versions",
+            ),
+            (
                 json!({"id": "x", "versions_seen": 1}),
                 "versions_seen is not a map",
             ),
@@ -524,16 +535,9 @@ mod tests {
     /// The PostgreSQL reader's projected columns are read with the document's own rules.
     #[test]
     fn projected_values_read_like_the_document() {
-        assert_eq!(
-            version(br#""0002.0.5""#).unwrap().as_deref(),
-            Some("0002.0.5")
-        );
-        assert_eq!(
-            version(b"12").unwrap().as_deref(),
-            Some("00000000000000000000000000000012")
-        );
-        assert_eq!(version(b"null").unwrap(), None);
-        for bad in [&b"-1"[..], b"[1]", b"{}", b"true", b"\"x"] {
+        assert_eq!(version(br#""0002.0.5""#).unwrap(), "0002.0.5");
+        assert_eq!(version(b"12").unwrap(), "00000000000000000000000000000012");
+        for bad in [&b"-1"[..], b"[1]", b"{}", b"true", b"\"x", b"null"] {
             let err = version(bad).unwrap_err();
             assert!(
                 err.message
