@@ -71,9 +71,6 @@ struct SweepArgs {
     /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     store: Option<String>,
-    /// Run one sweep and exit. (Sweeps are scheduled by the controller in a cluster.)
-    #[arg(long)]
-    once: bool,
     /// Print verdicts and the planned actions; change nothing.
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,

@@ -93,14 +93,14 @@ impl World {
     }
 
     fn args(&self) -> Vec<String> {
-        ["sweep", "--once", "--apply", "-o", "json", "-f"]
+        ["sweep", "--apply", "-o", "json", "-f"]
             .into_iter()
             .map(str::to_owned)
             .chain([self.res.path().display().to_string()])
             .collect()
     }
 
-    /// `custody sweep --once --apply -f RES -o json`, asserting success.
+    /// `custody sweep --apply -f RES -o json`, asserting success.
     fn sweep(&self) -> Value {
         let out = Command::new(env!("CARGO_BIN_EXE_custody"))
             .args(self.args())
@@ -390,14 +390,7 @@ fn without_apply_nothing_is_written() {
     support::act_resources(dir.path(), &server.url(), "sqlite", &dsn, "remint");
     let before = std::fs::read(&db).unwrap();
     for extra in [&[][..], &["--dry-run"][..]] {
-        let mut args = vec![
-            "sweep",
-            "--once",
-            "-o",
-            "json",
-            "-f",
-            dir.path().to_str().unwrap(),
-        ];
+        let mut args = vec!["sweep", "-o", "json", "-f", dir.path().to_str().unwrap()];
         args.extend_from_slice(extra);
         let out = support::custody(&args);
         assert!(

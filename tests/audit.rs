@@ -162,12 +162,12 @@ impl World {
 
     fn sweep_command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_custody"));
-        cmd.args(["sweep", "--once", "--apply", "-o", "json", "-f"])
+        cmd.args(["sweep", "--apply", "-o", "json", "-f"])
             .arg(self.res.path());
         cmd
     }
 
-    /// `custody sweep --once --apply -o json`: the first store's report and stderr.
+    /// `custody sweep --apply -o json`: the first store's report and stderr.
     fn sweep(&self) -> (Value, String) {
         parse(self.sweep_command().output().expect("run custody"))
     }

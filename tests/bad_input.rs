@@ -144,7 +144,7 @@ fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
 }
 
 fn sweep_args<'a>(dir: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["sweep", "--once", "-f", dir.to_str().unwrap()];
+    let mut args = vec!["sweep", "-f", dir.to_str().unwrap()];
     args.extend_from_slice(extra);
     args
 }

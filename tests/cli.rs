@@ -5,7 +5,7 @@ mod support;
 use std::path::Path;
 
 fn sweep_fails(dir: &Path) -> String {
-    let out = support::custody(&["sweep", "--once", "--dry-run", "-f", dir.to_str().unwrap()]);
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.to_str().unwrap()]);
     assert!(
         !out.status.success(),
         "expected failure, got:\n{}",

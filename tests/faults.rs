@@ -156,9 +156,9 @@ impl Checkpoints {
     }
 }
 
-/// `custody sweep --once -o json -f DIR` plus `extra` arguments.
+/// `custody sweep -o json -f DIR` plus `extra` arguments.
 fn sweep_args(dir: &Path, extra: &[&str]) -> Vec<String> {
-    ["sweep", "--once", "-o", "json", "-f"]
+    ["sweep", "-o", "json", "-f"]
         .into_iter()
         .map(str::to_owned)
         .chain([dir.display().to_string()])
@@ -186,7 +186,7 @@ fn report(out: &Output) -> Value {
     doc["stores"][0].clone()
 }
 
-/// `custody sweep --once --apply` of `dir`, asserting success: the first store's report.
+/// `custody sweep --apply` of `dir`, asserting success: the first store's report.
 fn act(dir: &Path) -> Value {
     report(&run(&sweep_args(dir, &["--apply"])))
 }

@@ -46,5 +46,5 @@ rm -f target/quickstart/checkpoints.sqlite*
 "$python" tests/py/order_graph.py write --server "http://127.0.0.1:$port/mcp" \
     --sqlite target/quickstart/checkpoints.sqlite --expire-wait >/dev/null
 
-echo "==> custody sweep --once --dry-run -f deploy/examples/local" >&2
-"$custody" sweep --once --dry-run -f deploy/examples/local "$@"
+echo "==> custody sweep --dry-run -f deploy/examples/local" >&2
+"$custody" sweep --dry-run -f deploy/examples/local "$@"

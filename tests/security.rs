@@ -188,11 +188,11 @@ async fn call(url: &str, tool: &str, arguments: serde_json::Value) -> serde_json
     result.structured.unwrap_or_default()
 }
 
-/// `custody sweep --once [--apply] -f DIR -o json`, asserting success.
+/// `custody sweep [--apply] -f DIR -o json`, asserting success.
 fn sweep(dir: &Path, apply: bool) -> serde_json::Value {
     let d = dir.to_str().unwrap();
     let mode = if apply { "--apply" } else { "--dry-run" };
-    let out = custody(&["sweep", "--once", mode, "-f", d, "-o", "json"]);
+    let out = custody(&["sweep", mode, "-f", d, "-o", "json"]);
     assert!(out.status.success(), "sweep failed: {}", text(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
@@ -468,7 +468,7 @@ async fn sweep_roles_need_only_the_documented_grants() {
 
     // The observing role cannot act: a clear error, without the password.
     let d = res.path().to_str().unwrap();
-    let out = custody(&["sweep", "--once", "--apply", "-f", d, "-o", "json"]);
+    let out = custody(&["sweep", "--apply", "-f", d, "-o", "json"]);
     let t = text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(t.contains("permission denied"), "{t}");

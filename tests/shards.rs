@@ -115,9 +115,7 @@ async fn sqlite_shards_cover_every_parked_thread_once() {
 
 fn sweep(res: &Path, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_custody"));
-    cmd.args(["sweep", "--once", "-o", "json", "-f"])
-        .arg(res)
-        .args(extra);
+    cmd.args(["sweep", "-o", "json", "-f"]).arg(res).args(extra);
     cmd
 }
 

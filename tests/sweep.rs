@@ -204,13 +204,7 @@ fn human_table_has_every_column_and_a_summary() {
         "sqlite",
         &format!("sqlite://{}", db.display()),
     );
-    let out = support::custody(&[
-        "sweep",
-        "--once",
-        "--dry-run",
-        "-f",
-        dir.path().to_str().unwrap(),
-    ]);
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(

@@ -245,8 +245,11 @@ fn json_bytes(row: &PgRow, column: usize) -> Result<Option<&[u8]>, StoreError> {
 }
 
 /// What the sweep needs of a plain document ([`parked_sql`] returned no `checkpoint`), from
-/// the projected columns, read under the rules of [`typed::decode`]. The outer error is the
-/// database's, the inner one the thread's (it is skipped).
+/// the projected columns. The fields read (`ts`, the requested channels' versions and inline
+/// values) follow the rules of [`typed::decode`]; fields a sweep of an interrupted thread does
+/// not use (`id`, where the row's `checkpoint_id` stands in; `versions_seen`; other channels'
+/// versions) are not read, so a fault there skips the thread on SQLite and not here. The outer
+/// error is the database's, the inner one the thread's (it is skipped).
 fn projected_view<'r>(
     row: &'r PgRow,
     requested: &'r [String],

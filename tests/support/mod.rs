@@ -199,11 +199,10 @@ pub fn custody(args: &[&str]) -> Output {
         .expect("run custody")
 }
 
-/// Runs `custody sweep --once --dry-run -f DIR -o json` and returns the JSON, asserting success.
+/// Runs `custody sweep --dry-run -f DIR -o json` and returns the JSON, asserting success.
 pub fn sweep_json(dir: &Path) -> Value {
     let out = custody(&[
         "sweep",
-        "--once",
         "--dry-run",
         "-f",
         dir.to_str().unwrap(),
