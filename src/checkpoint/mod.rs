@@ -341,6 +341,22 @@ fn classify(
     classify_head(thread_id, head, metadata, pending_interrupt, channels)
 }
 
+/// A checkpoint's metadata column (JSON text; NULL reads as `{}`), as both readers take it.
+///
+/// # Errors
+/// Not JSON, or JSON that is not an object: the thread is skipped with this reason.
+fn parse_metadata(json: Option<&[u8]>) -> Result<serde_json::Map<String, Value>, DecodeError> {
+    match serde_json::from_slice::<Value>(json.unwrap_or(b"{}")) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(DecodeError::malformed(
+            "checkpoint metadata is not a JSON object",
+        )),
+        Err(e) => Err(DecodeError::malformed(format!(
+            "checkpoint metadata is not JSON: {e}"
+        ))),
+    }
+}
+
 /// What [`classify`] needs of a checkpoint document, however it was decoded.
 struct Head {
     checkpoint_id: String,

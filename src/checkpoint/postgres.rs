@@ -6,14 +6,13 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow, PgValueFormat};
 use sqlx::{Row, ValueRef};
 
 use super::doc::{LATEST_FORMAT, parse_ts};
 use super::{
     Channel, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
-    classify_head, redact_dsn, typed,
+    classify_head, parse_metadata, redact_dsn, typed,
 };
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
@@ -313,18 +312,9 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
             Err(e) => return skip(e),
         },
     };
-    let metadata = match serde_json::from_slice::<Value>(metadata.unwrap_or(b"{}")) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return skip(DecodeError::malformed(
-                "checkpoint metadata is not a JSON object",
-            ));
-        }
-        Err(e) => {
-            return skip(DecodeError::malformed(format!(
-                "checkpoint metadata is not JSON: {e}"
-            )));
-        }
+    let metadata = match parse_metadata(metadata) {
+        Ok(m) => m,
+        Err(e) => return skip(e),
     };
 
     let mut channels = BTreeMap::new();

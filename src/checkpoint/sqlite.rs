@@ -5,13 +5,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use serde_json::Value;
 use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
 
 use super::{
     CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
-    classify, serde,
+    classify, parse_metadata, serde,
 };
 
 /// Latest root checkpoint per thread, kept when an interrupt is pending or an `update_state` edit
@@ -125,18 +124,9 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
             error,
         ))))
     };
-    let metadata = match serde_json::from_slice::<Value>(metadata.as_deref().unwrap_or(b"{}")) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return skip(DecodeError::malformed(
-                "checkpoint metadata is not a JSON object",
-            ));
-        }
-        Err(e) => {
-            return skip(DecodeError::malformed(format!(
-                "checkpoint metadata is not JSON: {e}"
-            )));
-        }
+    let metadata = match parse_metadata(metadata.as_deref()) {
+        Ok(m) => m,
+        Err(e) => return skip(e),
     };
     let bytes = match (checkpoint, size) {
         (Some(bytes), _) => bytes,
