@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use custody::audit::idempotency_key;
 use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
-use support::{BasketServer, Db};
+use support::{BasketServer, Db, Peer};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -697,41 +697,6 @@ async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
 
 // ------------------------------------------------------------------ 3: misbehaving MCP servers
 
-/// tests/py/misbehaving_server.py with one case and its settings; killed when dropped.
-struct Misbehaving {
-    child: Child,
-    port: u16,
-}
-
-impl Misbehaving {
-    fn start(case: &str, settings: &[(&str, &str)]) -> Self {
-        let port = support::free_port();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("MISBEHAVE_PORT", port.to_string())
-            .env("MISBEHAVE_CASE", case)
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start misbehaving_server.py");
-        support::wait_for_port(port, Duration::from_secs(30));
-        Self { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-}
-
-impl Drop for Misbehaving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// An MCPServer and a HandleClass probing the thread's `basket` through it.
 fn probe_class(dir: &Path, name: &str, url: &str, timeout_s: u32) {
     support::write_file(
@@ -769,16 +734,20 @@ async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() 
     let probe = [("MISBEHAVE_TOOLS", "get_basket")];
     // Each bad server costs its 3 s timeout at most; in sequence they would cost 12 s.
     let servers = [
-        ("hang", Misbehaving::start("call_hang", &probe), 3),
-        ("http-500", Misbehaving::start("call_http_500", &probe), 3),
+        ("hang", Peer::misbehaving_with("call_hang", &probe), 3),
+        (
+            "http-500",
+            Peer::misbehaving_with("call_http_500", &probe),
+            3,
+        ),
         (
             "drop",
-            Misbehaving::start("call_drop_mid_stream", &probe),
+            Peer::misbehaving_with("call_drop_mid_stream", &probe),
             3,
         ),
         (
             "slow-late",
-            Misbehaving::start(
+            Peer::misbehaving_with(
                 "call_slow_bytes",
                 &[
                     ("MISBEHAVE_TOOLS", "get_basket"),
@@ -789,7 +758,7 @@ async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() 
         ),
         (
             "slow-ok",
-            Misbehaving::start(
+            Peer::misbehaving_with(
                 "call_slow_bytes",
                 &[
                     ("MISBEHAVE_TOOLS", "get_basket"),
@@ -861,7 +830,7 @@ async fn a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once() {
     for case in ["call_hang", "call_http_500", "call_drop_mid_stream"] {
         // The thread's basket lives on the real server; the misbehaving one does not know it,
         // so its probe answers BASKET_NOT_FOUND and the sweep re-mints there.
-        let bad = Misbehaving::start(
+        let bad = Peer::misbehaving_with(
             case,
             &[
                 ("MISBEHAVE_TOOLS", "create_basket"),
@@ -917,7 +886,7 @@ async fn a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slow_mint_within_the_timeout_remints() {
     let basket = BasketServer::start(&[]);
-    let bad = Misbehaving::start(
+    let bad = Peer::misbehaving_with(
         "call_slow_bytes",
         &[
             ("MISBEHAVE_TOOLS", "create_basket"),
@@ -946,7 +915,7 @@ async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
         ("call_http_500", "500"),
         ("call_drop_mid_stream", "failed"),
     ] {
-        let bad = Misbehaving::start(
+        let bad = Peer::misbehaving_with(
             case,
             &[("MISBEHAVE_TOOLS", "add_item"), ("MISBEHAVE_TIMES", "1")],
         );
