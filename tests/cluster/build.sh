@@ -3,7 +3,7 @@
 #
 #   tests/cluster/build.sh            -> prints the bin dir on stdout (progress on stderr)
 #
-# Builds kube-apiserver, kube-controller-manager, kubectl (k8s.io/kubernetes), etcd
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl (k8s.io/kubernetes), etcd
 # (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v4) through the Go module proxy;
 # nothing is downloaded prebuilt. The versions are the ones pinned by the wrapper modules
 # under tests/cluster/modules/*/go.mod (+ go.sum); this script reads them from there.
@@ -110,6 +110,8 @@ build etcd "$etcd_ldflags" "etcd=go.etcd.io/etcd/server/v3@$etcd_version"
 build kubernetes "$kube_ldflags" \
   "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver@$kube_version" \
   "kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager@$kube_version" \
+  "kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler@$kube_version" \
+  "kubelet=k8s.io/kubernetes/cmd/kubelet@$kube_version" \
   "kubectl=k8s.io/kubernetes/cmd/kubectl@$kube_version"
 build helm "$helm_ldflags" "helm=helm.sh/helm/v4/cmd/helm@$helm_version"
 
