@@ -1573,3 +1573,289 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     }
     assert_eq!(condition(&store, "Reachable").unwrap()["status"], "True");
 }
+
+/// The rendered ConfigMap of assignment `name`: its data and its config-digest annotation.
+async fn rendered(client: &Client, ns: &str, name: &str) -> (Value, Value, String) {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .get(&format!("{name}-mcp-config"))
+        .await
+        .unwrap();
+    let digest = cm
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("custody.dev/config-digest")
+        .cloned()
+        .unwrap_or_default();
+    let data = cm.data.unwrap_or_default();
+    (
+        serde_json::from_str(&data["MCP_SERVERS"]).unwrap(),
+        serde_json::from_str(&data["MCP_AGENT_SERVERS"]).unwrap(),
+        digest,
+    )
+}
+
+/// `MCPServer.spec.required`: an optional server that goes down is left out of the rendered
+/// configuration (the agent toolkit would refuse to start with it) and put back when it
+/// answers again, with the assignment `Ready` but `Degraded`; a required server whose Secret is
+/// deleted makes the assignment not `Ready`, naming it, and stays in the configuration.
+#[tokio::test]
+async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_ready() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "required").await;
+    let main = BasketServer::start(&[]);
+    let mut extra = BasketServer::start(&[]);
+    let extra_port = extra.port;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "main-token"},
+                "stringData": {"token": "Bearer e2e"}}),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &mcp_server(
+            "main",
+            json!({"url": main.url(), "required": true, "timeoutSeconds": 3,
+                   "headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "main-token", "key": "token"}}]}),
+        ),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &mcp_server("extra", json!({"url": extra.url(), "timeoutSeconds": 3})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                "metadata": {"name": "agent"},
+                "spec": {"agent": "create-agent", "servers": [
+                    {"serverRef": "main", "toolAllowlist": ["get_basket"]},
+                    {"serverRef": "extra", "toolAllowlist": ["get_basket"]}]}}),
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Ready", "True"), ("Degraded", "False")],
+    )
+    .await;
+    let (servers, agents, first_digest) = rendered(&client, &ns, "agent").await;
+    assert!(servers["extra"].is_object(), "{servers}");
+    assert_eq!(agents, json!({"create-agent": ["main", "extra"]}));
+    assert_eq!(first_digest.len(), 64, "{first_digest}");
+
+    // The optional server goes down: left out, the assignment still Ready, reported Degraded.
+    extra.stop();
+    wait_conditions(&client, &ns, "MCPServer", "extra", &[("Ready", "False")]).await;
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Ready", "True"), ("Degraded", "True")],
+    )
+    .await;
+    let degraded = condition(&aa, "Degraded").unwrap();
+    assert_eq!(
+        degraded["reason"], "OptionalServerUnavailable",
+        "{degraded}"
+    );
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("optional MCPServer extra is not ready"),
+        "{degraded}"
+    );
+    assert_eq!(aa["status"]["toolCount"], 1, "{}", aa["status"]);
+    let (servers, agents, digest) = rendered(&client, &ns, "agent").await;
+    assert!(servers.get("extra").is_none(), "{servers}");
+    assert!(servers["main"].is_object(), "{servers}");
+    assert_eq!(agents, json!({"create-agent": ["main"]}));
+    assert_ne!(digest, first_digest);
+    assert_eq!(aa["status"]["configDigest"], digest.as_str());
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "OptionalServerUnavailable",
+        "Warning",
+    )
+    .await;
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "ConfigurationChanged",
+        "Normal",
+    )
+    .await;
+
+    // Back: put back into the configuration.
+    let _back = Basket::on(extra_port);
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Ready", "True"), ("Degraded", "False")],
+    )
+    .await;
+    let (servers, agents, digest) = rendered(&client, &ns, "agent").await;
+    assert!(servers["extra"].is_object(), "{servers}");
+    assert_eq!(agents, json!({"create-agent": ["main", "extra"]}));
+    assert_eq!(
+        digest, first_digest,
+        "the same configuration, the same digest"
+    );
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "AllServersAvailable",
+        "Normal",
+    )
+    .await;
+
+    // The required server's Secret is deleted: not Ready, naming the server; still rendered.
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
+        .delete("main-token", &DeleteParams::default())
+        .await
+        .unwrap();
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Ready", "False")],
+    )
+    .await;
+    let ready = condition(&aa, "Ready").unwrap();
+    assert_eq!(ready["reason"], "RequiredServerUnavailable", "{ready}");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("required MCPServer main is not ready (SecretNotResolved"),
+        "{ready}"
+    );
+    let (servers, _, _) = rendered(&client, &ns, "agent").await;
+    assert!(servers["main"].is_object(), "{servers}");
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "RequiredServerUnavailable",
+        "Warning",
+    )
+    .await;
+}
+
+/// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not
+/// in the rendered `tool_allowlist`; `PolicyCompliant=False` and a Warning Event name them.
+#[tokio::test]
+async fn write_tools_missing_from_interrupt_on_are_never_published() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "failclosed").await;
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &mcp_server("basket", json!({"url": server.url()})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                "metadata": {"name": "agent"},
+                "spec": {"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+                         "interruptOn": ["basket_create_basket"]}}),
+    )
+    .await;
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[
+            ("Valid", "True"),
+            ("PolicyCompliant", "False"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let policy = condition(&aa, "PolicyCompliant").unwrap();
+    assert_eq!(
+        policy["message"],
+        "tools that may write are missing from interruptOn and withheld from the configuration: basket_add_item, basket_delete_basket"
+    );
+    assert_eq!(aa["status"]["toolCount"], 3, "{}", aa["status"]);
+    let (servers, _, _) = rendered(&client, &ns, "agent").await;
+    let published: BTreeSet<&str> = servers["basket"]["tool_allowlist"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        published,
+        BTreeSet::from(["count_baskets", "create_basket", "get_basket"])
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "WriteToolsWithheld",
+        "Warning",
+    )
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("basket_add_item") && note.contains("basket_delete_basket"),
+        "{note}"
+    );
+
+    // Approved: published, compliant, Ready.
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                "metadata": {"name": "agent"},
+                "spec": {"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+                         "interruptOn": ["basket_create_basket", "basket_add_item", "basket_delete_basket"]}}),
+    )
+    .await;
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("PolicyCompliant", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(aa["status"]["toolCount"], 5, "{}", aa["status"]);
+    let (servers, _, _) = rendered(&client, &ns, "agent").await;
+    assert_eq!(
+        servers["basket"]["tool_allowlist"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5
+    );
+}

@@ -1,5 +1,17 @@
 //! AgentAssignment: validated the way the agent toolkit validates its configuration at startup,
 //! checked against the approval policy, and rendered into the agent service's configuration.
+//!
+//! What the rendered configuration holds, and why:
+//! - A server whose MCPServer is not `Ready` and not `spec.required` is left out until it is
+//!   ready again. The agent toolkit stops its startup when any configured server is unreachable,
+//!   so a down optional server in `MCP_SERVERS` would keep the whole agent from starting; left
+//!   out, the agent starts with what is up (the reference design's degraded mode) and the
+//!   assignment says what is missing in its `Degraded` condition.
+//! - A required server stays in the configuration whether or not it answers: the agent must not
+//!   start without it. The assignment is not `Ready` while it is down, naming the server.
+//! - A tool that may write (not `readOnlyHint`, with the MCP spec's defaults) and is not in
+//!   `interruptOn` is never published (fail closed): the agent cannot call a write nobody
+//!   approves. `PolicyCompliant=False` and a Warning Event list what was withheld.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -8,10 +20,12 @@ use chrono::Utc;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
-use super::conditions::{Cond, merge};
+use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::KindLabels;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
@@ -25,29 +39,51 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 /// While a referenced server has not been discovered yet.
 const WAITING: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Annotation of the rendered ConfigMap: SHA-256 of its data, so a Deployment can be rolled
+/// when the configuration changes (the agent toolkit reads it only at startup).
+pub const CONFIG_DIGEST_ANNOTATION: &str = "custody.dev/config-digest";
+
+/// One assigned server whose tools go into the configuration.
+#[derive(Debug)]
+struct Assigned<'a> {
+    assignment: &'a ServerAssignment,
+    server: MCPServer,
+    /// `(name on the server, may_write)`, after both allowlists.
+    tools: Vec<(String, bool)>,
+    /// The catalog is private and the spec chose no names, so names are never written down
+    /// (see [`published`]).
+    names_private: bool,
+}
+
 /// A validated assignment: the only input of [`render`].
 #[derive(Debug)]
 struct Validated<'a> {
-    /// Each assigned server with the tool names its rendered `tool_allowlist` may publish:
-    /// `None` withholds the list (see [`published`]).
-    servers: Vec<(&'a ServerAssignment, MCPServer, Option<Vec<String>>)>,
+    servers: Vec<Assigned<'a>>,
+    /// Final tool names and whether each may write.
     final_tools: Vec<(String, bool)>,
     private: bool,
+    /// Optional servers left out because they are not ready, one line each for `Degraded`.
+    left_out: Vec<String>,
+    /// Required servers that are not ready, one line each for `Ready`.
+    unavailable: Vec<String>,
 }
 
-/// The tool names the ConfigMap may carry for one server. A `cacheScope: private` catalog is
-/// specific to the authorization context that listed it (MCP 2026-07-28, SEP-2549: "same
-/// authorisation context only"), while the ConfigMap is readable by anyone who can read
-/// ConfigMaps in the namespace. So for a private catalog the list is published only when the
-/// assignment's own `toolAllowlist` chose it (names the tenant wrote in the spec, not learned from
-/// the catalog); without one it is left out, and the agent, which connects with the same
-/// credentials, exposes every tool its own listing returns: the same tools, never written down.
-fn published(
-    catalog_private: bool,
-    spec_allowlist: &[String],
-    tools: Vec<String>,
-) -> Option<Vec<String>> {
-    (!catalog_private || !spec_allowlist.is_empty()).then_some(tools)
+/// The tool names the ConfigMap may carry for one server: the tools that survived the policy
+/// (`kept`), unless the catalog is private and the spec chose no names.
+///
+/// A `cacheScope: private` catalog is specific to the authorization context that listed it (MCP
+/// 2026-07-28, SEP-2549: "same authorisation context only"), while the ConfigMap is readable by
+/// anyone who can read ConfigMaps in the namespace. So for such a catalog the list is left out,
+/// and the agent, which connects with the same credentials, exposes every tool its own listing
+/// returns: the same tools, never written down. When the policy withheld one of them, leaving
+/// the list out would publish the withheld write, and writing the others down would reveal
+/// them; so the server gets an empty list (no tools) instead: fail closed.
+fn published(names_private: bool, kept: Vec<String>, any_withheld: bool) -> Option<Vec<String>> {
+    match (names_private, any_withheld) {
+        (false, _) => Some(kept),
+        (true, false) => None,
+        (true, true) => Some(Vec::new()),
+    }
 }
 
 pub(super) async fn reconcile(
@@ -68,39 +104,55 @@ pub(super) async fn reconcile(
     let api: Api<AgentAssignment> = Api::namespaced(ctx.client.clone(), &ns);
     let current = a.status.clone().unwrap_or_default();
 
-    // 1. validate against the servers' catalogs (API reads, then pure checks)
+    // 1. validate against the servers' status and catalogs (API reads, then pure checks)
     let outcome = validate_assignment(a, &ctx).await?;
-    let (valid, policy, validated, requeue) = match outcome {
+    let (valid, validated, requeue) = match outcome {
         Check::Invalid(reason, message) => {
             ctx.count_unusable("AgentAssignment", reason);
-            (Cond::no("Valid", reason, message), None, None, RECHECK)
+            (Cond::no("Valid", reason, message), None, RECHECK)
         }
         Check::Waiting(message) => (
             Cond::unknown("Valid", "WaitingForDiscovery", message),
             None,
+            WAITING,
+        ),
+        Check::Unavailable(message) => (
+            Cond::unknown("Valid", conditions::REQUIRED_SERVER_UNAVAILABLE, message),
             None,
             WAITING,
         ),
-        Check::Valid(v) => {
-            let policy = policy(a, &v);
-            (
-                Cond::yes(
-                    "Valid",
-                    "Validated",
-                    format!("{} tools for agent {}", v.final_tools.len(), a.spec.agent),
-                ),
-                Some(policy),
-                Some(v),
-                RECHECK,
-            )
-        }
+        Check::Valid(v) => (
+            Cond::yes(
+                "Valid",
+                "Validated",
+                format!("{} tools for agent {}", v.final_tools.len(), a.spec.agent),
+            ),
+            Some(v),
+            RECHECK,
+        ),
     };
-    // 2. render and apply the ConfigMap (pure, then API)
+    // 2. the approval policy (pure): what may write without approval is withheld
+    let (policy, withheld) = match &validated {
+        Some(v) => policy(a, v),
+        None => (
+            Cond::unknown(
+                "PolicyCompliant",
+                "NotValidated",
+                "the assignment is not valid yet",
+            ),
+            BTreeSet::new(),
+        ),
+    };
+    // 3. render (pure) and apply the ConfigMap (API)
     let cm_name = format!("{}-mcp-config", a.name_any());
     let mut secret_env = current.secret_env.clone();
+    let mut tool_count = current.tool_count;
+    let mut digest = current.config_digest.clone();
     if let Some(v) = &validated {
-        let (data, env) = render(a, v);
-        secret_env = env;
+        let rendered = render(a, v, &withheld);
+        secret_env = rendered.env;
+        tool_count = Some(rendered.tool_count);
+        digest = Some(rendered.digest.clone());
         let cm = json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -109,8 +161,9 @@ pub(super) async fn reconcile(
                 "namespace": ns,
                 "ownerReferences": [owner_ref(a)],
                 "labels": {"app.kubernetes.io/managed-by": "custody", "custody.dev/agent-assignment": a.name_any()},
+                "annotations": {CONFIG_DIGEST_ANNOTATION: rendered.digest},
             },
-            "data": data,
+            "data": rendered.data,
         });
         ctx.lease.check().await?;
         Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
@@ -121,29 +174,25 @@ pub(super) async fn reconcile(
             )
             .await?;
     }
-    // 3. status (pure), applied when changed (API)
-    let policy = policy.unwrap_or_else(|| {
-        Cond::unknown(
-            "PolicyCompliant",
-            "NotValidated",
-            "the assignment is not valid yet",
-        )
-    });
-    let ready = if valid.status == "True" && policy.status == "True" {
-        Cond::yes(
-            "Ready",
-            "Rendered",
-            format!("configuration in ConfigMap {cm_name}"),
-        )
-    } else if valid.status != "True" {
-        Cond::no("Ready", valid.reason, valid.message.clone())
-    } else {
-        Cond::no("Ready", policy.reason, policy.message.clone())
-    };
+    // 4. status (pure)
+    let degraded = degraded(validated.as_ref());
+    let ready = ready(&valid, &policy, validated.as_ref(), &cm_name);
+    // 5. Events for what changed since the persisted status (API)
+    report(
+        a,
+        &current,
+        &ready,
+        &policy,
+        &degraded,
+        digest.as_deref(),
+        &ctx,
+    )
+    .await;
+    // 6. status, applied when changed (API)
     let status = AgentAssignmentStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, valid, policy],
+            vec![ready, valid, policy, degraded],
             a.metadata.generation,
             &time(Utc::now()),
         ),
@@ -152,10 +201,8 @@ pub(super) async fn reconcile(
             .as_ref()
             .map(|_| cm_name.clone())
             .or(current.config_map_name.clone()),
-        tool_count: validated
-            .as_ref()
-            .map(|v| v.final_tools.len() as u32)
-            .or(current.tool_count),
+        tool_count,
+        config_digest: digest,
         secret_env,
     };
     let before = a.status.as_ref().map(serde_json::to_value).transpose()?;
@@ -163,10 +210,147 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(requeue))
 }
 
+/// `Ready`: valid, every required server ready, and nothing withheld by the policy.
+fn ready(valid: &Cond, policy: &Cond, v: Option<&Validated<'_>>, cm_name: &str) -> Cond {
+    if valid.status != "True" {
+        return Cond::no("Ready", valid.reason, valid.message.clone());
+    }
+    if let Some(v) = v
+        && !v.unavailable.is_empty()
+    {
+        return Cond::no(
+            "Ready",
+            conditions::REQUIRED_SERVER_UNAVAILABLE,
+            v.unavailable.join("; "),
+        );
+    }
+    if policy.status != "True" {
+        return Cond::no("Ready", policy.reason, policy.message.clone());
+    }
+    let mut message = format!("configuration in ConfigMap {cm_name}");
+    if let Some(v) = v
+        && !v.left_out.is_empty()
+    {
+        message.push_str(&format!(
+            " without {} optional server(s) that are not ready (see Degraded)",
+            v.left_out.len()
+        ));
+    }
+    Cond::yes("Ready", "Rendered", message)
+}
+
+/// `Degraded`: `True` while optional servers are left out of the configuration.
+fn degraded(v: Option<&Validated<'_>>) -> Cond {
+    match v {
+        None => Cond::unknown(
+            conditions::DEGRADED,
+            "NotValidated",
+            "the assignment is not valid yet",
+        ),
+        Some(v) if v.left_out.is_empty() => Cond::no(
+            conditions::DEGRADED,
+            conditions::ALL_SERVERS_AVAILABLE,
+            "every assigned server is in the configuration",
+        ),
+        Some(v) => Cond::yes(
+            conditions::DEGRADED,
+            conditions::OPTIONAL_SERVER_UNAVAILABLE,
+            format!(
+                "left out of the configuration until ready: {}",
+                v.left_out.join("; ")
+            ),
+        ),
+    }
+}
+
+/// Events about what changed since the persisted status, so a requeue or a controller restart
+/// does not repeat them: the assignment turning not ready (or for another reason), tools
+/// withheld by the policy, optional servers left out or back, and a new configuration.
+async fn report(
+    a: &AgentAssignment,
+    current: &AgentAssignmentStatus,
+    ready: &Cond,
+    policy: &Cond,
+    degraded: &Cond,
+    digest: Option<&str>,
+    ctx: &Context,
+) {
+    let was = |type_: &str| current.conditions.iter().find(|c| c.type_ == type_);
+    let changed = |type_: &str, c: &Cond| {
+        was(type_).is_none_or(|p| p.status != c.status || p.message != c.message)
+    };
+    if policy.status == "False" && changed("PolicyCompliant", policy) {
+        ctx.event(
+            a,
+            EventType::Warning,
+            conditions::WRITE_TOOLS_WITHHELD,
+            policy.message.clone(),
+        )
+        .await;
+    }
+    if ready.status == "False"
+        && ready.reason != policy.reason
+        && was("Ready").is_none_or(|p| p.status != "False" || p.reason != ready.reason)
+    {
+        ctx.event(a, EventType::Warning, ready.reason, ready.message.clone())
+            .await;
+    }
+    if degraded.status == "True" && changed(conditions::DEGRADED, degraded) {
+        ctx.event(
+            a,
+            EventType::Warning,
+            conditions::OPTIONAL_SERVER_UNAVAILABLE,
+            degraded.message.clone(),
+        )
+        .await;
+    } else if degraded.status == "False"
+        && was(conditions::DEGRADED).is_some_and(|p| p.status == "True")
+    {
+        ctx.event(
+            a,
+            EventType::Normal,
+            conditions::ALL_SERVERS_AVAILABLE,
+            degraded.message.clone(),
+        )
+        .await;
+    }
+    if let (Some(before), Some(now)) = (current.config_digest.as_deref(), digest)
+        && before != now
+    {
+        ctx.event(
+            a,
+            EventType::Normal,
+            conditions::CONFIGURATION_CHANGED,
+            format!(
+                "ConfigMap {}-mcp-config changed (digest {now}); agents read it at startup: roll their Deployment",
+                a.name_any()
+            ),
+        )
+        .await;
+    }
+}
+
 enum Check<'a> {
     Valid(Validated<'a>),
     Invalid(&'static str, String),
     Waiting(String),
+    /// A required server is not ready and was never discovered: nothing to render yet.
+    Unavailable(String),
+}
+
+/// `Some(why)` when the MCPServer's own `Ready` condition is not `True` (down, unreachable, a
+/// Secret it needs missing, not checked yet).
+fn not_ready(server: &MCPServer) -> Option<String> {
+    let conds = server
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    match conds.iter().find(|c| c.type_ == "Ready") {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(format!("{}: {}", c.reason, c.message)),
+        None => Some("not checked yet".to_owned()),
+    }
 }
 
 async fn validate_assignment<'a>(
@@ -208,6 +392,8 @@ async fn validate_assignment<'a>(
     let observed = ctx.observed.read().await;
     let mut servers = Vec::new();
     let mut private = false;
+    let mut left_out = Vec::new();
+    let mut unavailable = Vec::new();
     let mut finals: BTreeMap<String, (String, bool)> = BTreeMap::new();
     for (i, s) in a.spec.servers.iter().enumerate() {
         let Some(server) = servers_api.get_opt(&s.server_ref).await? else {
@@ -219,10 +405,28 @@ async fn validate_assignment<'a>(
                 ),
             ));
         };
-        let Some(catalog) = observed
+        let catalog = observed
             .get(&format!("{ns}/{}", s.server_ref))
-            .and_then(|o| o.catalog.as_ref())
-        else {
+            .and_then(|o| o.catalog.as_ref());
+        let down = not_ready(&server);
+        if let Some(why) = &down {
+            if !server.spec.required {
+                left_out.push(format!(
+                    "spec.servers[{i}]: optional MCPServer {} is not ready ({why})",
+                    s.server_ref
+                ));
+                continue;
+            }
+            let line = format!(
+                "spec.servers[{i}]: required MCPServer {} is not ready ({why})",
+                s.server_ref
+            );
+            if catalog.is_none() {
+                return Ok(Check::Unavailable(line));
+            }
+            unavailable.push(line);
+        }
+        let Some(catalog) = catalog else {
             return Ok(Check::Waiting(format!(
                 "MCPServer {} has not been discovered yet",
                 s.server_ref
@@ -278,18 +482,20 @@ async fn validate_assignment<'a>(
                 ));
             }
         }
-        let names = tools.into_iter().map(|(t, _)| t).collect();
-        servers.push((
-            s,
+        servers.push(Assigned {
+            assignment: s,
             server,
-            published(catalog_private, &s.tool_allowlist, names),
-        ));
+            tools,
+            names_private: catalog_private && s.tool_allowlist.is_empty(),
+        });
     }
     let final_tools = finals.into_iter().map(|(name, (_, w))| (name, w)).collect();
     Ok(Check::Valid(Validated {
         servers,
         final_tools,
         private,
+        left_out,
+        unavailable,
     }))
 }
 
@@ -310,47 +516,75 @@ fn select(catalog: &Catalog, allowlist: &[String]) -> Result<Vec<(String, bool)>
         .collect())
 }
 
-/// Every tool that may write (not `readOnlyHint`, with the spec's defaults) must need approval.
-fn policy(a: &AgentAssignment, v: &Validated<'_>) -> Cond {
+/// Every tool that may write (not `readOnlyHint`, with the spec's defaults) must need approval;
+/// the final names of those that do not are returned, to be withheld from the configuration
+/// (the reference design: a write tool missing from `interrupt_on` fails the deployment).
+fn policy(a: &AgentAssignment, v: &Validated<'_>) -> (Cond, BTreeSet<String>) {
     let listed: BTreeSet<&str> = a.spec.interrupt_on.iter().map(String::as_str).collect();
-    let missing: Vec<&str> = v
+    let missing: BTreeSet<String> = v
         .final_tools
         .iter()
         .filter(|(n, w)| *w && !listed.contains(n.as_str()))
-        .map(|(n, _)| n.as_str())
+        .map(|(n, _)| n.clone())
         .collect();
     if missing.is_empty() {
-        return Cond::yes(
-            "PolicyCompliant",
-            "WritesNeedApproval",
-            "every tool that may write is in interruptOn",
+        return (
+            Cond::yes(
+                "PolicyCompliant",
+                "WritesNeedApproval",
+                "every tool that may write is in interruptOn",
+            ),
+            missing,
         );
     }
     let message = if v.private {
         // A private catalog is caller-specific: publish how many, never which.
         format!(
-            "{} tools that may write are missing from interruptOn (names withheld: a catalog is private)",
+            "{} tools that may write are missing from interruptOn and withheld from the configuration (names withheld: a catalog is private; a private catalog's server without a toolAllowlist gets no tools)",
             missing.len()
         )
     } else {
         format!(
-            "tools that may write are missing from interruptOn: {}",
-            missing.join(", ")
+            "tools that may write are missing from interruptOn and withheld from the configuration: {}",
+            missing
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
-    Cond::no("PolicyCompliant", "WritesWithoutApproval", message)
+    (
+        Cond::no("PolicyCompliant", "WritesWithoutApproval", message),
+        missing,
+    )
+}
+
+/// What [`render`] produces.
+#[derive(Debug)]
+struct Rendered {
+    /// The ConfigMap's data.
+    data: BTreeMap<String, String>,
+    /// Variables the Deployment must set from Secrets.
+    env: Vec<SecretEnv>,
+    /// Tools the agent gets (a private catalog's server without a written list counts its
+    /// catalog's tools, as the agent will expose them).
+    tool_count: u32,
+    /// SHA-256 of `data`, hex.
+    digest: String,
 }
 
 /// The agent service's configuration: `MCP_SERVERS` (alias → server settings, credentials only as
 /// `headers_env` variable names) and `MCP_AGENT_SERVERS` (agent → aliases), plus the variables
-/// the Deployment must set from Secrets.
-fn render(a: &AgentAssignment, v: &Validated<'_>) -> (BTreeMap<String, String>, Vec<SecretEnv>) {
+/// the Deployment must set from Secrets. Servers left out of `v` are in neither; `withheld`
+/// final names are in no `tool_allowlist`.
+fn render(a: &AgentAssignment, v: &Validated<'_>, withheld: &BTreeSet<String>) -> Rendered {
     let mut servers = serde_json::Map::new();
     let mut env = Vec::new();
-    for (assignment, server, tools) in &v.servers {
-        let alias = assignment.alias();
+    let mut tool_count = 0;
+    for s in &v.servers {
+        let alias = s.assignment.alias();
         let mut headers_env = serde_json::Map::new();
-        for h in &server.spec.headers_from {
+        for h in &s.server.spec.headers_from {
             let var = env_name(alias, &h.name);
             headers_env.insert(h.name.clone(), Value::String(var.clone()));
             env.push(SecretEnv {
@@ -360,22 +594,32 @@ fn render(a: &AgentAssignment, v: &Validated<'_>) -> (BTreeMap<String, String>, 
         }
         let mut entry = json!({
             "transport": "http",
-            "url": server.spec.url,
-            "mode": match server.spec.mode { crate::crd::ProtocolMode::Auto => "auto", crate::crd::ProtocolMode::Legacy => "legacy" },
-            "timeout": server.spec.timeout_seconds,
+            "url": s.server.spec.url,
+            "mode": match s.server.spec.mode { crate::crd::ProtocolMode::Auto => "auto", crate::crd::ProtocolMode::Legacy => "legacy" },
+            "timeout": s.server.spec.timeout_seconds,
         });
-        if let Some(tools) = tools {
-            entry["tool_allowlist"] = json!(tools);
+        let (kept, dropped): (Vec<&String>, Vec<&String>) = s
+            .tools
+            .iter()
+            .map(|(t, _)| t)
+            .partition(|t| !withheld.contains(&format!("{alias}_{t}")));
+        let kept: Vec<String> = kept.into_iter().cloned().collect();
+        match published(s.names_private, kept.clone(), !dropped.is_empty()) {
+            Some(tools) => {
+                tool_count += tools.len() as u32;
+                entry["tool_allowlist"] = json!(tools);
+            }
+            None => tool_count += kept.len() as u32,
         }
-        if !server.spec.headers.is_empty() {
-            entry["headers"] = json!(server.spec.headers);
+        if !s.server.spec.headers.is_empty() {
+            entry["headers"] = json!(s.server.spec.headers);
         }
         if !headers_env.is_empty() {
             entry["headers_env"] = Value::Object(headers_env);
         }
         servers.insert(alias.to_owned(), entry);
     }
-    let aliases: Vec<&str> = v.servers.iter().map(|(s, _, _)| s.alias()).collect();
+    let aliases: Vec<&str> = v.servers.iter().map(|s| s.assignment.alias()).collect();
     let data = BTreeMap::from([
         ("MCP_SERVERS".to_owned(), Value::Object(servers).to_string()),
         (
@@ -383,7 +627,19 @@ fn render(a: &AgentAssignment, v: &Validated<'_>) -> (BTreeMap<String, String>, 
             json!({ a.spec.agent.clone(): aliases }).to_string(),
         ),
     ]);
-    (data, env)
+    let mut h = Sha256::new();
+    for (k, value) in &data {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(value.as_bytes());
+        h.update([0]);
+    }
+    Rendered {
+        data,
+        env,
+        tool_count,
+        digest: hex::encode(h.finalize()),
+    }
 }
 
 /// `basket` + `Authorization` → `BASKET_MCP_AUTHORIZATION`.
@@ -418,74 +674,122 @@ mod tests {
 
     fn validated<'a>(a: &'a AgentAssignment, private: bool) -> Validated<'a> {
         Validated {
-            servers: vec![(
-                &a.spec.servers[0],
-                server(),
-                Some(vec!["create_basket".into(), "get_basket".into()]),
-            )],
+            servers: vec![Assigned {
+                assignment: &a.spec.servers[0],
+                server: server(),
+                tools: vec![("create_basket".into(), true), ("get_basket".into(), false)],
+                names_private: private,
+            }],
             final_tools: vec![
                 ("shop_create_basket".into(), true),
                 ("shop_get_basket".into(), false),
             ],
             private,
+            left_out: vec![],
+            unavailable: vec![],
         }
+    }
+
+    fn servers(data: &BTreeMap<String, String>) -> Value {
+        serde_json::from_str(&data["MCP_SERVERS"]).unwrap()
     }
 
     #[test]
     fn writes_must_need_approval() {
         let a = assignment(&[]);
-        let c = policy(&a, &validated(&a, false));
+        let (c, withheld) = policy(&a, &validated(&a, false));
         assert_eq!((c.status, c.reason), ("False", "WritesWithoutApproval"));
         assert_eq!(
             c.message,
-            "tools that may write are missing from interruptOn: shop_create_basket"
+            "tools that may write are missing from interruptOn and withheld from the configuration: shop_create_basket"
         );
-        let private = policy(&a, &validated(&a, true));
+        assert_eq!(withheld, BTreeSet::from(["shop_create_basket".to_owned()]));
+        let (private, _) = policy(&a, &validated(&a, true));
         assert!(
             !private.message.contains("shop_create_basket"),
             "a private catalog's names are withheld"
         );
         let ok = assignment(&["shop_create_basket"]);
-        assert_eq!(policy(&ok, &validated(&ok, false)).status, "True");
+        let (c, withheld) = policy(&ok, &validated(&ok, false));
+        assert_eq!(c.status, "True");
+        assert!(withheld.is_empty());
+    }
+
+    #[test]
+    fn writes_without_approval_are_never_published() {
+        let a = assignment(&[]);
+        let v = validated(&a, false);
+        let (_, withheld) = policy(&a, &v);
+        let r = render(&a, &v, &withheld);
+        assert_eq!(
+            servers(&r.data)["shop"]["tool_allowlist"],
+            json!(["get_basket"])
+        );
+        assert_eq!(r.tool_count, 1);
+        // A private catalog without a written list: the server gets no tools rather than
+        // every tool of its listing (which would include the withheld write).
+        let v = validated(&a, true);
+        let r = render(&a, &v, &withheld);
+        assert_eq!(servers(&r.data)["shop"]["tool_allowlist"], json!([]));
+        assert_eq!(r.tool_count, 0);
     }
 
     #[test]
     fn rendered_config_names_credentials_but_never_holds_them() {
-        let a = assignment(&[]);
-        let (data, env) = render(&a, &validated(&a, false));
-        let servers: Value = serde_json::from_str(&data["MCP_SERVERS"]).unwrap();
+        let a = assignment(&["shop_create_basket"]);
+        let r = render(&a, &validated(&a, false), &BTreeSet::new());
         assert_eq!(
-            servers,
+            servers(&r.data),
             json!({"shop": {"transport": "http", "url": "http://basket/mcp", "mode": "auto", "timeout": 10,
                             "tool_allowlist": ["create_basket", "get_basket"], "headers": {"X-Tenant": "t1"},
                             "headers_env": {"Authorization": "SHOP_MCP_AUTHORIZATION"}}})
         );
-        assert_eq!(data["MCP_AGENT_SERVERS"], r#"{"create-agent":["shop"]}"#);
-        assert_eq!(env[0].name, "SHOP_MCP_AUTHORIZATION");
-        assert_eq!(env[0].secret_key_ref.name, "basket-token");
+        assert_eq!(r.data["MCP_AGENT_SERVERS"], r#"{"create-agent":["shop"]}"#);
+        assert_eq!(r.env[0].name, "SHOP_MCP_AUTHORIZATION");
+        assert_eq!(r.env[0].secret_key_ref.name, "basket-token");
+        assert_eq!(r.tool_count, 2);
+        assert_eq!(r.digest.len(), 64);
     }
 
     #[test]
     fn a_private_catalog_is_never_written_down() {
         let names = || vec!["create_basket".to_owned(), "get_basket".to_owned()];
-        assert_eq!(published(false, &[], names()), Some(names()));
-        assert_eq!(published(true, &[], names()), None);
-        let chosen = vec!["get_basket".to_owned()];
-        assert_eq!(
-            published(true, &chosen, chosen.clone()),
-            Some(chosen),
-            "names the spec chose are the tenant's own"
-        );
-        let a = assignment(&[]);
-        let mut v = validated(&a, true);
-        v.servers[0].2 = None;
-        let (data, _) = render(&a, &v);
+        assert_eq!(published(false, names(), false), Some(names()));
+        assert_eq!(published(true, names(), false), None);
+        assert_eq!(published(true, names(), true), Some(vec![]));
+        let a = assignment(&["shop_create_basket"]);
+        let r = render(&a, &validated(&a, true), &BTreeSet::new());
         assert!(
-            !data["MCP_SERVERS"].contains("tool_allowlist"),
+            !r.data["MCP_SERVERS"].contains("tool_allowlist"),
             "{}",
-            data["MCP_SERVERS"]
+            r.data["MCP_SERVERS"]
         );
-        assert!(!data["MCP_SERVERS"].contains("create_basket"));
+        assert!(!r.data["MCP_SERVERS"].contains("create_basket"));
+        assert_eq!(r.tool_count, 2);
+    }
+
+    #[test]
+    fn a_left_out_optional_server_degrades_and_a_down_required_one_is_not_ready() {
+        let a = assignment(&["shop_create_basket"]);
+        let valid = Cond::yes("Valid", "Validated", "2 tools");
+        let policy = Cond::yes("PolicyCompliant", "WritesNeedApproval", "ok");
+        let mut v = validated(&a, false);
+        v.left_out = vec![
+            "spec.servers[1]: optional MCPServer docs is not ready (Unreachable: refused)".into(),
+        ];
+        let r = ready(&valid, &policy, Some(&v), "cm");
+        assert_eq!(r.status, "True");
+        let d = degraded(Some(&v));
+        assert_eq!((d.status, d.reason), ("True", "OptionalServerUnavailable"));
+        assert!(d.message.contains("MCPServer docs"), "{}", d.message);
+        v.unavailable = vec![
+            "spec.servers[0]: required MCPServer basket is not ready (Unreachable: refused)".into(),
+        ];
+        let r = ready(&valid, &policy, Some(&v), "cm");
+        assert_eq!((r.status, r.reason), ("False", "RequiredServerUnavailable"));
+        assert!(r.message.contains("MCPServer basket"), "{}", r.message);
+        v.left_out.clear();
+        assert_eq!(degraded(Some(&v)).status, "False");
     }
 
     #[test]

@@ -48,6 +48,23 @@ impl Cond {
     }
 }
 
+/// Condition type of an AgentAssignment: `True` while optional servers that are not ready are
+/// left out of its configuration.
+pub const DEGRADED: &str = "Degraded";
+/// Condition type of a CheckpointStore: how the most recent finished sweep Job ended.
+pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
+
+/// Reason (`Ready`, Event): a required MCPServer of the assignment is not ready.
+pub const REQUIRED_SERVER_UNAVAILABLE: &str = "RequiredServerUnavailable";
+/// Reason (`Degraded`, Event): an optional MCPServer is not ready and is left out.
+pub const OPTIONAL_SERVER_UNAVAILABLE: &str = "OptionalServerUnavailable";
+/// Reason (`Degraded`, Event): every assigned server is in the configuration.
+pub const ALL_SERVERS_AVAILABLE: &str = "AllServersAvailable";
+/// Reason (Event): tools that may write and are not in `interruptOn` were withheld.
+pub const WRITE_TOOLS_WITHHELD: &str = "WriteToolsWithheld";
+/// Reason (Event): the rendered configuration changed.
+pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
+
 /// Messages are bounded: the API server caps them at 32 KiB, and a reader wants one screen.
 const MAX_MESSAGE: usize = 1024;
 

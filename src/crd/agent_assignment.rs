@@ -20,11 +20,15 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "AgentAssignmentStatus",
     printcolumn = r#"{"name":"Agent","type":"string","jsonPath":".spec.agent"}"#,
-    printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
-    printcolumn = r#"{"name":"Policy","type":"string","jsonPath":".status.conditions[?(@.type==\"PolicyCompliant\")].status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
     printcolumn = r#"{"name":"Tools","type":"integer","jsonPath":".status.toolCount"}"#,
-    printcolumn = r#"{"name":"ConfigMap","type":"string","jsonPath":".status.configMapName"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Valid","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+    printcolumn = r#"{"name":"Policy","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"PolicyCompliant\")].status"}"#,
+    printcolumn = r#"{"name":"ConfigMap","type":"string","priority":1,"jsonPath":".status.configMapName"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AgentAssignmentSpec {
@@ -83,7 +87,7 @@ pub struct SecretEnv {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentAssignmentStatus {
-    /// `Valid`, `PolicyCompliant` and `Ready`.
+    /// `Ready`, `Valid`, `PolicyCompliant` and `Degraded`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
@@ -93,9 +97,13 @@ pub struct AgentAssignmentStatus {
     /// The rendered ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_name: Option<String>,
-    /// Number of tools the agent gets.
+    /// Number of tools the agent gets (after tools withheld by the policy and servers left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_count: Option<u32>,
+    /// SHA-256 (hex) of the rendered ConfigMap's data, also its `custody.dev/config-digest`
+    /// annotation: it changes exactly when the configuration does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_digest: Option<String>,
     /// Variables the agent's Deployment must set from Secrets (values are never rendered).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_env: Vec<SecretEnv>,
