@@ -1008,7 +1008,7 @@ async fn deleting_owners_removes_what_they_own() {
         &ns,
         &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
                 "metadata": {"name": "orders"},
-                "spec": {"backend": "sqlite", "dsn": "sqlite:///nonexistent/checkpoints.sqlite"}}),
+                "spec": {"backend": "postgres", "dsn": "postgres://custody@127.0.0.1:1/nonexistent"}}),
     )
     .await;
     let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
@@ -1858,4 +1858,187 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
             .len(),
         5
     );
+}
+
+/// The sweep CronJob bounds its runs (`startingDeadlineSeconds`, the Job's
+/// `activeDeadlineSeconds` from `spec.sweepTimeoutSeconds`, `backoffLimit: 0`), and a sweep Job
+/// that fails shows in the store's `LastSweepSucceeded` and `Ready` with the Job's reason and in
+/// a Warning Event. The Job is a real one: created here from the CronJob's job template (what
+/// the CronJob controller does at the scheduled time) with `sweepTimeoutSeconds: 1`; this
+/// cluster has no node, so its pod never starts, and kube-controller-manager's Job controller
+/// fails it with `DeadlineExceeded` after a second, as it would fail a stuck sweep.
+#[tokio::test]
+async fn a_sweep_job_past_its_deadline_shows_in_last_sweep_succeeded() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "deadline").await;
+    let dsn = support::fresh_pg_database("e2e_deadline").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    for d in sweep_access(infra, &ns) {
+        apply(&client, &ns, &d).await;
+    }
+    let store = |timeout: Option<u32>| {
+        let mut spec = json!({"backend": "postgres", "dsn": dsn});
+        if let Some(t) = timeout {
+            spec["sweepTimeoutSeconds"] = json!(t);
+        }
+        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+               "metadata": {"name": "orders"}, "spec": spec})
+    };
+    apply(&client, &ns, &store(None)).await;
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    let job_spec = async |want: u64| {
+        eventually("the CronJob's bounds", async || {
+            let cron = crons
+                .get_opt("orders-sweep")
+                .await
+                .unwrap()
+                .ok_or("absent".to_owned())?;
+            let cron = serde_json::to_value(cron).unwrap();
+            let job = &cron["spec"]["jobTemplate"];
+            if job["spec"]["activeDeadlineSeconds"] == want {
+                Ok(cron)
+            } else {
+                Err(job.to_string())
+            }
+        })
+        .await
+    };
+    let cron = job_spec(600).await;
+    assert_eq!(cron["spec"]["startingDeadlineSeconds"], 300, "{cron}");
+    assert_eq!(cron["spec"]["concurrencyPolicy"], "Forbid", "{cron}");
+    assert_eq!(cron["spec"]["jobTemplate"]["spec"]["backoffLimit"], 0);
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "True"), ("LastSweepSucceeded", "Unknown")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "LastSweepSucceeded").unwrap()["reason"],
+        "NoSweepFinished"
+    );
+
+    apply(&client, &ns, &store(Some(1))).await;
+    let cron = job_spec(1).await;
+    let template = &cron["spec"]["jobTemplate"];
+    assert_eq!(
+        template["metadata"]["labels"]["custody.dev/checkpoint-store"],
+        "orders"
+    );
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "orders-sweep-manual", "labels": template["metadata"]["labels"],
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob",
+                                          "name": "orders-sweep", "uid": cron["metadata"]["uid"],
+                                          "controller": true}]},
+        "spec": template["spec"],
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("LastSweepSucceeded", "False"), ("Ready", "False")],
+    )
+    .await;
+    let last = condition(&obj, "LastSweepSucceeded").unwrap();
+    assert_eq!(last["reason"], "DeadlineExceeded", "{last}");
+    assert!(
+        last["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Job orders-sweep-manual failed: DeadlineExceeded: "),
+        "{last}"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "DeadlineExceeded"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "DeadlineExceeded",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("orders-sweep-manual")),
+        "{event:?}"
+    );
+}
+
+/// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
+/// say why (a sweep Job has no volume with the database file).
+#[tokio::test]
+async fn a_sqlite_store_is_refused_in_a_cluster() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "sqlite").await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "local"},
+                "spec": {"backend": "sqlite", "dsn": "sqlite:///data/checkpoints.sqlite"}}),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "local",
+        &[
+            ("Ready", "False"),
+            ("Scheduled", "False"),
+            ("Reachable", "False"),
+        ],
+    )
+    .await;
+    for type_ in ["Ready", "Scheduled", "Reachable"] {
+        let c = condition(&obj, type_).unwrap();
+        assert_eq!(c["reason"], "SqliteNotSupportedInCluster", "{c}");
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("spec.backend: sqlite is for local mode"),
+            "{c}"
+        );
+    }
+    assert!(
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("local-sweep")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "local",
+        "SqliteNotSupportedInCluster",
+        "Warning",
+    )
+    .await;
 }

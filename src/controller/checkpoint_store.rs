@@ -4,26 +4,36 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use k8s_openapi::api::batch::v1::CronJob;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use serde_json::json;
 
-use super::conditions::{Cond, merge};
+use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::{ActionLabels, KindLabels, SweepLabels};
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
-use crate::crd::{CheckpointStore, CheckpointStoreStatus, validate};
+use crate::crd::{Backend, CheckpointStore, CheckpointStoreStatus, validate};
 use crate::local::Resources;
 
 /// How often reachability is re-checked: often enough to notice an outage before the next
 /// scheduled sweep, rarely enough to cost the database nothing.
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Label on the sweep Jobs (from the CronJob's job template) naming their CheckpointStore: how
+/// the controller finds a store's Jobs and is woken when one of them changes.
+pub const STORE_LABEL: &str = "custody.dev/checkpoint-store";
+
+/// The CronJob's `startingDeadlineSeconds`: a run that cannot start within 5 minutes of its time
+/// (the controller manager was down, or the previous run was still going under `Forbid`) is
+/// skipped and counted as missed instead of starting late; without a deadline the CronJob
+/// controller also stops scheduling after 100 missed runs.
+const STARTING_DEADLINE_SECONDS: u32 = 300;
 
 pub(super) async fn reconcile(
     obj: Arc<Guard<CheckpointStore>>,
@@ -42,8 +52,24 @@ pub(super) async fn reconcile(
     let ns = store.namespace().unwrap_or_default();
     let current = store.status.clone().unwrap_or_default();
 
-    // 1. reachability and schema (API for the Secret, then DB); Events and counts (API)
-    let (reachable, schema) = check(store, &ctx).await?;
+    // 1. reachability and schema (API for the Secret, then DB); Events and counts (API). A
+    //    SQLite store cannot be swept in a cluster: a sweep Job has no volume with the file.
+    let in_cluster = supported_in_cluster(store);
+    let (reachable, schema) = match &in_cluster {
+        Ok(()) => check(store, &ctx).await?,
+        Err(message) => (
+            Cond::no(
+                "Reachable",
+                conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
+                message.clone(),
+            ),
+            Cond::unknown(
+                "SchemaCompatible",
+                "NotChecked",
+                "not checked: the backend is not supported in a cluster",
+            ),
+        ),
+    };
     if reachable.status == "False" {
         ctx.count_unusable("CheckpointStore", reachable.reason);
         let was = current.conditions.iter().find(|c| c.type_ == "Reachable");
@@ -60,36 +86,64 @@ pub(super) async fn reconcile(
     // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
     // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
     // fault: retrying cannot help, so it becomes a condition instead of an endless error.
-    let scheduled = match ensure_cron_job(store, &ctx).await {
-        Ok(()) => Cond::yes(
+    let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
+        Err(message) => Cond::no(
             "Scheduled",
-            "CronJobApplied",
-            format!(
-                "CronJob {}-sweep on {}",
-                store.name_any(),
-                store.spec.schedule
-            ),
+            conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
+            message,
         ),
-        Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
-            ctx.count_unusable("CheckpointStore", "CronJobRefused");
-            let field = if refused.message.contains("spec.schedule") {
-                "spec.schedule: "
-            } else {
-                ""
-            };
-            Cond::no(
+        Ok(applied) => match applied.await {
+            Ok(()) => Cond::yes(
                 "Scheduled",
-                "CronJobRefused",
+                "CronJobApplied",
                 format!(
-                    "{field}the API server refuses CronJob {}-sweep: {}",
+                    "CronJob {}-sweep on {}",
                     store.name_any(),
-                    refused.message
+                    store.spec.schedule
                 ),
-            )
-        }
-        Err(e) => return Err(e),
+            ),
+            Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
+                ctx.count_unusable("CheckpointStore", "CronJobRefused");
+                let field = if refused.message.contains("spec.schedule") {
+                    "spec.schedule: "
+                } else {
+                    ""
+                };
+                Cond::no(
+                    "Scheduled",
+                    "CronJobRefused",
+                    format!(
+                        "{field}the API server refuses CronJob {}-sweep: {}",
+                        store.name_any(),
+                        refused.message
+                    ),
+                )
+            }
+            Err(e) => return Err(e),
+        },
     };
-    // 3. metrics from the last sweep the CronJob wrote (pure)
+    // 3. how the latest finished sweep Job ended (API read, pure), an Event when it failed
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
+        .await?;
+    let last_run = last_sweep(&jobs.items);
+    let was = current
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::LAST_SWEEP_SUCCEEDED);
+    if last_run.status == "False"
+        && was.is_none_or(|c| c.status != "False" || c.message != last_run.message)
+    {
+        ctx.event(
+            store,
+            EventType::Warning,
+            last_run.reason,
+            last_run.message.clone(),
+        )
+        .await;
+    }
+    let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
+    // 4. metrics from the last sweep the CronJob wrote (pure)
     if let Some(s) = &current.last_sweep {
         for (verdict, n) in [
             ("ok", s.ok),
@@ -131,12 +185,12 @@ pub(super) async fn reconcile(
         }
         ctx.metrics.set_sweep_reasons(&ns, &store.name_any(), s);
     }
-    // 4. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
+    // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
     //    field managers.
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
-            vec![reachable, schema, scheduled],
+            vec![ready, reachable, schema, scheduled, last_run],
             store.metadata.generation,
             &time(Utc::now()),
         ),
@@ -157,6 +211,90 @@ pub(super) async fn reconcile(
     )
     .await?;
     Ok(Action::requeue(RECHECK))
+}
+
+/// `Ready`: `True` when every other condition is, else `False` with the first one that is not
+/// (`LastSweepSucceeded=Unknown`, no sweep finished yet, does not count against it).
+fn ready(others: &[&Cond]) -> Cond {
+    match others.iter().find(|c| {
+        c.status == "False"
+            || (c.status == "Unknown" && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
+    }) {
+        Some(c) => Cond::no("Ready", c.reason, format!("{}: {}", c.type_, c.message)),
+        None => Cond::yes(
+            "Ready",
+            "Swept",
+            "the database answers and the sweep CronJob is scheduled",
+        ),
+    }
+}
+
+/// `Err(message)` for a store a sweep Job cannot reach: a SQLite file lives on a disk the Job
+/// has no volume for (custody supports no volume reference; local mode reads the file).
+fn supported_in_cluster(store: &CheckpointStore) -> Result<(), String> {
+    match store.spec.backend {
+        Backend::Postgres => Ok(()),
+        Backend::Sqlite => Err(
+            "spec.backend: sqlite is for local mode (custody sweep -f DIR reads the file); a sweep Job in a cluster has no volume with the database file, so no CronJob is created; use backend: postgres in a cluster".to_owned(),
+        ),
+    }
+}
+
+/// `LastSweepSucceeded` from a store's sweep Jobs: how the most recently created Job that
+/// finished ended. A failed Job's reason is kept when Kubernetes names one custody knows
+/// (`DeadlineExceeded`: `spec.sweepTimeoutSeconds` passed; `BackoffLimitExceeded`: the pod
+/// failed; `PodFailurePolicy`, `MaxFailedIndexesExceeded`, `FailedIndexes`: an Indexed Job's
+/// shards), else `JobFailed`.
+fn last_sweep(jobs: &[Job]) -> Cond {
+    let finished = |j: &&Job| {
+        let conds = j.status.as_ref().and_then(|s| s.conditions.as_ref());
+        conds.and_then(|cs| {
+            cs.iter()
+                .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .cloned()
+        })
+    };
+    let latest = jobs
+        .iter()
+        .filter_map(|j| finished(&j).map(|c| (j, c)))
+        .max_by_key(|(j, _)| {
+            (
+                j.metadata.creation_timestamp.clone().map(|t| t.0),
+                j.name_any(),
+            )
+        });
+    let Some((job, c)) = latest else {
+        return Cond::unknown(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            conditions::NO_SWEEP_FINISHED,
+            "no sweep Job has finished yet",
+        );
+    };
+    if c.type_ == "Complete" {
+        return Cond::yes(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            conditions::JOB_COMPLETE,
+            format!("Job {} completed", job.name_any()),
+        );
+    }
+    let reason = match c.reason.as_deref() {
+        Some("DeadlineExceeded") => "DeadlineExceeded",
+        Some("BackoffLimitExceeded") => "BackoffLimitExceeded",
+        Some("PodFailurePolicy") => "PodFailurePolicy",
+        Some("MaxFailedIndexesExceeded") => "MaxFailedIndexesExceeded",
+        Some("FailedIndexes") => "FailedIndexes",
+        _ => conditions::JOB_FAILED,
+    };
+    Cond::no(
+        conditions::LAST_SWEEP_SUCCEEDED,
+        reason,
+        format!(
+            "Job {} failed: {}: {}",
+            job.name_any(),
+            c.reason.as_deref().unwrap_or("no reason"),
+            c.message.as_deref().unwrap_or("no message")
+        ),
+    )
 }
 
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
@@ -259,6 +397,7 @@ fn cron_job(
     let mut job = json!({
         // Sweeps are idempotent; the next scheduled run is the retry.
         "backoffLimit": 0,
+        "activeDeadlineSeconds": store.spec.sweep_timeout_seconds,
         "template": {
             "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep"}},
             "spec": {
@@ -293,15 +432,20 @@ fn cron_job(
             "namespace": ns,
             "ownerReferences": [owner_ref(store)],
             "labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep",
-                       "app.kubernetes.io/managed-by": "custody", "custody.dev/checkpoint-store": store.name_any()},
+                       "app.kubernetes.io/managed-by": "custody", STORE_LABEL: store.name_any()},
         },
         "spec": {
             "schedule": store.spec.schedule,
             // A sweep still running when the next is due is not doubled up.
             "concurrencyPolicy": "Forbid",
+            "startingDeadlineSeconds": STARTING_DEADLINE_SECONDS,
             "successfulJobsHistoryLimit": 3,
             "failedJobsHistoryLimit": 3,
-            "jobTemplate": {"spec": job},
+            "jobTemplate": {
+                "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep",
+                                        STORE_LABEL: store.name_any()}},
+                "spec": job,
+            },
         },
     })
 }
@@ -322,7 +466,63 @@ fn sweep_args(ns: &str, name: &str, deny_metadata_addresses: bool) -> Vec<String
 
 #[cfg(test)]
 mod tests {
-    use super::sweep_args;
+    use super::*;
+
+    fn job(name: &str, created: &str, condition: serde_json::Value) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "creationTimestamp": created},
+            "status": {"conditions": [condition]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_latest_finished_job_decides_last_sweep_succeeded() {
+        assert_eq!(last_sweep(&[]).reason, "NoSweepFinished");
+        let ok = job(
+            "orders-sweep-1",
+            "2026-12-01T10:00:00Z",
+            json!({"type": "Complete", "status": "True"}),
+        );
+        let late = job(
+            "orders-sweep-2",
+            "2026-12-01T10:15:00Z",
+            json!({"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                   "message": "Job was active longer than specified deadline"}),
+        );
+        let running = job(
+            "orders-sweep-3",
+            "2026-12-01T10:30:00Z",
+            json!({"type": "Suspended", "status": "False"}),
+        );
+        let c = last_sweep(&[ok.clone(), late.clone(), running]);
+        assert_eq!((c.status, c.reason), ("False", "DeadlineExceeded"));
+        assert_eq!(
+            c.message,
+            "Job orders-sweep-2 failed: DeadlineExceeded: Job was active longer than specified deadline"
+        );
+        let c = last_sweep(&[ok]);
+        assert_eq!((c.status, c.reason), ("True", "JobComplete"));
+        let odd = job(
+            "orders-sweep-4",
+            "2026-12-01T10:45:00Z",
+            json!({"type": "Failed", "status": "True", "reason": "SomethingNew"}),
+        );
+        assert_eq!(last_sweep(&[late, odd]).reason, "JobFailed");
+    }
+
+    #[test]
+    fn ready_needs_every_condition_but_a_first_sweep() {
+        let yes = |t| Cond::yes(t, "R", "m");
+        let pending = Cond::unknown(conditions::LAST_SWEEP_SUCCEEDED, "NoSweepFinished", "m");
+        assert_eq!(ready(&[&yes("Reachable"), &pending]).status, "True");
+        let failed = Cond::no(conditions::LAST_SWEEP_SUCCEEDED, "DeadlineExceeded", "late");
+        let r = ready(&[&yes("Reachable"), &failed]);
+        assert_eq!((r.status, r.reason), ("False", "DeadlineExceeded"));
+        assert_eq!(r.message, "LastSweepSucceeded: late");
+        let schema = Cond::unknown("SchemaCompatible", "NotChecked", "n");
+        assert_eq!(ready(&[&schema]).status, "False");
+    }
 
     #[test]
     fn sweeps_inherit_an_allowed_metadata_address_policy() {

@@ -65,6 +65,16 @@ pub const WRITE_TOOLS_WITHHELD: &str = "WriteToolsWithheld";
 /// Reason (Event): the rendered configuration changed.
 pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
 
+/// Reason (`Ready`, `Reachable`, `Scheduled`): a `backend: sqlite` CheckpointStore in a cluster.
+pub const SQLITE_NOT_SUPPORTED_IN_CLUSTER: &str = "SqliteNotSupportedInCluster";
+/// Reason (`LastSweepSucceeded`): the latest finished sweep Job completed.
+pub const JOB_COMPLETE: &str = "JobComplete";
+/// Reason (`LastSweepSucceeded`): no sweep Job has finished yet.
+pub const NO_SWEEP_FINISHED: &str = "NoSweepFinished";
+/// Reason (`LastSweepSucceeded`, Event): a sweep Job failed for a reason Kubernetes did not name
+/// or custody does not know (known ones keep the Job's own reason, e.g. `DeadlineExceeded`).
+pub const JOB_FAILED: &str = "JobFailed";
+
 /// Messages are bounded: the API server caps them at 32 KiB, and a reader wants one screen.
 const MAX_MESSAGE: usize = 1024;
 

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff;
@@ -545,6 +545,17 @@ async fn controllers(ctx: Arc<Context>) {
     let store_store = stores.store();
     let stores = stores
         .owns(Api::<CronJob>::all(client.clone()), wc.clone())
+        .watches(
+            Api::<Job>::all(client.clone()),
+            watcher::Config::default().labels(checkpoint_store::STORE_LABEL),
+            |job: Job| {
+                // A sweep Job that finishes or fails rechecks its store (its owner is the
+                // CronJob, not the store, so `owns` would not map it).
+                let ns = job.namespace()?;
+                let store = job.labels().get(checkpoint_store::STORE_LABEL)?;
+                Some(ObjectRef::<Guard<CheckpointStore>>::new(store).within(&ns))
+            },
+        )
         .watches(
             Api::<Secret>::all(client.clone()),
             wc.clone(),

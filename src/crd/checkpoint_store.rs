@@ -18,14 +18,22 @@ use super::SecretKeyRef;
     namespaced,
     status = "CheckpointStoreStatus",
     printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.backend"}"#,
-    printcolumn = r#"{"name":"Reachable","type":"string","jsonPath":".status.conditions[?(@.type==\"Reachable\")].status"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Last Sweep OK","type":"string","jsonPath":".status.conditions[?(@.type==\"LastSweepSucceeded\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Last Sweep","type":"date","jsonPath":".status.lastSweep.finishedAt"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","priority":1,"jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Reachable","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Reachable\")].status"}"#,
+    printcolumn = r#"{"name":"Schedule","type":"string","priority":1,"jsonPath":".spec.schedule"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#
 )]
 #[x_kube(validation = Rule::new("has(self.dsn) != has(self.dsnFrom)").message("set exactly one of dsn and dsnFrom"))]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointStoreSpec {
-    /// Which LangGraph saver wrote the tables.
+    /// Which LangGraph saver wrote the tables. `sqlite` is for local mode only: in a cluster
+    /// the controller refuses it (`Ready=False`, reason `SqliteNotSupportedInCluster`, no
+    /// CronJob), because a sweep Job has no volume holding the database file.
     pub backend: Backend,
 
     /// `observe` (default): sweeps report verdicts and change nothing. `act`: sweeps carry out
@@ -70,6 +78,14 @@ pub struct CheckpointStoreSpec {
     #[serde(default = "default_parallelism")]
     #[schemars(range(min = 1, max = 64))]
     pub parallelism: u32,
+
+    /// How long one sweep Job may run, in seconds, before Kubernetes stops it (the Job's
+    /// `activeDeadlineSeconds`; the run then fails with reason `DeadlineExceeded`, shown in
+    /// `LastSweepSucceeded`). The CronJob starts no sweep while one runs, so without a bound one
+    /// stuck sweep would block every later one. 1 to 86400, default 600.
+    #[serde(default = "default_sweep_timeout_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub sweep_timeout_seconds: u32,
 
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
     /// selects all of them.
@@ -130,6 +146,12 @@ fn default_parallelism() -> u32 {
     1
 }
 
+/// Ten minutes: well above the measured full sweeps (BENCHMARKS.md: seconds at 100k threads),
+/// and below the default 15-minute schedule, so a stuck run ends before the next is due.
+fn default_sweep_timeout_seconds() -> u32 {
+    600
+}
+
 fn default_schedule() -> String {
     "*/15 * * * *".into()
 }
@@ -166,7 +188,9 @@ pub enum Backend {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointStoreStatus {
-    /// `Reachable`, `SchemaCompatible` and `Scheduled` (the sweep CronJob was applied).
+    /// `Ready` (all of the others `True`), `Reachable`, `SchemaCompatible`, `Scheduled` (the
+    /// sweep CronJob was applied) and `LastSweepSucceeded` (how the latest finished sweep Job
+    /// ended, with the Job's reason when it failed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
