@@ -2042,3 +2042,73 @@ async fn a_sqlite_store_is_refused_in_a_cluster() {
     )
     .await;
 }
+
+/// HandleClass has a `Ready` condition (`kubectl wait --for=condition=Ready` works), a Warning
+/// Event when it is not valid, and the `Ready` reason in `kubectl get` (message with `-o wide`).
+#[tokio::test]
+async fn handle_class_ready_condition_events_and_columns() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "hcready").await;
+    let class =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
+            .unwrap();
+    let class = cluster::yaml_docs(&class).remove(0);
+    let name = class["metadata"]["name"].as_str().unwrap().to_owned();
+    let server_ref = class["spec"]["serverRef"].as_str().unwrap().to_owned();
+    apply(&client, &ns, &class).await;
+    let obj = wait_conditions(&client, &ns, "HandleClass", &name, &[("Ready", "False")]).await;
+    assert_eq!(condition(&obj, "Ready").unwrap()["reason"], "UnknownServer");
+    let event = wait_event(
+        &client,
+        &ns,
+        "HandleClass",
+        &name,
+        "UnknownServer",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("spec.serverRef: no MCPServer")),
+        "{event:?}"
+    );
+    let c = cluster::cluster();
+    let table = c
+        .kubectl(&["get", "handleclasses", "-n", &ns, &name], None)
+        .ok();
+    assert!(
+        table.contains("READY") && table.contains("UnknownServer"),
+        "{table}"
+    );
+    let wide = c
+        .kubectl(
+            &["get", "handleclasses", "-n", &ns, &name, "-o", "wide"],
+            None,
+        )
+        .ok();
+    assert!(wide.contains("spec.serverRef: no MCPServer"), "{wide}");
+
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &mcp_server(&server_ref, json!({"url": server.url()})),
+    )
+    .await;
+    c.kubectl(
+        &[
+            "wait",
+            "-n",
+            &ns,
+            &format!("handleclass/{name}"),
+            "--for=condition=Ready",
+            "--timeout=60s",
+        ],
+        None,
+    )
+    .ok();
+}

@@ -62,3 +62,36 @@ fn url_rule_is_in_the_schema() {
     assert!(yaml.contains("set exactly one of dsn and dsnFrom"));
     assert!(yaml.contains("onGone: remint requires mint"));
 }
+
+/// Every `format` in the schemas is one the API server knows, so installing the CRDs prints no
+/// `unrecognized format` warning (schemars writes `uint32`, `uint64` for Rust integers).
+#[test]
+fn schemas_use_only_formats_kubernetes_knows() {
+    fn formats(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(f) = m.get("format").and_then(|f| f.as_str()) {
+                    out.push(f.to_owned());
+                }
+                m.values().for_each(|v| formats(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| formats(v, out)),
+            _ => {}
+        }
+    }
+    let mut seen = Vec::new();
+    for crd in custody::crd::all() {
+        formats(&serde_json::to_value(&crd).unwrap(), &mut seen);
+    }
+    assert!(seen.contains(&"date-time".to_owned()), "{seen:?}");
+    let unknown: Vec<&String> = seen
+        .iter()
+        .filter(|f| {
+            !["int32", "int64", "date-time", "byte", "double", "float"].contains(&f.as_str())
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "formats Kubernetes warns about: {unknown:?}"
+    );
+}

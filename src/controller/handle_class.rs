@@ -1,10 +1,13 @@
 //! HandleClass: valid when its server exists and has been discovered, its tools exist in the
 //! server's catalog, and its templates parse; a probe that may write gets a warning condition.
+//! `Ready` follows `Valid`, so `kubectl wait --for=condition=Ready` works; a class that turns
+//! invalid, or whose probe may write, gets a Warning Event.
 
 use std::sync::Arc;
 
 use chrono::Utc;
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use super::conditions::{Cond, merge};
@@ -80,6 +83,10 @@ pub(super) async fn reconcile(
     {
         ctx.count_unusable("HandleClass", bad.reason);
     }
+    // 4. Ready (pure) and Events for what changed since the persisted status (API)
+    let ready = ready(&conds);
+    report(class, &current, &conds, &ctx).await;
+    conds.push(ready);
     let status = HandleClassStatus {
         conditions: merge(
             &current.conditions,
@@ -97,6 +104,29 @@ pub(super) async fn reconcile(
         .transpose()?;
     apply_status(&ctx, &api, class, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// `Ready` from `Valid`: a class sweeps can use. `ProbeReadOnly=False` is a warning, not a
+/// failure: a probe tool without `readOnlyHint` may still be the right one.
+fn ready(conds: &[Cond]) -> Cond {
+    match conds.iter().find(|c| c.type_ == "Valid") {
+        Some(v) if v.status == "True" => Cond::yes("Ready", v.reason, v.message.clone()),
+        Some(v) if v.status == "Unknown" => Cond::unknown("Ready", v.reason, v.message.clone()),
+        Some(v) => Cond::no("Ready", v.reason, v.message.clone()),
+        None => Cond::unknown("Ready", "NotValidated", "not validated yet"),
+    }
+}
+
+/// A Warning Event when `Valid` turns `False` (or for another reason) and when `ProbeReadOnly`
+/// turns `False`, compared with the persisted status so a requeue or a restart does not repeat it.
+async fn report(class: &HandleClass, current: &HandleClassStatus, conds: &[Cond], ctx: &Context) {
+    for c in conds.iter().filter(|c| c.status == "False") {
+        let was = current.conditions.iter().find(|p| p.type_ == c.type_);
+        if was.is_none_or(|p| p.status != "False" || p.reason != c.reason) {
+            ctx.event(class, EventType::Warning, c.reason, c.message.clone())
+                .await;
+        }
+    }
 }
 
 /// `Valid` from the tools' presence, and `ProbeReadOnly` from the probe's annotations.
@@ -163,6 +193,24 @@ mod tests {
         Arc::new(kube::core::DeserializeGuard(Ok(obj)))
     }
 
+    /// The Warning Event (after its Lease check) that precedes the status of an invalid class.
+    async fn expect_event(
+        api: &mut tower_test::mock::Handle<
+            ::http::Request<kube::client::Body>,
+            ::http::Response<kube::client::Body>,
+        >,
+        reason: &str,
+    ) {
+        expect_lease(api).await;
+        let event = expect(api, "POST", "/apis/events.k8s.io/v1/namespaces/shop/events", 201,
+                           json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e"}, "eventTime": null})).await;
+        assert_eq!(
+            (event["reason"].as_str(), event["type"].as_str()),
+            (Some(reason), Some("Warning")),
+            "{event}"
+        );
+    }
+
     fn valid_spec() -> serde_json::Value {
         json!({"serverRef": "billing", "statePath": "basket",
                "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}})
@@ -174,6 +222,7 @@ mod tests {
         let server = tokio::spawn(async move {
             expect(&mut api, "GET", "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/billing", 404,
                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})).await;
+            expect_event(&mut api, "UnknownServer").await;
             expect_lease(&mut api).await;
             expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
                    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await
@@ -203,6 +252,7 @@ mod tests {
         let mut spec = valid_spec();
         spec["probe"]["arguments"]["basket_id"] = json!("{{handel}}");
         let server = tokio::spawn(async move {
+            expect_event(&mut api, "InvalidSpec").await;
             expect_lease(&mut api).await;
             expect(&mut api, "PATCH", "/apis/custody.dev/v1alpha1/namespaces/shop/handleclasses/basket/status", 200,
                    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": "basket"}, "spec": valid_spec()})).await

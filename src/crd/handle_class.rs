@@ -21,11 +21,15 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "HandleClassStatus",
     printcolumn = r#"{"name":"Server","type":"string","jsonPath":".spec.serverRef"}"#,
-    printcolumn = r#"{"name":"State Path","type":"string","jsonPath":".spec.statePath"}"#,
     printcolumn = r#"{"name":"Probe","type":"string","jsonPath":".spec.probe.tool"}"#,
     printcolumn = r#"{"name":"On Gone","type":"string","jsonPath":".spec.onGone"}"#,
-    printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"State Path","type":"string","priority":1,"jsonPath":".spec.statePath"}"#,
+    printcolumn = r#"{"name":"Valid","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
+    printcolumn = r#"{"name":"Probe Read-Only","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"ProbeReadOnly\")].status"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#
 )]
 #[x_kube(validation = Rule::new("self.onGone != 'remint' || has(self.mint)").message("onGone: remint requires mint"))]
 #[x_kube(validation = Rule::new("self.onGone != 'remint' || has(self.mintInputsPath)").message("onGone: remint requires mintInputsPath"))]
@@ -239,7 +243,7 @@ pub enum OnGone {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HandleClassStatus {
-    /// `Valid`.
+    /// `Valid`, `ProbeReadOnly` and `Ready` (`True` exactly when `Valid` is).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,

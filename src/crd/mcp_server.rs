@@ -22,9 +22,13 @@ use super::SecretKeyRef;
     status = "MCPServerStatus",
     printcolumn = r#"{"name":"URL","type":"string","jsonPath":".spec.url"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Protocol","type":"string","jsonPath":".status.protocolVersion"}"#,
     printcolumn = r#"{"name":"Tools","type":"integer","jsonPath":".status.toolCount"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Required","type":"boolean","priority":1,"jsonPath":".spec.required"}"#,
+    printcolumn = r#"{"name":"Failures","type":"integer","priority":1,"jsonPath":".status.consecutiveFailures"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MCPServerSpec {

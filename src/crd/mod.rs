@@ -26,13 +26,22 @@ pub const GROUP: &str = "custody.dev";
 pub const VERSION: &str = "v1alpha1";
 
 /// Every CRD custody defines, in a stable order (the order of `crds/`).
+///
+/// Their schemas carry only `format`s Kubernetes knows ([`schema::strip_unknown_formats`]).
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![
+    [
         MCPServer::crd(),
         AgentAssignment::crd(),
         HandleClass::crd(),
         CheckpointStore::crd(),
     ]
+    .into_iter()
+    .map(|crd| {
+        let mut value = serde_json::to_value(crd).expect("a CRD serializes");
+        schema::strip_unknown_formats(&mut value);
+        serde_json::from_value(value).expect("a CRD without some formats is still a CRD")
+    })
+    .collect()
 }
 
 /// Renders CRDs as one multi-document YAML stream, the format of `custody crd` and `crds/`.

@@ -41,3 +41,59 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
         },
     })
 }
+
+/// The `format`s the Kubernetes API server knows (apiextensions-apiserver's supported formats,
+/// plus the number formats it accepts on integers and numbers). Any other one draws an
+/// `unrecognized format` warning at every CRD install.
+const KUBERNETES_FORMATS: &[&str] = &[
+    "int32",
+    "int64",
+    "float",
+    "double",
+    "byte",
+    "binary",
+    "password",
+    "date",
+    "date-time",
+    "datetime",
+    "duration",
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+];
+
+/// Removes every `format` Kubernetes does not know from a schema, recursively. schemars writes
+/// Rust's integer widths (`uint32`, `uint64`, `uint`); the bounds they mean stay as `minimum`
+/// (and `maximum` where the field sets one), which the API server does enforce.
+pub fn strip_unknown_formats(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            if map
+                .get("format")
+                .and_then(|f| f.as_str())
+                .is_some_and(|f| !KUBERNETES_FORMATS.contains(&f))
+            {
+                map.remove("format");
+            }
+            map.values_mut().for_each(strip_unknown_formats);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_unknown_formats),
+        _ => {}
+    }
+}
