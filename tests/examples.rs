@@ -1,0 +1,48 @@
+//! The shipped local-mode PostgreSQL example (deploy/examples/local-postgres) sweeps real
+//! LangGraph PostgresSaver checkpoints, with only its server URL and DSN pointed at this test's
+//! basket server and database.
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use support::{BasketServer, Db};
+
+#[tokio::test]
+async fn local_postgres_example_sweeps_postgres_checkpoints() {
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("example_local_pg").await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/local-postgres");
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&example).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text
+            .replace("http://127.0.0.1:18931/mcp", &server.url())
+            .replace("postgres://postgres@127.0.0.1:5432/langgraph", &dsn);
+        std::fs::write(dir.path().join(path.file_name().unwrap()), text).unwrap();
+        files += 1;
+    }
+    assert_eq!(files, 4, "mcpserver, handleclass, secret, checkpointstore");
+    let report = support::sweep_json(dir.path());
+    assert_eq!(report["stores"][0]["summary"]["probes"], 3, "{report}");
+    let got: BTreeMap<String, String> = support::verdicts(&report)
+        .into_iter()
+        .map(|(thread, (verdict, _))| (thread, verdict))
+        .collect();
+    let want: BTreeMap<String, String> = manifest["threads"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(_, t)| t["parked"] == true)
+        .map(|(id, t)| (id.clone(), t["expected"].as_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(got, want);
+    assert!(
+        !report.to_string().contains(&dsn),
+        "the DSN is not in the report"
+    );
+}
