@@ -668,7 +668,18 @@ fn kubectl_get_custody_lists_every_kind() {
     // The printer columns resolve against real objects.
     let table = c.kubectl(&["get", "mcps", "-n", ns], None).ok();
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "URL", "READY", "PROTOCOL", "TOOLS", "AGE"]);
+    assert_eq!(
+        header,
+        ["NAME", "URL", "READY", "REASON", "PROTOCOL", "TOOLS", "AGE"]
+    );
+    let wide = c
+        .kubectl(&["get", "mcps", "-n", ns, "-o", "wide"], None)
+        .ok();
+    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header[header.len() - 3..],
+        ["REQUIRED", "FAILURES", "MESSAGE"]
+    );
     assert!(
         table.contains("http://basket.agents.svc:8080/mcp"),
         "{table}"
