@@ -944,8 +944,11 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
     });
     let servers: serde_json::Value =
         serde_json::from_str(cm["data"]["MCP_SERVERS"].as_str().unwrap()).unwrap();
-    assert!(
-        servers["basket"].get("tool_allowlist").is_none(),
+    // Fail closed: its writes are missing from interruptOn (it lists none), so the server gets
+    // no tools rather than its whole listing, and still no name is written down.
+    assert_eq!(
+        servers["basket"]["tool_allowlist"],
+        serde_json::json!([]),
         "{servers}"
     );
     for tool in [
