@@ -2111,4 +2111,27 @@ async fn handle_class_ready_condition_events_and_columns() {
         None,
     )
     .ok();
+
+    // A probe that may write: Ready (a warning, not a failure), ProbeReadOnly False, an Event.
+    let mut writing = class.clone();
+    writing["metadata"]["name"] = json!("writing-probe");
+    writing["spec"]["probe"]["tool"] = json!("create_basket");
+    apply(&client, &ns, &writing).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "writing-probe",
+        &[("Ready", "True"), ("ProbeReadOnly", "False")],
+    )
+    .await;
+    wait_event(
+        &client,
+        &ns,
+        "HandleClass",
+        "writing-probe",
+        "ProbeMayWrite",
+        "Warning",
+    )
+    .await;
 }

@@ -288,8 +288,10 @@ async fn report(
         )
         .await;
     }
+    // Waiting for a first discovery is a normal start, not a problem worth a Warning.
     if ready.status == "False"
         && ready.reason != policy.reason
+        && ready.reason != "WaitingForDiscovery"
         && was("Ready").is_none_or(|p| p.status != "False" || p.reason != ready.reason)
     {
         ctx.event(a, EventType::Warning, ready.reason, ready.message.clone())
