@@ -16,6 +16,8 @@
 //! | `bad-aes` | serializer type `msgpack+aes` (encrypted) | — (no per-value types) | skipped `unsupported_format`, channel `basket` |
 //! | `bad-future` | checkpoint format `v: 5` | skipped `unsupported_format` | same |
 //! | `bad-metadata` | metadata is a JSON array | skipped `decode` | same |
+//! | `bad-utf8` | the handle string in `basket` is `bsk\xff…` (invalid UTF-8) | skipped `decode`, channel `basket` (never probed as `bsk\u{fffd}…`) | same |
+//! | `bad-utf8-key` | the `channel_values` key `basket` is `b\xffsket` | skipped `decode` (not read as a missing channel) | — (JSONB is UTF-8) |
 //! | `old-v1` | format `v: 1` with `pending_sends` (and, PostgreSQL, a legacy `json` blob) | verdict `ok` | verdict `ok` |
 //! | `other-ext` | ext code 42 in a channel no HandleClass reads | verdict `ok` | — (unread blobs are never fetched) |
 //! | `t-live`, `t-expired`, `t-absent` | none | `ok`, `gone`, `absent` | same |
@@ -92,6 +94,25 @@ fn mp_map_set(map: &mut Vec<(Mp, Mp)>, key: &str, value: Mp) {
         Some((_, v)) => *v = value,
         None => map.push((Mp::from(key), value)),
     }
+}
+
+/// `bytes` with `from` replaced by `to` (same length) wherever it occurs; at least once. rmpv
+/// cannot write invalid UTF-8 as a msgpack string (it writes such a value as binary), so the
+/// corruption of issue 17, item 1 is made on the encoded bytes.
+fn patch_bytes(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let mut hits = 0;
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            hits += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(hits > 0, "{from:?} not found");
 }
 
 /// msgpack for one more map entry `"padding": <HUGE-byte str32 of x>`, without its data: the
@@ -323,6 +344,30 @@ async fn sqlite_edit_docs(
     }
 }
 
+/// Rewrites the bytes of the latest checkpoint document of `thread` with `patch`.
+async fn sqlite_patch_latest(
+    conn: &mut sqlx::SqliteConnection,
+    thread: &str,
+    patch: impl Fn(&mut Vec<u8>),
+) {
+    let (id, mut bytes): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT checkpoint_id, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' \
+         ORDER BY checkpoint_id DESC LIMIT 1",
+    )
+    .bind(thread)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    patch(&mut bytes);
+    sqlx::query("UPDATE checkpoints SET checkpoint = ? WHERE thread_id = ? AND checkpoint_id = ?")
+        .bind(bytes)
+        .bind(thread)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
 /// Adds a top-level `padding` entry of [`HUGE`] bytes (a bin32 of zeros) to every checkpoint
 /// document of `thread`: the document is absurdly large, still valid msgpack. SQLite runs in
 /// the process that opens the file, so the venv's Python does it (see [`padding_entry_header`]).
@@ -401,6 +446,8 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         "bad-metadata",
         "old-v1",
         "other-ext",
+        "bad-utf8",
+        "bad-utf8-key",
     ] {
         sqlite_copy_thread(&mut conn, "t-live", copy).await;
     }
@@ -447,6 +494,26 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         mp_map_set(doc, "pending_sends", Mp::Array(Vec::new()));
     })
     .await;
+    // The `_` of every handle in the latest document replaced by 0xff (only the
+    // `basket` channel is read, so copies elsewhere in the state do not matter).
+    sqlite_patch_latest(&mut conn, "bad-utf8", |doc| {
+        patch_bytes(doc, b"bsk_", b"bsk\xff");
+    })
+    .await;
+    // The channel_values key `basket` itself corrupted (b\xffsket): looked up by name, the
+    // channel would read as missing. Renamed first so channel_versions keeps its key.
+    sqlite_edit_docs(&mut conn, "bad-utf8-key", |doc| {
+        let mut v = values(doc);
+        if let Some((key, _)) = v.iter_mut().find(|(k, _)| k.as_str() == Some("basket")) {
+            *key = Mp::from("bASKET");
+        }
+        mp_map_set(doc, "channel_values", Mp::Map(v));
+    })
+    .await;
+    sqlite_patch_latest(&mut conn, "bad-utf8-key", |doc| {
+        patch_bytes(doc, b"\xa6bASKET", b"\xa6b\xffsket");
+    })
+    .await;
     sqlite_edit_docs(&mut conn, "other-ext", |doc| {
         let mut v = values(doc);
         mp_map_set(&mut v, "notes", Mp::Ext(42, vec![0xc0]));
@@ -459,7 +526,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
     let dsn = format!("sqlite://{}", db.display());
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "sqlite", &dsn, "escalate");
-    let expect: [Expect; 7] = [
+    let expect: [Expect; 9] = [
         (
             "bad-ext",
             "decode",
@@ -496,6 +563,18 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             "decode",
             None,
             "channel_versions is not a map of versions",
+        ),
+        (
+            "bad-utf8",
+            "decode",
+            Some("basket"),
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 3 of",
+        ),
+        (
+            "bad-utf8-key",
+            "decode",
+            None,
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 1 of 6)",
         ),
     ];
     let good = [
@@ -585,6 +664,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-metadata",
         "bad-version",
         "bad-ts",
+        "bad-utf8",
         "old-v1",
     ] {
         pg_copy_thread(&mut conn, "t-live", copy).await;
@@ -630,6 +710,16 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-ts",
     )
     .await;
+    // The handle's `_` replaced by 0xff (`bsk\xff…`): the blob is msgpack, not UTF-8 text, so
+    // PostgreSQL does not refuse it.
+    pg_exec(
+        &mut conn,
+        &blobs(
+            "blob = overlay(blob placing '\\xff'::bytea from position('bsk_'::bytea in blob) + 3 for 1)",
+        ),
+        "bad-utf8",
+    )
+    .await;
     pg_exec(&mut conn, &blobs("type = 'pickle'"), "bad-pickle").await;
     pg_exec(&mut conn, &blobs("type = 'msgpack+aes'"), "bad-aes").await;
     pg_exec(
@@ -672,7 +762,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 10] = [
+    let expect: [Expect; 11] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -716,6 +806,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "decode",
             None,
             "channel_versions is not a map of versions",
+        ),
+        (
+            "bad-utf8",
+            "decode",
+            Some("basket"),
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 3 of",
         ),
         (
             "bad-version",

@@ -120,7 +120,8 @@ impl CheckpointDoc {
     /// elsewhere in the state does not spoil the thread.
     ///
     /// # Errors
-    /// The document is not a map or lacks `id`.
+    /// The document is not a map or lacks `id`, or a key of the document or of its
+    /// `channel_values` is not valid UTF-8.
     pub fn from_msgpack(
         doc: &Mp,
         channels: &[String],
@@ -144,6 +145,13 @@ impl CheckpointDoc {
                 ));
             }
         };
+        // A key that is not valid UTF-8 would silently fail every lookup by name below (a
+        // handle channel read as missing); LangGraph's reader refuses such a document outright.
+        for (key, _) in entries.iter().chain(values) {
+            if let Mp::String(key) = key {
+                super::serde::text(key)?;
+            }
+        }
         let parsed = Self::from_json(&serde_json::json!({
             "v": small("v")?,
             "id": small("id")?,
