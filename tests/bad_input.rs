@@ -34,7 +34,7 @@
 //!
 //! | case | probe (tools/call): verdict, `probeErrors` reason | discovery (tools/list): category |
 //! |---|---|---|
-//! | `wrong_id` (the result carries another request's id) | `unknown`, `transport` | `transport` |
+//! | `wrong_id` (the result carries another request's id) | `unknown`, `protocol` | `protocol` |
 //! | `unknown_content` (a block of a type the spec does not define) | `unknown`, `protocol` | — |
 //! | `extra_content` (image, audio, resource_link, resource blocks; `_meta` and unknown fields) | `ok` | — |
 //! | `huge_event` (one SSE event over 1 MiB) | `unknown`, `transport` | `transport` |
@@ -42,12 +42,16 @@
 //! | `invalid_utf8` (in a JSON body) | `unknown`, `protocol` | `protocol` |
 //! | `invalid_utf8_sse` (in an SSE event) | `unknown`, `transport` | `transport` |
 //! | `not_json` (an HTML page as application/json) | `unknown`, `protocol` | `protocol` |
-//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `transport` | `transport` |
+//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `protocol` | `protocol` |
+//! | `string_id`, `error_event`, `unterminated_event` (tests/py/misbehaving_server.py; tests/strict_replies.rs, tests/discovery.rs) | `unknown`, `protocol` / `rpc_error` / `transport` | same |
 //!
 //! Lenient where the spec is extensible (extra fields, `_meta`, every defined block type: rmcp
-//! accepts them and the probe succeeds), strict where the reply is broken. rmcp reports every
-//! broken SSE reply only as a closed stream, so those are `transport` with a reason that says
-//! what can cause it; a broken JSON body is parsed by rmcp, and its error names the cause and
+//! accepts them and the probe succeeds), strict where the reply is broken. custody's HTTP client
+//! under rmcp (src/mcp/strict.rs) sees each POST's reply first: an answer whose id is not exactly
+//! the request's (type and value) and SSE event data that is not a JSON-RPC message are
+//! `protocol` errors naming what was wrong; an SSE event over the size limit or with invalid
+//! UTF-8 is still reported by rmcp only as a closed stream (`transport`, with a reason that says
+//! what can cause it); a broken JSON body is parsed by rmcp, and its error names the cause and
 //! position (custody drops the reply body rmcp quotes). In every probe case the basket server's
 //! handles on the same threads keep their verdicts (`ok`, `gone`).
 
@@ -876,8 +880,8 @@ const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
     (
         "wrong_id",
         "unknown",
-        Some("transport"),
-        "closed without a response",
+        Some("protocol"),
+        "tools/call failed: the reply carried JSON-RPC id 100",
     ),
     (
         "unknown_content",
@@ -919,8 +923,8 @@ const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
     (
         "not_json_sse",
         "unknown",
-        Some("transport"),
-        "closed without a response",
+        Some("protocol"),
+        "an SSE event's data is not a JSON-RPC message: expected value at line 1 column 1",
     ),
 ];
 
@@ -1021,7 +1025,11 @@ spec:
 
 /// (case, category, fragment of the error) when the bad reply answers `tools/list`.
 const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
-    ("wrong_id", "transport", "closed without a response"),
+    (
+        "wrong_id",
+        "protocol",
+        "the reply carried JSON-RPC id 1002, not the request's id 2;",
+    ),
     ("huge_event", "transport", "closed without a response"),
     (
         "huge_body",
@@ -1039,7 +1047,11 @@ const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
         "protocol",
         "expected value at line 1 column 1 (reply body not shown)",
     ),
-    ("not_json_sse", "transport", "closed without a response"),
+    (
+        "not_json_sse",
+        "protocol",
+        "an SSE event's data is not a JSON-RPC message",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]
