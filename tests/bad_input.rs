@@ -19,6 +19,7 @@
 //! | `bad-utf8` | the handle string in `basket` is `bsk\xff…` (invalid UTF-8) | skipped `decode`, channel `basket` (never probed as `bsk\u{fffd}…`) | same |
 //! | `bad-utf8-key` | the `channel_values` key `basket` is `b\xffsket` | skipped `decode` (not read as a missing channel) | — (JSONB is UTF-8) |
 //! | `old-v1` | format `v: 1` with `pending_sends` (and, PostgreSQL, a legacy `json` blob) | verdict `ok` | verdict `ok` |
+//! | `old-json` | the latest document stored with serializer type `json` (legacy; SqliteSaver reads it) | verdict `ok` | — (the `json` blob of `old-v1`) |
 //! | `other-ext` | ext code 42 in a channel no HandleClass reads | verdict `ok` | — (unread blobs are never fetched) |
 //! | `t-live`, `t-expired`, `t-absent` | none | `ok`, `gone`, `absent` | same |
 //!
@@ -452,6 +453,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         "other-ext",
         "bad-utf8",
         "bad-utf8-key",
+        "old-json",
     ] {
         sqlite_copy_thread(&mut conn, "t-live", copy).await;
     }
@@ -518,6 +520,24 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         patch_bytes(doc, b"\xa6bASKET", b"\xa6b\xffsket");
     })
     .await;
+    // A legacy row: the latest document stored as serializer type `json` (SqliteSaver of
+    // LangGraph 1.2.24 reads it through `loads_typed`).
+    let (latest, bytes): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT checkpoint_id, checkpoint FROM checkpoints WHERE thread_id = 'old-json' \
+         ORDER BY checkpoint_id DESC LIMIT 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let as_json = custody::checkpoint::serde::decode_typed("msgpack", Some(&bytes))
+        .unwrap()
+        .unwrap();
+    sqlx::query("UPDATE checkpoints SET type = 'json', checkpoint = ? WHERE thread_id = 'old-json' AND checkpoint_id = ?")
+        .bind(serde_json::to_vec(&as_json).unwrap())
+        .bind(latest)
+        .execute(&mut conn)
+        .await
+        .unwrap();
     sqlite_edit_docs(&mut conn, "other-ext", |doc| {
         let mut v = values(doc);
         mp_map_set(&mut v, "notes", Mp::Ext(42, vec![0xc0]));
@@ -559,7 +579,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             "bad-pickle",
             "unsupported_format",
             None,
-            "checkpoint serialized as Some(\"pickle\")",
+            "checkpoint serialized as pickle; custody reads msgpack and json",
         ),
         ("bad-trunc", "decode", None, "malformed msgpack"),
         (
@@ -582,6 +602,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         ),
     ];
     let good = [
+        ("old-json", "ok"),
         ("old-v1", "ok"),
         ("other-ext", "ok"),
         ("t-absent", "absent"),

@@ -184,6 +184,33 @@ impl CheckpointDoc {
     }
 }
 
+impl CheckpointDoc {
+    /// Reads a SQLite checkpoint stored with serializer type `json` (legacy rows, which
+    /// SqliteSaver's `loads_typed` still reads) and returns the requested channels' values, as
+    /// [`Self::from_msgpack`] does for msgpack documents. Values are read as PostgreSQL's reader
+    /// reads a `json` blob: plain JSON, LangChain `lc` envelopes left as they are.
+    ///
+    /// # Errors
+    /// As [`Self::from_json`].
+    pub fn from_json_with_values(
+        doc: &Value,
+        channels: &[String],
+    ) -> Result<(Self, BTreeMap<String, super::Channel>), DecodeError> {
+        let parsed = Self::from_json(doc)?;
+        let values = doc.get("channel_values").and_then(Value::as_object);
+        let mut found = BTreeMap::new();
+        for channel in channels {
+            let state = match values.and_then(|v| v.get(channel)) {
+                Some(v) => super::Channel::Value(v.clone()),
+                None if parsed.channel_versions.contains_key(channel) => super::Channel::Empty,
+                None => continue,
+            };
+            found.insert(channel.clone(), state);
+        }
+        Ok((parsed, found))
+    }
+}
+
 /// A map of channel versions: strings as LangGraph 1.x writes them, or the non-negative
 /// integers of other savers (zero-padded so both compare as strings).
 /// The document's format `v`: absent, null or at most [`LATEST_FORMAT`].

@@ -42,7 +42,8 @@ pub enum DecodeKind {
     /// Larger than [`MAX_VALUE_BYTES`].
     TooLarge,
     /// A format custody does not read: `pickle`, an encrypted `<type>+<cipher>` value, a
-    /// checkpoint document newer than format v4, a SQLite checkpoint not stored as msgpack.
+    /// checkpoint document newer than format v4, a SQLite checkpoint stored as neither msgpack nor
+    /// json.
     UnsupportedFormat,
 }
 
