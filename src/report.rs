@@ -267,6 +267,55 @@ fn indent(text: &str, prefix: &str) -> String {
     text.replace('\n', &format!("\n{prefix}"))
 }
 
+/// Widest table cell, in display columns: a longer value (a 10 000-character handle) is cut
+/// and ends in [`CUT`]; `-o json` keeps every value whole.
+pub const MAX_CELL: usize = 48;
+/// Widest REASON cell (the last column, so it pads no other), in display columns.
+pub const MAX_REASON: usize = 160;
+/// The marker ending a cut cell.
+pub const CUT: char = '…';
+
+/// `value` as one table cell of at most `max` display columns (tabwriter aligns by the same
+/// width, from unicode-width): control characters (a tab or newline would break the columns)
+/// become spaces, and a longer value is cut at a character boundary and ends in [`CUT`].
+pub fn cell(value: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
+    let clean = !value.chars().any(char::is_control);
+    if clean && value.width() <= max {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::new();
+    let mut width = 0;
+    let total: usize = value
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                1
+            } else {
+                c.width().unwrap_or(0)
+            }
+        })
+        .sum();
+    let room = if total > max {
+        max.saturating_sub(1)
+    } else {
+        max
+    };
+    for c in value.chars() {
+        let c = if c.is_control() { ' ' } else { c };
+        let w = c.width().unwrap_or(0);
+        if width + w > room {
+            break;
+        }
+        width += w;
+        out.push(c);
+    }
+    if total > max {
+        out.push(CUT);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// A batch of rows as aligned table lines, under the header when `header`.
 fn write_rows(out: &mut dyn Write, rows: &[Row], header: bool) -> std::io::Result<()> {
     let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
@@ -280,21 +329,24 @@ fn write_rows(out: &mut dyn Write, rows: &[Row], header: bool) -> std::io::Resul
         writeln!(
             tw,
             "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            row.thread_id,
+            cell(&row.thread_id, MAX_CELL),
             if row.checkpoint_ns.is_empty() {
-                "-"
+                "-".into()
             } else {
-                &row.checkpoint_ns
+                cell(&row.checkpoint_ns, MAX_CELL)
             },
-            row.handle_class,
-            row.handle.as_deref().unwrap_or("-"),
+            cell(&row.handle_class, MAX_CELL),
+            cell(row.handle.as_deref().unwrap_or("-"), MAX_CELL),
             row.age_seconds.map_or_else(|| "-".to_owned(), age),
-            row.principal.as_deref().unwrap_or("-"),
+            cell(row.principal.as_deref().unwrap_or("-"), MAX_CELL),
             row.verdict.as_str(),
-            row.action
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), ToString::to_string),
-            row.reason,
+            cell(
+                &row.action
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), ToString::to_string),
+                MAX_REASON
+            ),
+            cell(&row.reason, MAX_REASON),
         )?;
     }
     tw.flush()
@@ -649,6 +701,66 @@ mod tests {
             .unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&buf).unwrap();
         assert_eq!(doc, serde_json::json!({"stores": [], "errors": []}));
+    }
+
+    /// Issue 17, item 15: a huge handle is cut with a marker, wide characters count two
+    /// columns, a tab cannot break the columns; JSON keeps the whole value.
+    #[test]
+    fn table_cells_are_cut_and_aligned_by_display_width() {
+        use crate::sweep::RowSink;
+        use unicode_width::UnicodeWidthStr;
+        let mut huge = row("t-huge");
+        huge.handle = Some("h".repeat(10_000));
+        let mut wide = row("t-宽宽宽");
+        wide.handle = Some("🧺🧺🧺".into());
+        wide.reason = "line one\nline\ttwo".into();
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
+        w.begin_store("ns/a");
+        w.rows(vec![huge.clone(), wide, row("t1")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&[]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().skip(1).take(4).collect();
+        assert!(lines.iter().all(|l| l.len() < 400), "{text}");
+        assert!(
+            lines[1].contains(&format!(
+                "{}{}",
+                "h".repeat(super::MAX_CELL - 1),
+                super::CUT
+            )),
+            "{text}"
+        );
+        assert!(lines[2].contains("line one line two"), "{text}");
+        // The VERDICT column starts at the same display column on every line.
+        let at: Vec<usize> = lines
+            .iter()
+            .map(|l| {
+                let i = l
+                    .find("VERDICT")
+                    .or_else(|| l.find(" ok ").map(|i| i + 1))
+                    .unwrap();
+                l[..i].width()
+            })
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] == w[1]), "{at:?}\n{text}");
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
+        w.begin_store("ns/a");
+        w.rows(vec![huge]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&[]).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(
+            doc["stores"][0]["rows"][0]["handle"]
+                .as_str()
+                .unwrap()
+                .len(),
+            10_000
+        );
+        assert_eq!(super::cell("ab", 2), "ab");
+        assert_eq!(super::cell("abc", 2), "a…");
+        assert_eq!(super::cell("宽宽", 3), "宽…");
     }
 
     #[test]

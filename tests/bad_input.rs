@@ -16,7 +16,10 @@
 //! | `bad-aes` | serializer type `msgpack+aes` (encrypted) | — (no per-value types) | skipped `unsupported_format`, channel `basket` |
 //! | `bad-future` | checkpoint format `v: 5` | skipped `unsupported_format` | same |
 //! | `bad-metadata` | metadata is a JSON array | skipped `decode` | same |
+//! | `bad-utf8` | the handle string in `basket` is `bsk\xff…` (invalid UTF-8) | skipped `decode`, channel `basket` (never probed as `bsk\u{fffd}…`) | same |
+//! | `bad-utf8-key` | the `channel_values` key `basket` is `b\xffsket` | skipped `decode` (not read as a missing channel) | — (JSONB is UTF-8) |
 //! | `old-v1` | format `v: 1` with `pending_sends` (and, PostgreSQL, a legacy `json` blob) | verdict `ok` | verdict `ok` |
+//! | `old-json` | the latest document stored with serializer type `json` (legacy; SqliteSaver reads it) | verdict `ok` | — (the `json` blob of `old-v1`) |
 //! | `other-ext` | ext code 42 in a channel no HandleClass reads | verdict `ok` | — (unread blobs are never fetched) |
 //! | `t-live`, `t-expired`, `t-absent` | none | `ok`, `gone`, `absent` | same |
 //!
@@ -32,7 +35,7 @@
 //!
 //! | case | probe (tools/call): verdict, `probeErrors` reason | discovery (tools/list): category |
 //! |---|---|---|
-//! | `wrong_id` (the result carries another request's id) | `unknown`, `transport` | `transport` |
+//! | `wrong_id` (the result carries another request's id) | `unknown`, `protocol` | `protocol` |
 //! | `unknown_content` (a block of a type the spec does not define) | `unknown`, `protocol` | — |
 //! | `extra_content` (image, audio, resource_link, resource blocks; `_meta` and unknown fields) | `ok` | — |
 //! | `huge_event` (one SSE event over 1 MiB) | `unknown`, `transport` | `transport` |
@@ -40,12 +43,16 @@
 //! | `invalid_utf8` (in a JSON body) | `unknown`, `protocol` | `protocol` |
 //! | `invalid_utf8_sse` (in an SSE event) | `unknown`, `transport` | `transport` |
 //! | `not_json` (an HTML page as application/json) | `unknown`, `protocol` | `protocol` |
-//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `transport` | `transport` |
+//! | `not_json_sse` (SSE event data that is not JSON) | `unknown`, `protocol` | `protocol` |
+//! | `string_id`, `error_event`, `unterminated_event` (tests/py/misbehaving_server.py; tests/strict_replies.rs, tests/discovery.rs) | `unknown`, `protocol` / `rpc_error` / `transport` | same |
 //!
 //! Lenient where the spec is extensible (extra fields, `_meta`, every defined block type: rmcp
-//! accepts them and the probe succeeds), strict where the reply is broken. rmcp reports every
-//! broken SSE reply only as a closed stream, so those are `transport` with a reason that says
-//! what can cause it; a broken JSON body is parsed by rmcp, and its error names the cause and
+//! accepts them and the probe succeeds), strict where the reply is broken. custody's HTTP client
+//! under rmcp (src/mcp/strict.rs) sees each POST's reply first: an answer whose id is not exactly
+//! the request's (type and value) and SSE event data that is not a JSON-RPC message are
+//! `protocol` errors naming what was wrong; an SSE event over the size limit or with invalid
+//! UTF-8 is still reported by rmcp only as a closed stream (`transport`, with a reason that says
+//! what can cause it); a broken JSON body is parsed by rmcp, and its error names the cause and
 //! position (custody drops the reply body rmcp quotes). In every probe case the basket server's
 //! handles on the same threads keep their verdicts (`ok`, `gone`).
 
@@ -92,6 +99,25 @@ fn mp_map_set(map: &mut Vec<(Mp, Mp)>, key: &str, value: Mp) {
         Some((_, v)) => *v = value,
         None => map.push((Mp::from(key), value)),
     }
+}
+
+/// `bytes` with `from` replaced by `to` (same length) wherever it occurs; at least once. rmpv
+/// cannot write invalid UTF-8 as a msgpack string (it writes such a value as binary), so the
+/// corruption of issue 17, item 1 is made on the encoded bytes.
+fn patch_bytes(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+    assert_eq!(from.len(), to.len());
+    let mut hits = 0;
+    let mut i = 0;
+    while i + from.len() <= bytes.len() {
+        if &bytes[i..i + from.len()] == from {
+            bytes[i..i + from.len()].copy_from_slice(to);
+            hits += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(hits > 0, "{from:?} not found");
 }
 
 /// msgpack for one more map entry `"padding": <HUGE-byte str32 of x>`, without its data: the
@@ -323,6 +349,30 @@ async fn sqlite_edit_docs(
     }
 }
 
+/// Rewrites the bytes of the latest checkpoint document of `thread` with `patch`.
+async fn sqlite_patch_latest(
+    conn: &mut sqlx::SqliteConnection,
+    thread: &str,
+    patch: impl Fn(&mut Vec<u8>),
+) {
+    let (id, mut bytes): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT checkpoint_id, checkpoint FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '' \
+         ORDER BY checkpoint_id DESC LIMIT 1",
+    )
+    .bind(thread)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    patch(&mut bytes);
+    sqlx::query("UPDATE checkpoints SET checkpoint = ? WHERE thread_id = ? AND checkpoint_id = ?")
+        .bind(bytes)
+        .bind(thread)
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
 /// Adds a top-level `padding` entry of [`HUGE`] bytes (a bin32 of zeros) to every checkpoint
 /// document of `thread`: the document is absurdly large, still valid msgpack. SQLite runs in
 /// the process that opens the file, so the venv's Python does it (see [`padding_entry_header`]).
@@ -401,6 +451,9 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         "bad-metadata",
         "old-v1",
         "other-ext",
+        "bad-utf8",
+        "bad-utf8-key",
+        "old-json",
     ] {
         sqlite_copy_thread(&mut conn, "t-live", copy).await;
     }
@@ -447,6 +500,44 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         mp_map_set(doc, "pending_sends", Mp::Array(Vec::new()));
     })
     .await;
+    // The `_` of every handle in the latest document replaced by 0xff (only the
+    // `basket` channel is read, so copies elsewhere in the state do not matter).
+    sqlite_patch_latest(&mut conn, "bad-utf8", |doc| {
+        patch_bytes(doc, b"bsk_", b"bsk\xff");
+    })
+    .await;
+    // The channel_values key `basket` itself corrupted (b\xffsket): looked up by name, the
+    // channel would read as missing. Renamed first so channel_versions keeps its key.
+    sqlite_edit_docs(&mut conn, "bad-utf8-key", |doc| {
+        let mut v = values(doc);
+        if let Some((key, _)) = v.iter_mut().find(|(k, _)| k.as_str() == Some("basket")) {
+            *key = Mp::from("bASKET");
+        }
+        mp_map_set(doc, "channel_values", Mp::Map(v));
+    })
+    .await;
+    sqlite_patch_latest(&mut conn, "bad-utf8-key", |doc| {
+        patch_bytes(doc, b"\xa6bASKET", b"\xa6b\xffsket");
+    })
+    .await;
+    // A legacy row: the latest document stored as serializer type `json` (SqliteSaver of
+    // LangGraph 1.2.24 reads it through `loads_typed`).
+    let (latest, bytes): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT checkpoint_id, checkpoint FROM checkpoints WHERE thread_id = 'old-json' \
+         ORDER BY checkpoint_id DESC LIMIT 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let as_json = custody::checkpoint::serde::decode_typed("msgpack", Some(&bytes))
+        .unwrap()
+        .unwrap();
+    sqlx::query("UPDATE checkpoints SET type = 'json', checkpoint = ? WHERE thread_id = 'old-json' AND checkpoint_id = ?")
+        .bind(serde_json::to_vec(&as_json).unwrap())
+        .bind(latest)
+        .execute(&mut conn)
+        .await
+        .unwrap();
     sqlite_edit_docs(&mut conn, "other-ext", |doc| {
         let mut v = values(doc);
         mp_map_set(&mut v, "notes", Mp::Ext(42, vec![0xc0]));
@@ -459,7 +550,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
     let dsn = format!("sqlite://{}", db.display());
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "sqlite", &dsn, "escalate");
-    let expect: [Expect; 7] = [
+    let expect: [Expect; 9] = [
         (
             "bad-ext",
             "decode",
@@ -488,7 +579,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             "bad-pickle",
             "unsupported_format",
             None,
-            "checkpoint serialized as Some(\"pickle\")",
+            "checkpoint serialized as pickle; custody reads msgpack and json",
         ),
         ("bad-trunc", "decode", None, "malformed msgpack"),
         (
@@ -497,8 +588,21 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             None,
             "channel_versions is not a map of versions",
         ),
+        (
+            "bad-utf8",
+            "decode",
+            Some("basket"),
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 3 of",
+        ),
+        (
+            "bad-utf8-key",
+            "decode",
+            None,
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 1 of 6)",
+        ),
     ];
     let good = [
+        ("old-json", "ok"),
         ("old-v1", "ok"),
         ("other-ext", "ok"),
         ("t-absent", "absent"),
@@ -585,6 +689,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-metadata",
         "bad-version",
         "bad-ts",
+        "bad-utf8",
         "old-v1",
     ] {
         pg_copy_thread(&mut conn, "t-live", copy).await;
@@ -630,6 +735,16 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-ts",
     )
     .await;
+    // The handle's `_` replaced by 0xff (`bsk\xff…`): the blob is msgpack, not UTF-8 text, so
+    // PostgreSQL does not refuse it.
+    pg_exec(
+        &mut conn,
+        &blobs(
+            "blob = overlay(blob placing '\\xff'::bytea from position('bsk_'::bytea in blob) + 3 for 1)",
+        ),
+        "bad-utf8",
+    )
+    .await;
     pg_exec(&mut conn, &blobs("type = 'pickle'"), "bad-pickle").await;
     pg_exec(&mut conn, &blobs("type = 'msgpack+aes'"), "bad-aes").await;
     pg_exec(
@@ -672,7 +787,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 10] = [
+    let expect: [Expect; 11] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -716,6 +831,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "decode",
             None,
             "channel_versions is not a map of versions",
+        ),
+        (
+            "bad-utf8",
+            "decode",
+            Some("basket"),
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 3 of",
         ),
         (
             "bad-version",
@@ -780,8 +901,8 @@ const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
     (
         "wrong_id",
         "unknown",
-        Some("transport"),
-        "closed without a response",
+        Some("protocol"),
+        "tools/call failed: the reply carried JSON-RPC id 100",
     ),
     (
         "unknown_content",
@@ -823,8 +944,8 @@ const PROBE_CASES: [(&str, &str, Option<&str>, &str); 9] = [
     (
         "not_json_sse",
         "unknown",
-        Some("transport"),
-        "closed without a response",
+        Some("protocol"),
+        "an SSE event's data is not a JSON-RPC message: expected value at line 1 column 1",
     ),
 ];
 
@@ -925,7 +1046,11 @@ spec:
 
 /// (case, category, fragment of the error) when the bad reply answers `tools/list`.
 const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
-    ("wrong_id", "transport", "closed without a response"),
+    (
+        "wrong_id",
+        "protocol",
+        "the reply carried JSON-RPC id 1002, not the request's id 2;",
+    ),
     ("huge_event", "transport", "closed without a response"),
     (
         "huge_body",
@@ -943,7 +1068,11 @@ const DISCOVERY_CASES: [(&str, &str, &str); 7] = [
         "protocol",
         "expected value at line 1 column 1 (reply body not shown)",
     ),
-    ("not_json_sse", "transport", "closed without a response"),
+    (
+        "not_json_sse",
+        "protocol",
+        "an SSE event's data is not a JSON-RPC message",
+    ),
 ];
 
 #[tokio::test(flavor = "multi_thread")]

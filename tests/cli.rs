@@ -132,3 +132,24 @@ fn crd_prints_every_kind() {
         assert!(yaml.contains(&format!("kind: {kind}\n")), "{kind}");
     }
 }
+
+/// Issue 17, item 12: the URL standard reads `host:` as "no port", so this would connect to
+/// port 80; custody refuses it at validation, naming the field.
+#[test]
+fn a_url_with_an_empty_port_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:/mcp",
+        "auto",
+        "sqlite",
+        "sqlite://x.sqlite",
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains(
+            "server.yaml: document 1 (MCPServer default/basket): spec.url: URL has an empty port"
+        ),
+        "{err}"
+    );
+}

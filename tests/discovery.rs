@@ -251,13 +251,12 @@ fn discover_cli_prints_the_catalog_and_never_a_header_value() {
 async fn misbehaving_servers_fail_cleanly() {
     let timeout = Duration::from_secs(4);
     // (case, Ok(()) for a correct catalog or Err(category), a fragment of the error text)
-    let cases: [(&str, Result<(), &str>, &str); 15] = [
+    let cases: [(&str, Result<(), &str>, &str); 21] = [
         ("ok", Ok(()), ""),
         ("notifications_first", Ok(()), ""),
         ("forget_session", Ok(()), ""),
-        // rmcp re-initializes only on 404; the TypeScript SDK's 400 for a stale session is bounded
-        // by the timeout instead (README, "The MCP client").
-        ("stale_session_400", Err("timeout"), "timed out"),
+        // The TypeScript SDK's 400 without an id for a stale session: re-initialized as for 404.
+        ("stale_session_400", Ok(()), ""),
         ("hang", Err("timeout"), "timed out"),
         ("hang_after_init", Err("timeout"), "timed out"),
         ("invalid_json", Err("protocol"), "reply body not shown"),
@@ -267,7 +266,40 @@ async fn misbehaving_servers_fail_cleanly() {
         ("http_500", Err("transport"), "500"),
         ("drop_mid_stream", Err("timeout"), "timed out"),
         ("slow_bytes", Err("timeout"), "timed out"),
-        ("wrong_id", Err("transport"), "closed without a response"),
+        (
+            "wrong_id",
+            Err("protocol"),
+            "tools/list failed: the reply carried JSON-RPC id 1002, not the request's id 2;",
+        ),
+        // Issue 17: exact ids, `event: error`, an unterminated last event, both eras refused.
+        (
+            "string_id",
+            Err("protocol"),
+            "tools/list failed: the reply carried JSON-RPC id \"2\", not the request's id 2;",
+        ),
+        (
+            "string_id_init",
+            Err("protocol"),
+            "initialize failed: the reply carried JSON-RPC id \"1\", not the request's id 1;",
+        ),
+        ("error_event", Err("rpc_error"), "database unavailable"),
+        (
+            "unterminated_event",
+            Err("transport"),
+            "tools/list failed: the SSE reply ended after 0 events without a response to this \
+             request (an event is dispatched only once a blank line ends it",
+        ),
+        (
+            "unterminated_init",
+            Err("transport"),
+            "initialize failed: the SSE reply ended after 0 events",
+        ),
+        (
+            "refuse_eras",
+            Err("connect"),
+            "connect failed: server/discover failed: -32000: Bad Request: Server not \
+             initialized; initialize failed: -32600: Unsupported protocol version",
+        ),
         (
             "invalid_utf8",
             Err("protocol"),

@@ -31,6 +31,8 @@
 //! | two sweepers settling audit records at once | each record looked up and settled once | tests/audit.rs `two_concurrent_sweeps_settle_each_record_once_{sqlite,postgres}` |
 //! | audit lookup slower than the timeout, or its server down | the record stays pending, counted as an error | tests/audit.rs `a_lookup_that_times_out_leaves_the_record_pending`, `settles_landed_lost_down_and_old_records_{sqlite,postgres}` |
 //! | discovery against a hanging, 5xx, dropping, slow, looping or malformed server | an error naming the server and step, within the timeout | tests/discovery.rs |
+//! | a stale session refused with 400 and no id (TypeScript SDK) | re-initialized once, as for 404: the catalog, no timeout | tests/discovery.rs (`stale_session_400`) |
+//! | an answer with a look-alike id (`"1"` for 1), `event: error`, a last SSE event without its blank line, both eras refused in `mode: auto` | `protocol`, `rpc_error` with the server's message, `transport` saying the stream ended without an answer, `connect` with both causes; probes `unknown` | tests/discovery.rs, tests/strict_replies.rs |
 //! | probe server refusing connections | `unknown` | tests/sweep.rs |
 //! | controller: lease lost, Secret deleted | (the controller's rows) | tests/cluster_controller.rs |
 

@@ -120,7 +120,8 @@ impl CheckpointDoc {
     /// elsewhere in the state does not spoil the thread.
     ///
     /// # Errors
-    /// The document is not a map or lacks `id`.
+    /// The document is not a map or lacks `id`, or a key of the document or of its
+    /// `channel_values` is not valid UTF-8.
     pub fn from_msgpack(
         doc: &Mp,
         channels: &[String],
@@ -144,6 +145,13 @@ impl CheckpointDoc {
                 ));
             }
         };
+        // A key that is not valid UTF-8 would silently fail every lookup by name below (a
+        // handle channel read as missing); LangGraph's reader refuses such a document outright.
+        for (key, _) in entries.iter().chain(values) {
+            if let Mp::String(key) = key {
+                super::serde::text(key)?;
+            }
+        }
         let parsed = Self::from_json(&serde_json::json!({
             "v": small("v")?,
             "id": small("id")?,
@@ -167,6 +175,33 @@ impl CheckpointDoc {
                     Ok(v) => super::Channel::Value(v),
                     Err(e) => super::Channel::Undecodable(e),
                 },
+                None if parsed.channel_versions.contains_key(channel) => super::Channel::Empty,
+                None => continue,
+            };
+            found.insert(channel.clone(), state);
+        }
+        Ok((parsed, found))
+    }
+}
+
+impl CheckpointDoc {
+    /// Reads a SQLite checkpoint stored with serializer type `json` (legacy rows, which
+    /// SqliteSaver's `loads_typed` still reads) and returns the requested channels' values, as
+    /// [`Self::from_msgpack`] does for msgpack documents. Values are read as PostgreSQL's reader
+    /// reads a `json` blob: plain JSON, LangChain `lc` envelopes left as they are.
+    ///
+    /// # Errors
+    /// As [`Self::from_json`].
+    pub fn from_json_with_values(
+        doc: &Value,
+        channels: &[String],
+    ) -> Result<(Self, BTreeMap<String, super::Channel>), DecodeError> {
+        let parsed = Self::from_json(doc)?;
+        let values = doc.get("channel_values").and_then(Value::as_object);
+        let mut found = BTreeMap::new();
+        for channel in channels {
+            let state = match values.and_then(|v| v.get(channel)) {
+                Some(v) => super::Channel::Value(v.clone()),
                 None if parsed.channel_versions.contains_key(channel) => super::Channel::Empty,
                 None => continue,
             };

@@ -42,7 +42,8 @@ pub enum DecodeKind {
     /// Larger than [`MAX_VALUE_BYTES`].
     TooLarge,
     /// A format custody does not read: `pickle`, an encrypted `<type>+<cipher>` value, a
-    /// checkpoint document newer than format v4, a SQLite checkpoint not stored as msgpack.
+    /// checkpoint document newer than format v4, a SQLite checkpoint stored as neither msgpack nor
+    /// json.
     UnsupportedFormat,
 }
 
@@ -193,10 +194,7 @@ fn convert(value: &Mp, depth: usize) -> Result<Value, DecodeError> {
         },
         Mp::F32(f) => float(f64::from(*f)),
         Mp::F64(f) => float(*f),
-        Mp::String(s) => Value::String(match s.as_str() {
-            Some(s) => s.to_owned(),
-            None => String::from_utf8_lossy(s.as_bytes()).into_owned(),
-        }),
+        Mp::String(s) => Value::String(text(s)?.to_owned()),
         Mp::Binary(b) => bytes_view(b),
         Mp::Array(items) => Value::Array(
             items
@@ -222,7 +220,7 @@ fn convert(value: &Mp, depth: usize) -> Result<Value, DecodeError> {
 /// `msgpack_decode` fuzz target).
 fn key_text(key: &Mp, depth: usize) -> Result<String, DecodeError> {
     match key {
-        Mp::String(s) => Ok(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        Mp::String(s) => Ok(text(s)?.to_owned()),
         Mp::Map(_) | Mp::Array(_) => Err(DecodeError::malformed(
             "map key is a map or an array; only scalar keys are supported",
         )),
@@ -235,6 +233,23 @@ fn key_text(key: &Mp, depth: usize) -> Result<String, DecodeError> {
             )),
         },
     }
+}
+
+/// A msgpack string as text, exactly. ormsgpack's `unpackb` (LangGraph's reader) refuses a
+/// checkpoint with invalid UTF-8 in any string; a replacement character instead would make
+/// custody probe a handle that is not the one stored (issue 17, item 1).
+///
+/// # Errors
+/// The string is not valid UTF-8; the message says where, never the bytes.
+pub fn text(s: &rmpv::Utf8String) -> Result<&str, DecodeError> {
+    s.as_str().ok_or_else(|| match s.as_err() {
+        Some(e) => DecodeError::malformed(format!(
+            "a msgpack string is not valid UTF-8 (invalid byte at offset {} of {})",
+            e.valid_up_to(),
+            s.as_bytes().len()
+        )),
+        None => DecodeError::malformed("a msgpack string is not valid UTF-8"),
+    })
 }
 
 fn float(f: f64) -> Value {
@@ -271,9 +286,7 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
                 )));
             };
             let (module, class) = match (parts.first(), parts.get(1)) {
-                (Some(Mp::String(m)), Some(Mp::String(c))) => {
-                    (m.as_str().unwrap_or(""), c.as_str().unwrap_or(""))
-                }
+                (Some(Mp::String(m)), Some(Mp::String(c))) => (text(m)?, text(c)?),
                 _ => {
                     return Err(DecodeError::malformed(format!(
                         "msgpack ext {code} payload lacks [module, class]"
@@ -291,6 +304,8 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
                 && let Mp::String(hex) = arg
                 && let Some(hex) = hex.as_str()
                 && hex.len() == 32
+                // Byte slicing below needs ASCII: 32 bytes of multi-byte text would panic.
+                && hex.bytes().all(|b| b.is_ascii_hexdigit())
             {
                 return Ok(Value::String(format!(
                     "{}-{}-{}-{}-{}",
@@ -305,7 +320,10 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
         }
         6 => {
             let dtype = match &inner {
-                Mp::Array(parts) => parts.first().and_then(|d| d.as_str()).unwrap_or("?"),
+                Mp::Array(parts) => match parts.first() {
+                    Some(Mp::String(d)) => text(d)?,
+                    _ => "?",
+                },
                 _ => "?",
             };
             let mut map = Map::new();
@@ -510,6 +528,37 @@ mod tests {
         assert_eq!(
             DecodeKind::ALL.map(DecodeKind::as_str),
             ["decode", "too_large", "unsupported_format"]
+        );
+    }
+
+    /// ormsgpack (LangGraph's reader) refuses invalid UTF-8 in any string; so does custody,
+    /// in values, keys and extension payloads, instead of replacing bytes (issue 17, item 1).
+    #[test]
+    fn invalid_utf8_is_an_error_never_a_replacement() {
+        let err = decode_typed("msgpack", Some(&[0xa4, b'b', b's', b'k', 0xff])).unwrap_err();
+        assert_eq!(err.kind, DecodeKind::Decode);
+        assert_eq!(
+            err.message,
+            "a msgpack string is not valid UTF-8 (invalid byte at offset 3 of 4)"
+        );
+        let key = [0x81, 0xa2, 0xff, b'k', 0x01];
+        assert!(decode_typed("msgpack", Some(&key)).is_err());
+        let mut module = vec![0x93, 0xa2, 0xc3, 0x28, 0xa1, b'C', 0x01];
+        let mut ext = vec![0xc7, u8::try_from(module.len()).unwrap(), 0x00];
+        ext.append(&mut module);
+        assert!(decode_typed("msgpack", Some(&ext)).is_err());
+        // 32 bytes that are valid UTF-8 but not hex: no slicing inside a character.
+        let uuid = ext_of(
+            0,
+            Mp::Array(vec![
+                "uuid".into(),
+                "UUID".into(),
+                format!("aa{}", "€".repeat(10)).into(),
+            ]),
+        );
+        assert_eq!(
+            to_data(&uuid).unwrap(),
+            json!(format!("aa{}", "€".repeat(10)))
         );
     }
 

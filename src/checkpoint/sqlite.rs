@@ -142,9 +142,17 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
         Some("msgpack") => {
             serde::read(&bytes).and_then(|doc| CheckpointDoc::from_msgpack(&doc, channels))
         }
-        other => Err(DecodeError::unsupported(format!(
-            "checkpoint serialized as {other:?}; only msgpack (LangGraph 1.x) is supported"
+        // Legacy rows: SqliteSaver reads them through `loads_typed` (UTF-8 JSON), and so does the
+        // PostgreSQL reader for a `json` blob.
+        Some("json") => serde::decode_typed("json", Some(&bytes)).and_then(|doc| {
+            CheckpointDoc::from_json_with_values(&doc.unwrap_or_default(), channels)
+        }),
+        Some(other) => Err(DecodeError::unsupported(format!(
+            "checkpoint serialized as {other}; custody reads msgpack and json"
         ))),
+        None => Err(DecodeError::unsupported(
+            "checkpoint has no serializer type; custody reads msgpack and json",
+        )),
     };
     match decoded {
         Ok((doc, found)) => {

@@ -35,6 +35,17 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     }
 }
 
+/// Whether the URL's authority ends in a colon with no port (`http://127.0.0.1:/mcp`). The URL
+/// standard accepts it as "no port" (the `url` crate parses it so), so only the text can tell.
+fn has_empty_port(url: &str) -> bool {
+    let Some((_, rest)) = url.split_once("://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host_port.ends_with(':')
+}
+
 /// Validates an MCPServer spec.
 ///
 /// # Errors
@@ -53,6 +64,13 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     }
     if url.host_str().is_none_or(str::is_empty) {
         return Err(err("spec.url", "URL has no host"));
+    }
+    if has_empty_port(&spec.url) {
+        return Err(err(
+            "spec.url",
+            "URL has an empty port (a colon after the host with no number, which would connect \
+             to the scheme's default port); write the port, or leave out the colon",
+        ));
     }
     if !(1..=300).contains(&spec.timeout_seconds) {
         return Err(err("spec.timeoutSeconds", "must be between 1 and 300"));
@@ -447,10 +465,21 @@ mod tests {
             "stdio",
             "billing",
             "http://",
+            "http://127.0.0.1:/mcp",
+            "http://user:pw@[::1]:/mcp",
+            "https://mcp.example.com:?x=1",
         ] {
             let e = mcp_server(&server(bad)).unwrap_err();
             assert_eq!(e.field, "spec.url", "{bad}");
         }
+        assert!(
+            mcp_server(&server("http://127.0.0.1:/mcp"))
+                .unwrap_err()
+                .to_string()
+                .contains("empty port")
+        );
+        assert!(mcp_server(&server("http://user:pw@[::1]:8080/mcp")).is_ok());
+        assert!(mcp_server(&server("http://x/a:b")).is_ok());
         let mut s = server("http://x/mcp");
         s.timeout_seconds = 0;
         assert_eq!(mcp_server(&s).unwrap_err().field, "spec.timeoutSeconds");

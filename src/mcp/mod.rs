@@ -37,6 +37,7 @@ use crate::domain::verdict::ProbeOutcome;
 
 pub mod discovery;
 pub mod egress;
+mod strict;
 
 /// Default cap on one JSON response or SSE event: 1 MiB, as the agent toolkit's
 /// `max_sse_event_size`.
@@ -110,9 +111,10 @@ pub enum McpError {
 
 /// The bounded categories of [`McpError::Request`], as [`McpError::category`] names them:
 /// `transport` (the connection failed, an HTTP error status, or the reply stream ended without
-/// a response: rmcp reports a malformed or oversized SSE event, or one with another request's
-/// JSON-RPC id, only as a closed stream), `protocol` (a reply that is not a JSON-RPC message of
-/// the expected shape: not JSON, invalid UTF-8, a wrong content type, a result of another kind),
+/// a response: rmcp reports an SSE event with invalid UTF-8 or over the size limit only as a
+/// closed stream), `protocol` (a reply that is not a JSON-RPC message of the expected shape: not
+/// JSON, invalid UTF-8, a wrong content type, a result of another kind, an id that is not
+/// exactly the request's; see [`strict`]),
 /// `too_large` (a JSON reply over [`ServerConfig::max_response_bytes`]), `rpc_error` (the server
 /// answered with a JSON-RPC error).
 pub const REQUEST_CATEGORIES: [&str; 4] = ["transport", "protocol", "too_large", "rpc_error"];
@@ -133,10 +135,23 @@ impl McpError {
 /// What a person needs to know about a failed request. rmcp's own text is used except where it
 /// says too little: a closed stream and an unexpected result carry no detail of their own.
 fn request_reason(e: &rmcp::ServiceError) -> String {
+    use rmcp::transport::streamable_http_client::StreamableHttpError as H;
     match e {
+        rmcp::ServiceError::McpError(e) if strict::marked(e).is_some() => e.message.to_string(),
+        rmcp::ServiceError::TransportSend(t)
+            if matches!(
+                t.error.downcast_ref::<H<reqwest::Error>>(),
+                Some(H::SessionExpired)
+            ) =>
+        {
+            "the server refused the session again after custody re-initialized it once (HTTP \
+             404, or an error without an id to a request carrying the session, as the \
+             TypeScript SDK's 400 for a stale session)"
+                .into()
+        }
         rmcp::ServiceError::TransportClosed => "the reply stream closed without a response: rmcp \
-            ends it on an SSE event it cannot use (not JSON, invalid UTF-8, over the size limit, or \
-            the response to another request id) and on a dropped connection"
+            ends it on an SSE event it cannot read (invalid UTF-8, over the size limit) and on a \
+            dropped connection"
             .into(),
         rmcp::ServiceError::UnexpectedResponse => "the reply is not a result of the expected \
             kind (for tools/call: a content block type the protocol does not define, or another \
@@ -151,7 +166,7 @@ fn request_category(e: &rmcp::ServiceError) -> &'static str {
     use rmcp::ServiceError as S;
     use rmcp::transport::streamable_http_client::StreamableHttpError as H;
     match e {
-        S::McpError(_) => "rpc_error",
+        S::McpError(e) => strict::marked(e).map_or("rpc_error", |(category, _)| category),
         S::Timeout { .. } => "timeout",
         S::TransportSend(t) => match t.error.downcast_ref::<H<reqwest::Error>>() {
             Some(H::ResponseBodyTooLarge { .. }) => "too_large",
@@ -220,7 +235,10 @@ impl Connection {
         backoff.base_duration = Duration::from_millis(200);
         backoff.max_delay = Some(Duration::from_secs(1));
         transport_cfg.retry_config = Arc::new(backoff);
-        let transport = StreamableHttpClientTransport::with_client(http, transport_cfg);
+        let transport = StreamableHttpClientTransport::with_client(
+            strict::StrictHttp::new(http),
+            transport_cfg,
+        );
         let client = ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("custody", env!("CARGO_PKG_VERSION")),
@@ -249,10 +267,7 @@ impl Connection {
             step: "connect".into(),
             after: cfg.timeout,
         })?
-        .map_err(|e| McpError::Connect {
-            server: cfg.name.clone(),
-            reason: root_cause(&e),
-        })?;
+        .map_err(|e| connect_error(&cfg.name, &e))?;
         Ok(Self {
             service,
             server: cfg.name.clone(),
@@ -415,6 +430,55 @@ impl From<Result<ToolResult, McpError>> for ProbeOutcome {
             },
             Err(e) => ProbeOutcome::Failed(e.to_string()),
         }
+    }
+}
+
+/// A failed connect or negotiation. A reply refused by [`strict`] is a request error of its
+/// category (`protocol` for a look-alike id, `transport` for a stream that ended without an
+/// answer) naming the step; in `mode: auto`, when both eras failed, the reason keeps each
+/// attempt's cause (rmcp's own message says only that both failed).
+fn connect_error(server: &str, e: &rmcp::service::ClientInitializeError) -> McpError {
+    use rmcp::service::ClientInitializeError as I;
+    // In `mode: auto` the handshake's failure is the fallback of a refused server/discover.
+    let last = match e {
+        I::LegacyFallbackFailed { fallback, .. } => fallback.as_ref(),
+        other => other,
+    };
+    if let I::JsonRpcError(data) = last
+        && let Some((category, method)) = strict::marked(data)
+    {
+        return McpError::Request {
+            server: server.to_owned(),
+            method,
+            reason: data.message.to_string(),
+            category,
+        };
+    }
+    let reason = match e {
+        I::LegacyFallbackFailed { discover, fallback } => format!(
+            "server/discover failed: {}; initialize failed: {}",
+            init_reason(discover),
+            init_reason(fallback)
+        ),
+        other => init_reason(other),
+    };
+    McpError::Connect {
+        server: server.to_owned(),
+        reason,
+    }
+}
+
+fn init_reason(e: &rmcp::service::ClientInitializeError) -> String {
+    match e {
+        rmcp::service::ClientInitializeError::JsonRpcError(data)
+            if strict::marked(data).is_some() =>
+        {
+            data.message.to_string()
+        }
+        rmcp::service::ClientInitializeError::JsonRpcError(data) => {
+            format!("{}: {}", data.code.0, data.message)
+        }
+        other => root_cause(other),
     }
 }
 

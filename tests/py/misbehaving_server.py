@@ -47,6 +47,17 @@ MISBEHAVE_CASE (one per process):
                        read-only tool listing_<N> numbering the listings (1, 2, ...), so a test
                        can tell whose listing reached a status; logs `listing <N> started`
   redirect             every request -> 307 to MISBEHAVE_REDIRECT_TO (a client must not follow)
+  string_id            tools/list and tools/call -> the right answer with the id as a string
+                       ("1" for 1: another JSON type, the same digits)
+  string_id_init       initialize -> the right answer with the id as a string
+  error_event          tools/list and tools/call -> SSE `event: error` whose data is a JSON-RPC
+                       error response -32603 "database unavailable" with the request's id
+                       (python-sdk and typescript-sdk issues on error events)
+  unterminated_event   tools/list and tools/call -> SSE whose one event (the right answer) lacks
+                       its closing blank line, then the stream ends
+  unterminated_init    initialize -> the same
+  refuse_eras          initialize -> 400 {"id": <the id>, "error": {-32600 "Unsupported protocol
+                       version"}} (server/discover gets the usual 400 -32000): both eras refused
 
   The call_* cases misbehave on tools/call of the tools in MISBEHAVE_TOOLS only (discovery and
   every other tool work), for the first MISBEHAVE_TIMES such calls, so a test can show that the
@@ -114,6 +125,12 @@ CASES = (
     "call_http_500",
     "call_drop_mid_stream",
     "call_slow_bytes",
+    "string_id",
+    "string_id_init",
+    "error_event",
+    "unterminated_event",
+    "unterminated_init",
+    "refuse_eras",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -454,6 +471,29 @@ async def send_sse(conn: Conn, sid: str | None, message: dict) -> None:
     await conn.end_chunked()
 
 
+async def send_reply(conn: Conn, sid: str | None, message: dict, init: bool = False) -> None:
+    """A reply to initialize (init) or to tools/list and tools/call, misbehaving as CASE says."""
+    case = CASE.removesuffix("_init") if init == CASE.endswith("_init") else "ok"
+    if case == "string_id":
+        message = {**message, "id": str(message["id"])}
+        log(f"  ... sent with the id as a string: {dumps(message['id'])}")
+    if case == "error_event":
+        error = {"jsonrpc": "2.0", "id": message["id"],
+                 "error": {"code": -32603, "message": "database unavailable"}}
+        log("  ... sent as `event: error` with a JSON-RPC error")
+        await conn.start_chunked(200, sse_headers(sid))
+        await conn.chunk(b"event: error\r\ndata: " + dumps(error).encode() + b"\r\n\r\n")
+        await conn.end_chunked()
+        return
+    if case in ("unterminated_event", "unterminated"):
+        log("  ... sent as one SSE event without its closing blank line")
+        await conn.start_chunked(200, sse_headers(sid))
+        await conn.chunk(b"event: message\r\ndata: " + dumps(message).encode())
+        await conn.end_chunked()
+        return
+    await send_sse(conn, sid, message)
+
+
 async def send_json_error(conn: Conn, status: int, body: dict, sid: str | None = None,
                           content_type: str = "application/json") -> None:
     headers = [("content-type", content_type)]
@@ -678,6 +718,12 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
             "message": "Not Acceptable: Client must accept both application/json and text/event-stream"}})
         return
 
+    if method == "initialize" and has_id and CASE == "refuse_eras":
+        log(f"{what} -> 400 -32600 Unsupported protocol version")
+        await send_json_error(conn, 400, {"jsonrpc": "2.0", "id": rid, "error": {
+            "code": -32600, "message": "Unsupported protocol version"}})
+        return
+
     if method == "initialize" and has_id:
         params = msg.get("params") or {}
         asked = params.get("protocolVersion") if isinstance(params, dict) else None
@@ -685,13 +731,13 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
         new_sid = uuid.uuid4().hex
         STATE.sessions[new_sid] = Session(new_sid, version)
         log(f"{what} -> 200 new session {new_sid} protocolVersion={version}")
-        await send_sse(conn, new_sid, {"jsonrpc": "2.0", "id": rid, "result": {
+        await send_reply(conn, new_sid, {"jsonrpc": "2.0", "id": rid, "result": {
             "capabilities": {"tools": {"listChanged": False}},
             "instructions": f"Misbehaving MCP test server (case {CASE}).",
             "protocolVersion": version,
             "serverInfo": {"name": "misbehaving-server", "title": "Misbehaving MCP test server",
                            "version": "0.1.0"},
-        }})
+        }}, init=True)
         return
 
     if session_trap(sid):
@@ -743,7 +789,7 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
     elif method == "tools/call":
         result = call_tool(params)
         log(f"{what} name={params.get('name')} -> 200 isError={str(result['isError']).lower()}")
-        await send_sse(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": result})
+        await send_reply(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": result})
     elif method == "ping":
         log(f"{what} -> 200")
         await send_sse(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": {}})
@@ -884,7 +930,7 @@ async def tools_list(conn: Conn, what: str, sid: str, session: Session, rid: Any
 
     log(f"{what} cursor={cursor} -> 200 SSE, {len(page['tools'])} tool(s)"
         + (f", nextCursor {page['nextCursor']}" if "nextCursor" in page else ""))
-    await send_sse(conn, sid, response)
+    await send_reply(conn, sid, response)
 
 
 async def huge_event(conn: Conn, what: str, sid: str, rid: Any) -> None:
