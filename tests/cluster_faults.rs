@@ -15,315 +15,62 @@
 //! controllers would both reconcile every object. Tests hold a shared lock; F1 and F1b hold it
 //! alone, replace the serving controller and leave the replica that took over serving the rest.
 
+#[path = "support/apiserver.rs"]
+mod apiserver;
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/suite.rs"]
+mod suite;
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use apiserver::{
+    TestNs, apply, client, condition, eventually, get, kind_api, object, secret, visible_text,
+    wait_conditions, wait_event,
+};
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-    PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
-use support::{BasketServer, Db};
+use suite::{ISOLATION, LEASE, Suite};
+use support::{BasketServer, Db, Peer};
 
-/// Every wait's deadline (the machine may be busy).
-const DEADLINE: Duration = Duration::from_secs(60);
-/// Poll interval of every wait.
-const POLL: Duration = Duration::from_millis(200);
-/// The Lease name (the chart's Role allows only this one).
-const LEASE: &str = "custody-controller";
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
 /// 40 s) cannot be what notices a takeover in F1; the check before each write must.
 const LEASE_SECONDS: i32 = 60;
 /// How long the slow server takes to answer `tools/list` in F1.
 const LIST_DELAY_MS: u64 = 6000;
 
-// ---------------------------------------------------------------------------------------------
-// The controller every test shares.
-
-struct Infra {
-    system_ns: String,
-    kubeconfig: PathBuf,
-    dir: PathBuf,
-    current: tokio::sync::Mutex<Option<ControllerProcess>>,
+/// Starts a replica with [`LEASE_SECONDS`].
+fn start(infra: &Suite, identity: &str) -> ControllerProcess {
+    start_with(infra, identity, LEASE_SECONDS)
 }
 
-/// Tests hold it shared; F1 and F1b hold it alone.
-static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-impl Infra {
-    fn start(&self, identity: &str) -> ControllerProcess {
-        self.start_with(identity, LEASE_SECONDS)
-    }
-
-    fn start_with(&self, identity: &str, lease_seconds: i32) -> ControllerProcess {
-        ControllerProcess::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_custody")),
-            &self.kubeconfig,
-            identity,
-            &self.dir.join(format!("{identity}.log")),
-            &[
-                "--lease-namespace",
-                &self.system_ns,
-                "--lease-seconds",
-                &lease_seconds.to_string(),
-            ],
-        )
-    }
-
-    /// Every controller log of this file.
-    fn logs(&self) -> String {
-        let mut text = String::new();
-        for entry in std::fs::read_dir(&self.dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "log") {
-                text += &std::fs::read_to_string(path).unwrap_or_default();
-            }
-        }
-        text
-    }
-
-    async fn metrics(&self) -> String {
-        self.current.lock().await.as_ref().unwrap().metrics()
-    }
+fn start_with(infra: &Suite, identity: &str, lease_seconds: i32) -> ControllerProcess {
+    infra.replica(identity, &["--lease-seconds", &lease_seconds.to_string()])
 }
 
-fn infra() -> &'static Infra {
-    static INFRA: OnceLock<Infra> = OnceLock::new();
+/// The chart's RBAC and the controller every test shares.
+fn infra() -> &'static Suite {
+    static INFRA: OnceLock<Suite> = OnceLock::new();
     INFRA.get_or_init(|| {
-        let c = cluster::cluster();
-        c.ensure_crds();
-        let pid = std::process::id();
-        let release = format!("custody-faults-{pid}");
-        let system_ns = format!("custody-faults-system-{pid}");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{pid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = cluster::controller_kubeconfig(
-            &release,
-            &system_ns,
-            &dir.join("controller.kubeconfig"),
-        );
-        let mut infra = Infra {
-            system_ns,
-            kubeconfig,
-            dir,
-            current: tokio::sync::Mutex::new(None),
-        };
-        let first = infra.start(&format!("faults-first-{pid}"));
-        let deadline = Instant::now() + DEADLINE;
-        while metric(&first.metrics(), "custody_leader") != Some(1.0) {
-            assert!(
-                Instant::now() < deadline,
-                "the only replica did not take the Lease:\n{}",
-                first.log_tail()
-            );
-            std::thread::sleep(POLL);
-        }
-        *infra.current.get_mut() = Some(first);
-        infra
+        Suite::install("faults", |suite| {
+            start(suite, &format!("faults-first-{}", std::process::id()))
+        })
     })
-}
-
-/// An admin client (the tests' own view of the cluster).
-async fn client() -> Client {
-    let kc = kube::config::Kubeconfig::read_from(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// A test's namespace, deleted (with everything in it) when dropped.
-struct TestNs(String);
-
-impl TestNs {
-    async fn new(client: &Client, tag: &str) -> Self {
-        let name = format!("faults-{tag}-{}", std::process::id());
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        match Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("create namespace {name}: {e}"),
-        }
-        Self(name)
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        let _ = cluster::cluster().kubectl(&["delete", "namespace", &self.0, "--wait=false"], None);
-    }
-}
-
-impl std::ops::Deref for TestNs {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Objects.
-
-fn resource(kind: &str) -> ApiResource {
-    let (group, version, plural) = match kind {
-        "Secret" => ("", "v1", "secrets"),
-        "MCPServer" => ("custody.dev", "v1alpha1", "mcpservers"),
-        "AgentAssignment" => ("custody.dev", "v1alpha1", "agentassignments"),
-        "HandleClass" => ("custody.dev", "v1alpha1", "handleclasses"),
-        "CheckpointStore" => ("custody.dev", "v1alpha1", "checkpointstores"),
-        other => panic!("no plural for {other}"),
-    };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-fn api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &resource(kind))
-}
-
-/// A custody object of `kind` with this spec.
-fn object(kind: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "custody.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec})
-}
-
-fn secret(name: &str, data: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
-}
-
-/// Server-side apply of one object (the tests' field manager).
-async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
-    let name = obj["metadata"]["name"].as_str().unwrap();
-    let out = api(client, ns, obj["kind"].as_str().unwrap())
-        .patch(
-            name,
-            &PatchParams::apply("custody-faults").force(),
-            &Patch::Apply(obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {} {ns}/{name}: {e}", obj["kind"]));
-    serde_json::to_value(out).unwrap()
-}
-
-async fn get(client: &Client, ns: &str, kind: &str, name: &str) -> Option<Value> {
-    api(client, ns, kind)
-        .get_opt(name)
-        .await
-        .unwrap()
-        .map(|o| serde_json::to_value(o).unwrap())
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
-
-/// Retries `check` every 200 ms until it returns `Ok`; panics with its last error after 60 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
-}
-
-/// Waits until the object's conditions have these statuses, each observed at the current
-/// generation; returns the object.
-async fn wait_conditions(
-    client: &Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    want: &[(&str, &str)],
-) -> Value {
-    eventually(
-        &format!("{kind} {ns}/{name} has conditions {want:?}"),
-        async || {
-            let obj = get(client, ns, kind, name).await.ok_or("does not exist")?;
-            let generation = &obj["metadata"]["generation"];
-            for (type_, status) in want {
-                let c = condition(&obj, type_)
-                    .ok_or_else(|| format!("no {type_}; status: {}", obj["status"]))?;
-                if c["status"] != *status || &c["observedGeneration"] != generation {
-                    return Err(format!("{c} at generation {generation}"));
-                }
-            }
-            Ok(obj)
-        },
-    )
-    .await
 }
 
 /// Waits for a Warning Event of this reason about `kind/name`; returns its note.
 async fn wait_warning(client: &Client, ns: &str, kind: &str, name: &str, reason: &str) -> String {
-    eventually(
-        &format!("Warning Event {reason} about {kind} {ns}/{name}"),
-        async || {
-            let all = Api::<Event>::namespaced(client.clone(), ns)
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            all.items
-                .iter()
-                .find(|e| {
-                    e.regarding.as_ref().is_some_and(|r| {
-                        r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
-                    }) && e.reason.as_deref() == Some(reason)
-                        && e.type_.as_deref() == Some("Warning")
-                })
-                .map(|e| e.note.clone().unwrap_or_default())
-                .ok_or_else(|| format!("{} Events, none matching", all.items.len()))
-        },
-    )
-    .await
-}
-
-/// Every object and Event in the namespace (no Secrets), as JSON text: what someone without
-/// Secret access sees.
-async fn visible_text(client: &Client, ns: &str) -> String {
-    let mut all = Vec::new();
-    for kind in [
-        "MCPServer",
-        "AgentAssignment",
-        "HandleClass",
-        "CheckpointStore",
-    ] {
-        for o in api(client, ns, kind)
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            all.push(serde_json::to_string(&o).unwrap());
-        }
-    }
-    for e in Api::<Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
+    wait_event(client, ns, kind, name, reason, "Warning")
         .await
-        .unwrap()
-    {
-        all.push(serde_json::to_string(&e).unwrap());
-    }
-    all.join("\n")
+        .note
+        .unwrap_or_default()
 }
 
 /// `custody_reconcile_failures_total{kind,reason}` of the serving controller.
@@ -348,42 +95,73 @@ async fn langgraph_database(tag: &str) -> String {
 
 /// tests/py/misbehaving_server.py in its `slow_list` case, its request log in a file.
 struct SlowServer {
-    child: Child,
-    port: u16,
+    peer: Peer,
     log: PathBuf,
 }
 
 impl SlowServer {
     fn start(dir: &std::path::Path) -> Self {
-        let port = support::free_port();
-        let log = dir.join(format!("slow-server-{port}.txt"));
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(cluster::repo().join("tests/py/misbehaving_server.py"))
-            .env("MISBEHAVE_PORT", port.to_string())
-            .env("MISBEHAVE_CASE", "slow_list")
-            .env("MISBEHAVE_LIST_DELAY_MS", LIST_DELAY_MS.to_string())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        support::wait_for_port(port, DEADLINE);
-        Self { child, port, log }
+        let log = dir.join(format!("slow-server-{}.txt", uuid::Uuid::new_v4().simple()));
+        let peer = Peer::misbehaving_logged(
+            "slow_list",
+            &[("MISBEHAVE_LIST_DELAY_MS", &LIST_DELAY_MS.to_string())],
+            &log,
+        );
+        Self { peer, log }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
+        self.peer.url()
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Applies MCPServer `slow` for this server and waits until the serving leader's
+    /// `tools/list` (the first listing) is in flight.
+    async fn discovery_in_flight(&self, client: &Client, ns: &str) {
+        let spec = json!({"url": self.url(), "mode": "legacy", "timeoutSeconds": 30});
+        apply(client, ns, &object("MCPServer", "slow", spec)).await;
+        eventually("the leader's tools/list in flight", async || {
+            let log = self.log();
+            if log.contains("listing 1 started") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        })
+        .await;
+    }
 }
 
-impl Drop for SlowServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Asserts that the replica's reconcile counter stays put for 5 s.
+async fn reconciles_no_more(replica: &ControllerProcess, who: &str) {
+    let before = metric_sum(&replica.metrics(), "custody_reconciles_total");
+    // A fixed window on purpose: what is under test is that nothing happens in it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_sum(&replica.metrics(), "custody_reconciles_total"),
+        before,
+        "{who} still reconciles:\n{}",
+        replica.log_tail()
+    );
+}
+
+/// Waits until MCPServer `slow` is Ready with the second listing's catalog (the discovery of
+/// the replica that took over); returns it.
+async fn second_listing_ready(client: &Client, ns: &str, what: &str) -> Value {
+    eventually(what, async || {
+        let obj = get(client, ns, "MCPServer", "slow").await.unwrap();
+        let names = tools(&obj);
+        match condition(&obj, "Ready") {
+            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
+                Ok(obj)
+            }
+            other => Err(format!("Ready {other:?}, tools {names:?}")),
+        }
+    })
+    .await
 }
 
 /// Collects every modification of one object from a resourceVersion on, until dropped.
@@ -393,11 +171,19 @@ struct Recorder {
 }
 
 impl Recorder {
-    async fn start(api: &Api<DynamicObject>, name: &str, rv: &str) -> Self {
+    /// Starts at the object's current resourceVersion.
+    async fn start(api: &Api<DynamicObject>, name: &str) -> Self {
+        let rv = api
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
         let wp = WatchParams::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(290);
-        let stream = api.watch(&wp, rv).await.unwrap();
+        let stream = api.watch(&wp, &rv).await.unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = seen.clone();
         let task = tokio::spawn(async move {
@@ -449,35 +235,17 @@ async fn leader_lease_taken_mid_discovery() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "lease").await;
+    let ns = TestNs::new(&client, "faults-lease").await;
     let slow = SlowServer::start(&infra.dir);
     let mut current = infra.current.lock().await;
     let mut old = current.take().expect("the serving controller");
     assert_eq!(metric(&old.metrics(), "custody_leader"), Some(1.0));
 
-    apply(
-        &client,
-        &ns,
-        &object(
-            "MCPServer",
-            "slow",
-            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
-        ),
-    )
-    .await;
-    eventually("the old leader's tools/list in flight", async || {
-        let log = slow.log();
-        if log.contains("listing 1 started") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    })
-    .await;
+    slow.discovery_in_flight(&client, &ns).await;
 
     // The takeover: the Lease now names a replica that is not running yet.
     let new_identity = format!("faults-takeover-{}", std::process::id());
-    let leases = Api::<Lease>::namespaced(client.clone(), &infra.system_ns);
+    let leases = infra.leases(&client);
     let transitions = leases.get(LEASE).await.unwrap().spec.unwrap_or_default();
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
         k8s_openapi::jiff::Timestamp::now(),
@@ -494,29 +262,11 @@ async fn leader_lease_taken_mid_discovery() {
         .await
         .unwrap();
     let taken = Instant::now();
-    let servers = api(&client, &ns, "MCPServer");
-    let rv = servers
-        .get("slow")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let writes = Recorder::start(&servers, "slow", &rv).await;
-    let new = infra.start(&new_identity);
+    let writes = Recorder::start(&kind_api(&client, &ns, "MCPServer"), "slow").await;
+    let new = start(infra, &new_identity);
 
     // The new leader completes the work.
-    let obj = eventually("the new leader's catalog in status", async || {
-        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
-        let names = tools(&obj);
-        match condition(&obj, "Ready") {
-            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
-                Ok(obj)
-            }
-            other => Err(format!("Ready {other:?}, tools {names:?}")),
-        }
-    })
-    .await;
+    let obj = second_listing_ready(&client, &ns, "the new leader's catalog in status").await;
     assert_eq!(obj["status"]["observedGeneration"], 1);
     assert_eq!(metric(&new.metrics(), "custody_leader"), Some(1.0));
     assert!(metric_sum(&new.metrics(), "custody_reconciles_total") >= 1.0);
@@ -561,17 +311,9 @@ async fn leader_lease_taken_mid_discovery() {
     );
 
     // ... and reconciles no more.
-    let before = metric_sum(&old.metrics(), "custody_reconciles_total");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    reconciles_no_more(&old, "the old leader").await;
     assert_eq!(
-        metric_sum(&old.metrics(), "custody_reconciles_total"),
-        before,
-        "the old leader still reconciles:\n{}",
-        old.log_tail()
-    );
-    let lease = leases.get(LEASE).await.unwrap().spec.unwrap();
-    assert_eq!(
-        lease.holder_identity.as_deref(),
+        infra.lease_holder(&client).await.as_deref(),
         Some(new_identity.as_str())
     );
     let exit = old.terminate();
@@ -588,7 +330,7 @@ async fn paused_leader_replaced_mid_discovery() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "paused").await;
+    let ns = TestNs::new(&client, "faults-paused").await;
     let slow = SlowServer::start(&infra.dir);
     let mut current = infra.current.lock().await;
     let mut serving = current.take().expect("the serving controller");
@@ -600,7 +342,7 @@ async fn paused_leader_replaced_mid_discovery() {
         serving.log_tail()
     );
     let pid = std::process::id();
-    let mut paused = infra.start_with(&format!("faults-paused-{pid}"), 10);
+    let mut paused = start_with(infra, &format!("faults-paused-{pid}"), 10);
     eventually("the first replica leads", async || {
         match metric(&paused.metrics(), "custody_leader") {
             Some(1.0) => Ok(()),
@@ -608,51 +350,15 @@ async fn paused_leader_replaced_mid_discovery() {
         }
     })
     .await;
-    let standby = infra.start_with(&format!("faults-standby-{pid}"), 10);
+    let standby = start_with(infra, &format!("faults-standby-{pid}"), 10);
     assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(0.0));
 
-    apply(
-        &client,
-        &ns,
-        &object(
-            "MCPServer",
-            "slow",
-            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
-        ),
-    )
-    .await;
-    eventually("the leader's tools/list in flight", async || {
-        let log = slow.log();
-        if log.contains("listing 1 started") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    })
-    .await;
+    slow.discovery_in_flight(&client, &ns).await;
     paused.signal("STOP");
-    let servers = api(&client, &ns, "MCPServer");
-    let rv = servers
-        .get("slow")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let writes = Recorder::start(&servers, "slow", &rv).await;
+    let writes = Recorder::start(&kind_api(&client, &ns, "MCPServer"), "slow").await;
 
     // The standby takes the expired Lease and completes the discovery.
-    let obj = eventually("the standby's catalog in status", async || {
-        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
-        let names = tools(&obj);
-        match condition(&obj, "Ready") {
-            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
-                Ok(obj)
-            }
-            other => Err(format!("Ready {other:?}, tools {names:?}")),
-        }
-    })
-    .await;
+    let obj = second_listing_ready(&client, &ns, "the standby's catalog in status").await;
     assert_eq!(obj["status"]["observedGeneration"], 1);
     assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(1.0));
 
@@ -672,14 +378,7 @@ async fn paused_leader_replaced_mid_discovery() {
         }
     })
     .await;
-    let before = metric_sum(&paused.metrics(), "custody_reconciles_total");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        metric_sum(&paused.metrics(), "custody_reconciles_total"),
-        before,
-        "the resumed replica still reconciles:\n{}",
-        paused.log_tail()
-    );
+    reconciles_no_more(&paused, "the resumed replica").await;
     for w in writes.seen() {
         assert!(
             !tools(&w).contains(&"slow_listing_1".to_owned()),
@@ -687,14 +386,8 @@ async fn paused_leader_replaced_mid_discovery() {
             w["status"]
         );
     }
-    let lease = Api::<Lease>::namespaced(client.clone(), &infra.system_ns)
-        .get(LEASE)
-        .await
-        .unwrap()
-        .spec
-        .unwrap();
     assert_eq!(
-        lease.holder_identity.as_deref(),
+        infra.lease_holder(&client).await.as_deref(),
         Some(standby.identity.as_str())
     );
     let exit = paused.terminate();
@@ -712,7 +405,7 @@ async fn secret_deleted_while_referenced() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "secret").await;
+    let ns = TestNs::new(&client, "faults-secret").await;
     let server = BasketServer::start(&[]);
     let dsn = langgraph_database("faults_secret").await;
     let token = format!("faults-token-{}", uuid::Uuid::new_v4().simple());
@@ -1386,8 +1079,8 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "badinput").await;
-    let other = TestNs::new(&client, "badinput-other").await;
+    let ns = TestNs::new(&client, "faults-badinput").await;
+    let other = TestNs::new(&client, "faults-badinput-other").await;
     let server = BasketServer::start(&[]);
     let dsn = langgraph_database("faults_badinput").await;
 

@@ -49,7 +49,11 @@ pub struct BasketServer {
 impl BasketServer {
     /// Starts it with extra `BASKET_*` settings and waits until it accepts connections.
     pub fn start(settings: &[(&str, &str)]) -> Self {
-        let port = free_port();
+        Self::on(free_port(), settings)
+    }
+
+    /// [`BasketServer::start`] on a given port (e.g. to bring a stopped server back).
+    pub fn on(port: u16, settings: &[(&str, &str)]) -> Self {
         let child = Command::new(var("CUSTODY_TEST_PYTHON"))
             .arg(var("CUSTODY_TEST_BASKET_SERVER"))
             .env("BASKET_PORT", port.to_string())
@@ -271,6 +275,17 @@ impl Peer {
 
     /// [`Peer::misbehaving`] with extra `MISBEHAVE_*` settings.
     pub fn misbehaving_with(case: &str, settings: &[(&str, &str)]) -> Self {
+        Self::misbehaving_to(case, settings, Stdio::null())
+    }
+
+    /// [`Peer::misbehaving_with`] writing its request log (stderr) to the file `log`.
+    pub fn misbehaving_logged(case: &str, settings: &[(&str, &str)], log: &Path) -> Self {
+        let file =
+            std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        Self::misbehaving_to(case, settings, file.into())
+    }
+
+    fn misbehaving_to(case: &str, settings: &[(&str, &str)], stderr: Stdio) -> Self {
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
         let child = Command::new(var("CUSTODY_TEST_PYTHON"))
@@ -279,7 +294,7 @@ impl Peer {
             .env("MISBEHAVE_CASE", case)
             .envs(settings.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start misbehaving_server.py");
         let peer = Self { child, port };
