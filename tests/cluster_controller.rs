@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, events, eventually, get, kind_api, object, visible_text,
+    TestNs, apply, client, condition, events, eventually, get, kind_api, visible_text,
     wait_conditions, wait_event,
 };
 use chrono::{DateTime, Utc};
@@ -40,6 +40,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use suite::{ISOLATION, Suite};
+use support::fixtures::{basket_class, merged, object};
 use support::{BasketServer, Db};
 
 /// `--health-interval-seconds` of the controllers.
@@ -802,9 +803,8 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     })
     .await;
     let hc = |name: &str| {
-        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": name},
-               "spec": {"serverRef": "nowhere", "statePath": "basket",
-                        "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}}})
+        let spec = merged(basket_class(), json!({"serverRef": "nowhere"}));
+        object("HandleClass", name, spec)
     };
     let series = "custody_reconciles_total{kind=\"HandleClass\"}";
     let before = metric(&leader.metrics(), series).unwrap_or(0.0);
@@ -1001,10 +1001,15 @@ async fn invalid_objects_name_the_field_in_conditions() {
     infra();
     let client = client().await;
     let ns = TestNs::new(&client, "e2e-invalid").await;
-    let mut class = json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass",
-        "metadata": {"name": "typo"},
-        "spec": {"serverRef": "nowhere", "statePath": "basket",
-                 "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handel}}"}}}});
+    let mut class = object(
+        "HandleClass",
+        "typo",
+        merged(
+            basket_class(),
+            json!({"serverRef": "nowhere",
+                   "probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+        ),
+    );
     apply(&client, &ns, &class).await;
     apply(
         &client,

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, eventually, get, kind_api, object, secret, visible_text,
-    wait_conditions, wait_event,
+    TestNs, apply, client, condition, eventually, get, kind_api, visible_text, wait_conditions,
+    wait_event,
 };
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
@@ -38,6 +38,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use suite::{ISOLATION, LEASE, Suite};
+use support::fixtures::{basket_class, merged, object, secret, server_spec};
 use support::{BasketServer, Db, Peer};
 
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
@@ -577,42 +578,12 @@ struct Row {
     want: Want,
 }
 
-fn server_spec(url: &str) -> Value {
-    json!({"url": url})
-}
-
-fn class_spec() -> Value {
-    json!({"serverRef": "basket", "statePath": "basket",
-           "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}})
-}
-
 fn assignment_spec() -> Value {
     json!({"agent": "bad-agent", "servers": [{"serverRef": "basket"}]})
 }
 
 fn store_spec() -> Value {
     json!({"backend": "postgres", "dsnFrom": {"name": "good-dsn", "key": "dsn"}})
-}
-
-/// `base` with the fields of `patch` set (JSON merge patch: `null` removes a field).
-fn with(mut base: Value, patch: Value) -> Value {
-    json_patch_merge(&mut base, &patch);
-    base
-}
-
-fn json_patch_merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    json_patch_merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
 }
 
 /// Every row of the bad-input matrix, by kind. `url` is the good basket server's endpoint.
@@ -646,14 +617,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B4",
             kind: "MCPServer",
             what: "timeoutSeconds of the wrong type",
-            spec: with(s(), json!({"timeoutSeconds": "ten"})),
+            spec: merged(s(), json!({"timeoutSeconds": "ten"})),
             want: Rejected("spec.timeoutSeconds", "must be of type integer"),
         },
         Row {
             id: "B5",
             kind: "MCPServer",
             what: "timeoutSeconds below range",
-            spec: with(s(), json!({"timeoutSeconds": 0})),
+            spec: merged(s(), json!({"timeoutSeconds": 0})),
             want: Rejected(
                 "spec.timeoutSeconds",
                 "timeoutSeconds must be between 1 and 300",
@@ -663,7 +634,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B6",
             kind: "MCPServer",
             what: "timeoutSeconds above range",
-            spec: with(s(), json!({"timeoutSeconds": 301})),
+            spec: merged(s(), json!({"timeoutSeconds": 301})),
             want: Rejected(
                 "spec.timeoutSeconds",
                 "timeoutSeconds must be between 1 and 300",
@@ -673,21 +644,21 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B7",
             kind: "MCPServer",
             what: "unknown mode",
-            spec: with(s(), json!({"mode": "modern"})),
+            spec: merged(s(), json!({"mode": "modern"})),
             want: Rejected("spec.mode", "Unsupported value: \"modern\""),
         },
         Row {
             id: "B8",
             kind: "MCPServer",
             what: "headersFrom without secretKeyRef",
-            spec: with(s(), json!({"headersFrom": [{"name": "Authorization"}]})),
+            spec: merged(s(), json!({"headersFrom": [{"name": "Authorization"}]})),
             want: Rejected("spec.headersFrom[0].secretKeyRef", "Required value"),
         },
         Row {
             id: "B9",
             kind: "MCPServer",
             what: "reconciliation whose found can never say not found",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {}, "found": {}, "idField": "id"}}]}),
             ),
@@ -700,7 +671,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B10",
             kind: "MCPServer",
             what: "unknown field (strict field validation)",
-            spec: with(s(), json!({"uri": url})),
+            spec: merged(s(), json!({"uri": url})),
             want: Rejected("spec.uri", "unknown field"),
         },
         // MCPServer: what only custody can check.
@@ -708,7 +679,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B11",
             kind: "MCPServer",
             what: "invalid header name",
-            spec: with(s(), json!({"headers": {"Bad Header": "x"}})),
+            spec: merged(s(), json!({"headers": {"Bad Header": "x"}})),
             want: Condition("Ready", "InvalidSpec", "spec.headers.Bad Header"),
         },
         Row {
@@ -722,7 +693,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B13",
             kind: "MCPServer",
             what: "lookup that is the write tool itself",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "create_ticket", "arguments": {}, "found": {"path": "ticket"}, "idField": "id"}}]}),
             ),
@@ -732,7 +703,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B14",
             kind: "MCPServer",
             what: "lookup placeholder that does not exist",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {"key": "{{handle}}"}, "found": {"path": "ticket"}, "idField": "id"}}]}),
             ),
@@ -746,7 +717,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B15",
             kind: "MCPServer",
             what: "headersFrom Secret that does not exist",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "no-such-secret", "key": "token"}}]}),
             ),
@@ -768,28 +739,28 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B17",
             kind: "AgentAssignment",
             what: "empty agent",
-            spec: with(assignment_spec(), json!({"agent": ""})),
+            spec: merged(assignment_spec(), json!({"agent": ""})),
             want: Rejected("spec.agent", "agent must not be empty"),
         },
         Row {
             id: "B18",
             kind: "AgentAssignment",
             what: "servers of the wrong type",
-            spec: with(assignment_spec(), json!({"servers": "basket"})),
+            spec: merged(assignment_spec(), json!({"servers": "basket"})),
             want: Rejected("spec.servers", "must be of type array"),
         },
         Row {
             id: "B19",
             kind: "AgentAssignment",
             what: "server without serverRef",
-            spec: with(assignment_spec(), json!({"servers": [{"alias": "shop"}]})),
+            spec: merged(assignment_spec(), json!({"servers": [{"alias": "shop"}]})),
             want: Rejected("spec.servers[0].serverRef", "Required value"),
         },
         Row {
             id: "B20",
             kind: "AgentAssignment",
             what: "serverRef into another namespace",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "elsewhere/basket"}]}),
             ),
@@ -803,7 +774,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B21",
             kind: "AgentAssignment",
             what: "server that does not exist",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "nowhere"}]}),
             ),
@@ -813,7 +784,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B22",
             kind: "AgentAssignment",
             what: "server that exists only in another namespace",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "elsewhere"}]}),
             ),
@@ -823,7 +794,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B23",
             kind: "AgentAssignment",
             what: "allowlisted tool the server does not offer",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket", "toolAllowlist": ["no_such_tool"]}]}),
             ),
@@ -833,7 +804,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B24",
             kind: "AgentAssignment",
             what: "one server assigned twice",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket"}, {"serverRef": "basket", "alias": "again"}]}),
             ),
@@ -843,7 +814,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B25",
             kind: "AgentAssignment",
             what: "alias not starting with a letter",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket", "alias": "1shop"}]}),
             ),
@@ -853,7 +824,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B26",
             kind: "AgentAssignment",
             what: "second assignment for an assigned agent",
-            spec: with(assignment_spec(), json!({"agent": "good-agent"})),
+            spec: merged(assignment_spec(), json!({"agent": "good-agent"})),
             want: Condition("Valid", "DuplicateAssignment", "spec.agent"),
         },
         // HandleClass: the schema and CEL rules.
@@ -861,36 +832,36 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B27",
             kind: "HandleClass",
             what: "missing probe",
-            spec: with(class_spec(), json!({"probe": null})),
+            spec: merged(basket_class(), json!({"probe": null})),
             want: Rejected("spec.probe", "Required value"),
         },
         Row {
             id: "B28",
             kind: "HandleClass",
             what: "missing statePath",
-            spec: with(class_spec(), json!({"statePath": null})),
+            spec: merged(basket_class(), json!({"statePath": null})),
             want: Rejected("spec.statePath", "Required value"),
         },
         Row {
             id: "B29",
             kind: "HandleClass",
             what: "probe arguments of the wrong type",
-            spec: with(class_spec(), json!({"probe": {"arguments": "basket_id"}})),
+            spec: merged(basket_class(), json!({"probe": {"arguments": "basket_id"}})),
             want: Rejected("spec.probe.arguments", "must be of type object"),
         },
         Row {
             id: "B30",
             kind: "HandleClass",
             what: "unknown onGone",
-            spec: with(class_spec(), json!({"onGone": "retry"})),
+            spec: merged(basket_class(), json!({"onGone": "retry"})),
             want: Rejected("spec.onGone", "Unsupported value: \"retry\""),
         },
         Row {
             id: "B31",
             kind: "HandleClass",
             what: "onGone remint without mint",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"onGone": "remint", "mintInputsPath": "mint_inputs"}),
             ),
             want: Rejected("spec", "onGone: remint requires mint"),
@@ -899,7 +870,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B32",
             kind: "HandleClass",
             what: "statePath with an empty key",
-            spec: with(class_spec(), json!({"statePath": "order..basket"})),
+            spec: merged(basket_class(), json!({"statePath": "order..basket"})),
             want: Rejected(
                 "spec.statePath",
                 "statePath must be dot-separated non-empty keys",
@@ -909,14 +880,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B33",
             kind: "HandleClass",
             what: "negative declaredTtlSeconds",
-            spec: with(class_spec(), json!({"declaredTtlSeconds": -1})),
+            spec: merged(basket_class(), json!({"declaredTtlSeconds": -1})),
             want: Rejected("spec.declaredTtlSeconds", "greater than or equal to 0"),
         },
         Row {
             id: "B34",
             kind: "HandleClass",
             what: "serverRef that is no object name",
-            spec: with(class_spec(), json!({"serverRef": "Basket"})),
+            spec: merged(basket_class(), json!({"serverRef": "Basket"})),
             want: Rejected(
                 "spec.serverRef",
                 "serverRef must be the name of an MCPServer in the same namespace",
@@ -927,29 +898,29 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B35",
             kind: "HandleClass",
             what: "server that does not exist",
-            spec: with(class_spec(), json!({"serverRef": "nowhere"})),
+            spec: merged(basket_class(), json!({"serverRef": "nowhere"})),
             want: Condition("Valid", "UnknownServer", "spec.serverRef"),
         },
         Row {
             id: "B36",
             kind: "HandleClass",
             what: "server that exists only in another namespace",
-            spec: with(class_spec(), json!({"serverRef": "elsewhere"})),
+            spec: merged(basket_class(), json!({"serverRef": "elsewhere"})),
             want: Condition("Valid", "UnknownServer", "spec.serverRef"),
         },
         Row {
             id: "B37",
             kind: "HandleClass",
             what: "probe tool the server does not list",
-            spec: with(class_spec(), json!({"probe": {"tool": "no_such_tool"}})),
+            spec: merged(basket_class(), json!({"probe": {"tool": "no_such_tool"}})),
             want: Condition("Valid", "ToolNotOffered", "spec.probe.tool"),
         },
         Row {
             id: "B38",
             kind: "HandleClass",
             what: "mint tool the server does not list",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"mint": {"tool": "no_such_tool", "handleField": "basket_id"}}),
             ),
             want: Condition("Valid", "ToolNotOffered", "spec.mint.tool"),
@@ -958,8 +929,8 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B39",
             kind: "HandleClass",
             what: "misspelt placeholder",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"probe": {"arguments": {"basket_id": "{{handel}}"}}}),
             ),
             want: Condition("Valid", "InvalidSpec", "spec.probe.arguments.basket_id"),
@@ -968,8 +939,8 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B40",
             kind: "HandleClass",
             what: "gone regex that does not compile",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"probe": {"goneWhen": {"errorTextRegex": "("}}}),
             ),
             want: Condition("Valid", "InvalidSpec", "spec.probe.goneWhen.errorTextRegex"),
@@ -979,42 +950,42 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B41",
             kind: "CheckpointStore",
             what: "missing backend",
-            spec: with(store_spec(), json!({"backend": null})),
+            spec: merged(store_spec(), json!({"backend": null})),
             want: Rejected("spec.backend", "Required value"),
         },
         Row {
             id: "B42",
             kind: "CheckpointStore",
             what: "unknown backend",
-            spec: with(store_spec(), json!({"backend": "mysql"})),
+            spec: merged(store_spec(), json!({"backend": "mysql"})),
             want: Rejected("spec.backend", "Unsupported value: \"mysql\""),
         },
         Row {
             id: "B43",
             kind: "CheckpointStore",
             what: "both dsn and dsnFrom",
-            spec: with(store_spec(), json!({"dsn": "postgres://x"})),
+            spec: merged(store_spec(), json!({"dsn": "postgres://x"})),
             want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
         },
         Row {
             id: "B44",
             kind: "CheckpointStore",
             what: "neither dsn nor dsnFrom",
-            spec: with(store_spec(), json!({"dsnFrom": null})),
+            spec: merged(store_spec(), json!({"dsnFrom": null})),
             want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
         },
         Row {
             id: "B45",
             kind: "CheckpointStore",
             what: "dsnFrom without key",
-            spec: with(store_spec(), json!({"dsnFrom": {"key": null}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"key": null}})),
             want: Rejected("spec.dsnFrom.key", "Required value"),
         },
         Row {
             id: "B46",
             kind: "CheckpointStore",
             what: "audit maxAgeSeconds not above graceSeconds",
-            spec: with(
+            spec: merged(
                 store_spec(),
                 json!({"audit": {"graceSeconds": 600, "maxAgeSeconds": 60}}),
             ),
@@ -1027,14 +998,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B47",
             kind: "CheckpointStore",
             what: "minParkedSeconds of the wrong type",
-            spec: with(store_spec(), json!({"minParkedSeconds": "soon"})),
+            spec: merged(store_spec(), json!({"minParkedSeconds": "soon"})),
             want: Rejected("spec.minParkedSeconds", "must be of type integer"),
         },
         Row {
             id: "B48",
             kind: "CheckpointStore",
             what: "schedule that is not cron",
-            spec: with(store_spec(), json!({"schedule": "every five minutes"})),
+            spec: merged(store_spec(), json!({"schedule": "every five minutes"})),
             want: Rejected("spec.schedule", "schedule must be five cron fields"),
         },
         // CheckpointStore: references.
@@ -1042,28 +1013,28 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B49",
             kind: "CheckpointStore",
             what: "dsnFrom Secret that does not exist",
-            spec: with(store_spec(), json!({"dsnFrom": {"name": "no-such-secret"}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"name": "no-such-secret"}})),
             want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
         },
         Row {
             id: "B50",
             kind: "CheckpointStore",
             what: "dsnFrom key the Secret lacks",
-            spec: with(store_spec(), json!({"dsnFrom": {"key": "no-such-key"}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"key": "no-such-key"}})),
             want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
         },
         Row {
             id: "B51",
             kind: "CheckpointStore",
             what: "schedule of cron form with a field out of range",
-            spec: with(store_spec(), json!({"schedule": "61 * * * *"})),
+            spec: merged(store_spec(), json!({"schedule": "61 * * * *"})),
             want: Condition("Scheduled", "CronJobRefused", "spec.schedule"),
         },
         Row {
             id: "B52",
             kind: "CheckpointStore",
             what: "empty principalKey",
-            spec: with(store_spec(), json!({"principalKey": ""})),
+            spec: merged(store_spec(), json!({"principalKey": ""})),
             want: Condition("Reachable", "InvalidSpec", "spec.principalKey"),
         },
     ]
@@ -1098,7 +1069,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         &object("MCPServer", "basket", server_spec(&server.url())),
     )
     .await;
-    apply(&client, &ns, &object("HandleClass", "good", class_spec())).await;
+    apply(&client, &ns, &object("HandleClass", "good", basket_class())).await;
     apply(
         &client,
         &ns,
@@ -1194,7 +1165,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         };
         wait_conditions(&client, &ns, kind, name, want).await;
     }
-    apply(&client, &ns, &object("HandleClass", "late", class_spec())).await;
+    apply(&client, &ns, &object("HandleClass", "late", basket_class())).await;
     wait_conditions(&client, &ns, "HandleClass", "late", &[("Valid", "True")]).await;
 
     // Counted, by kind and the condition's reason.

@@ -95,17 +95,6 @@ pub fn kind_api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &resource("custody.dev/v1alpha1", kind))
 }
 
-/// A custody object of `kind` with this spec (a builder's start: set more fields on the value).
-pub fn object(kind: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "custody.dev/v1alpha1", "kind": kind, "metadata": {"name": name},
-           "spec": spec})
-}
-
-/// A Secret of these `stringData` keys.
-pub fn secret(name: &str, data: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
-}
-
 /// Server-side apply of one object (the tests' field manager); returns it as stored.
 pub async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
     let ar = resource(
