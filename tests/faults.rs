@@ -46,7 +46,7 @@ use custody::audit::idempotency_key;
 use serde_json::{Value, json};
 use support::checkpoints::{Checkpoints, Kind};
 use support::failpoint::Stopped;
-use support::{BasketServer, Peer, TicketServer, baskets, call, items};
+use support::{BasketServer, OwnPostgres, Peer, TicketServer, baskets, call, items};
 
 /// `custody sweep -o json -f DIR` plus `extra` arguments.
 fn sweep_args(dir: &Path, extra: &[&str]) -> Vec<String> {
@@ -103,47 +103,31 @@ fn row<'a>(report: &'a Value, thread: &str, class: &str) -> &'a Value {
 
 // ------------------------------------------------------------------ 1: PostgreSQL restarts
 
-/// A PostgreSQL of this test's own (tests/harness/pg.sh), stopped and removed when dropped.
+/// A PostgreSQL of this test's own, with database `checkpoints`.
 struct OwnPg {
-    dir: tempfile::TempDir,
+    server: OwnPostgres,
+    /// The `checkpoints` database.
     url: String,
 }
 
 impl OwnPg {
-    fn pg_sh(command: &str, dir: &Path) -> String {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .arg(command)
-            .arg(dir)
-            .output()
-            .expect("run pg.sh");
-        assert!(
-            out.status.success(),
-            "pg.sh {command} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
     /// Starts it and creates database `checkpoints`; `url` points at that database.
     async fn start() -> Self {
         use sqlx::Connection as _;
-        let dir = tempfile::tempdir().unwrap();
-        let admin = Self::pg_sh("start", dir.path());
-        let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+        let server = OwnPostgres::start();
+        let mut c = sqlx::PgConnection::connect(&server.admin).await.unwrap();
         sqlx::query("CREATE DATABASE checkpoints")
             .execute(&mut c)
             .await
             .unwrap();
-        let (base, _) = admin.rsplit_once('/').unwrap();
+        let (base, _) = server.admin.rsplit_once('/').unwrap();
         let url = format!("{base}/checkpoints");
-        Self { dir, url }
+        Self { server, url }
     }
 
     /// A fast restart on the same port: every open session is terminated.
     fn restart(&self) {
-        Self::pg_sh("restart", self.dir.path());
+        self.server.restart();
     }
 
     /// Copies thread `from` (all its checkpoints, blobs and writes) `n` times as `bulk-<i>`,
@@ -186,17 +170,6 @@ impl OwnPg {
             .await
             .unwrap();
         }
-    }
-}
-
-impl Drop for OwnPg {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
     }
 }
 

@@ -296,29 +296,18 @@ async fn tool_output_is_stored_verbatim_never_rendered() {
 /// authenticate with scram-sha-256, so a password is really checked (the shared test server
 /// trusts every connection). Stopped when dropped.
 struct PasswordPg {
-    dir: tempfile::TempDir,
-    /// Superuser URL (trust).
-    admin: String,
+    server: support::OwnPostgres,
 }
 
 impl PasswordPg {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "pg.sh start: {}", text(&out));
-        let admin = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let server = support::OwnPostgres::start();
         std::fs::write(
-            dir.path().join("data/pg_hba.conf"),
+            server.data_dir().join("pg_hba.conf"),
             "host all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
         )
         .unwrap();
-        let pg = Self { dir, admin };
+        let pg = Self { server };
         pg.sql("postgres", "SELECT pg_reload_conf()");
         pg
     }
@@ -342,23 +331,12 @@ impl PasswordPg {
 
     /// `postgres://user[:password]@127.0.0.1:PORT/db`.
     fn url(&self, user: &str, password: Option<&str>, db: &str) -> String {
-        let (_, host) = self.admin.split_once('@').unwrap();
+        let (_, host) = self.server.admin.split_once('@').unwrap();
         let (host, _) = host.rsplit_once('/').unwrap();
         match password {
             Some(p) => format!("postgres://{user}:{p}@{host}/{db}"),
             None => format!("postgres://{user}@{host}/{db}"),
         }
-    }
-}
-
-impl Drop for PasswordPg {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
     }
 }
 
@@ -705,19 +683,7 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
             None,
         )
         .ok();
-    let rbac: Vec<serde_json::Value> = cluster::yaml_docs(&rendered)
-        .into_iter()
-        .filter(|d| {
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-            ]
-            .contains(&d["kind"].as_str().unwrap_or_default())
-        })
-        .collect();
+    let rbac = cluster::chart_rbac(&rendered);
     c.kubectl(
         &["apply", "-f", "-"],
         Some(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string()),

@@ -43,6 +43,25 @@ pub fn wait_for_port(port: u16, within: Duration) {
     }
 }
 
+/// Starts a tests/py server with the venv's Python, its port in the variable `port.0` and extra
+/// settings in the environment (the caller owns it, then waits for the port: a panic while
+/// waiting drops, so kills, it).
+fn python_peer(
+    script: &Path,
+    port: (&str, u16),
+    settings: &[(&str, &str)],
+    stderr: Stdio,
+) -> Child {
+    Command::new(var("CUSTODY_TEST_PYTHON"))
+        .arg(script)
+        .env(port.0, port.1.to_string())
+        .envs(settings.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", script.display()))
+}
+
 /// The Python basket server on its own port; killed when dropped.
 pub struct BasketServer {
     child: Child,
@@ -58,16 +77,10 @@ impl BasketServer {
 
     /// [`BasketServer::start`] on a given port (e.g. to bring a stopped server back).
     pub fn on(port: u16, settings: &[(&str, &str)]) -> Self {
-        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
-            .arg(var("CUSTODY_TEST_BASKET_SERVER"))
-            .env("BASKET_PORT", port.to_string())
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start basket_server.py");
+        let script = PathBuf::from(var("CUSTODY_TEST_BASKET_SERVER"));
+        let child = python_peer(&script, ("BASKET_PORT", port), settings, Stdio::null());
         let server = Self { child, port };
-        wait_for_port(port, Duration::from_secs(30));
+        wait_for_port(port, Duration::from_secs(60));
         server
     }
 
@@ -280,17 +293,11 @@ impl Peer {
     fn misbehaving_to(case: &str, settings: &[(&str, &str)], stderr: Stdio) -> Self {
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
-        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("MISBEHAVE_PORT", port.to_string())
-            .env("MISBEHAVE_CASE", case)
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start misbehaving_server.py");
+        let mut all = vec![("MISBEHAVE_CASE", case)];
+        all.extend_from_slice(settings);
+        let child = python_peer(&script, ("MISBEHAVE_PORT", port), &all, stderr);
         let peer = Self { child, port };
-        wait_for_port(port, Duration::from_secs(30));
+        wait_for_port(port, Duration::from_secs(60));
         peer
     }
 
@@ -419,14 +426,7 @@ impl TicketServer {
     pub fn start(settings: &[(&str, &str)]) -> Self {
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
-        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("TICKET_PORT", port.to_string())
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ticket_server.py");
+        let child = python_peer(&script, ("TICKET_PORT", port), settings, Stdio::null());
         let server = Self { child, port };
         wait_for_port(port, Duration::from_secs(60));
         server
@@ -447,5 +447,60 @@ impl Drop for TicketServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Runs `tests/harness/pg.sh COMMAND DIR`, asserting success; its stdout, trimmed.
+fn pg_sh(command: &str, dir: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(command)
+        .arg(dir)
+        .output()
+        .expect("run pg.sh");
+    assert!(
+        out.status.success(),
+        "pg.sh {command} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A PostgreSQL server of a test's own (tests/harness/pg.sh: trust auth on a free loopback
+/// port), for tests that restart it or change its configuration; stopped when dropped.
+pub struct OwnPostgres {
+    dir: tempfile::TempDir,
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub admin: String,
+}
+
+impl OwnPostgres {
+    /// Starts it in a new temporary directory.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = pg_sh("start", dir.path());
+        Self { dir, admin }
+    }
+
+    /// Its data directory (`postgresql.conf`, `pg_hba.conf`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A fast restart on the same port: every open session is terminated.
+    pub fn restart(&self) {
+        pg_sh("restart", self.dir.path());
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
     }
 }
