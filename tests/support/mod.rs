@@ -399,9 +399,11 @@ pub async fn baskets(url: &str) -> u64 {
         .unwrap()
 }
 
-/// (sku, qty) of a live basket, in the server's order.
+/// (sku, qty) of a live basket, sorted (tests/py/basket_server.py lists them sorted,
+/// tests/py/misbehaving_server.py in the order they were added).
 pub async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
-    call(url, "get_basket", json!({"basket_id": basket})).await["items"]
+    let mut items: Vec<(String, u64)> = call(url, "get_basket", json!({"basket_id": basket})).await
+        ["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -411,7 +413,9 @@ pub async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
                 l["qty"].as_u64().unwrap(),
             )
         })
-        .collect()
+        .collect();
+    items.sort();
+    items
 }
 
 /// tests/py/ticket_server.py on its own port; killed when dropped.
