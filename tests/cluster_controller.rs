@@ -40,7 +40,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use suite::{ISOLATION, Suite};
-use support::fixtures::{basket_class, merged, object};
+use support::fixtures::{basket_class, merged, object, secret, server_spec};
 use support::{BasketServer, Db};
 
 /// `--health-interval-seconds` of the controllers.
@@ -117,6 +117,41 @@ fn sweep_access(infra: &Suite, ns: &str) -> Vec<Value> {
             d
         })
         .collect()
+}
+
+/// What a sweep of `ns` needs besides its CheckpointStore: the sweep ServiceAccount and
+/// RoleBinding, a basket server and its MCPServer `basket`, the example HandleClass, and a
+/// fresh database (named after `db`) holding every fixture thread with its DSN in Secret
+/// `orders-checkpoints`. Returns the server (it serves while held) and the fixtures' manifest.
+async fn sweep_fixture(
+    infra: &Suite,
+    client: &Client,
+    ns: &str,
+    db: &str,
+) -> (BasketServer, Value) {
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database(db).await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+    for d in sweep_access(infra, ns) {
+        apply(client, ns, &d).await;
+    }
+    apply(
+        client,
+        ns,
+        &secret("orders-checkpoints", json!({"dsn": dsn})),
+    )
+    .await;
+    apply(
+        client,
+        ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    let class =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
+            .unwrap();
+    apply(client, ns, &cluster::yaml_docs(&class)[0]).await;
+    (server, manifest)
 }
 
 const BASKET_TOOLS: [&str; 5] = [
@@ -850,30 +885,7 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     let infra = infra();
     let client = client().await;
     let ns = TestNs::new(&client, "e2e-sweep").await;
-    let server = BasketServer::start(&[]);
-    let dsn = support::fresh_pg_database("e2e_sweep").await;
-    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-
-    for d in sweep_access(infra, &ns) {
-        apply(&client, &ns, &d).await;
-    }
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
-                "stringData": {"dsn": dsn}}),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &object("MCPServer", "basket", json!({"url": server.url()})),
-    )
-    .await;
-    let class =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
-            .unwrap();
-    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_sweep").await;
     apply(
         &client,
         &ns,
@@ -1073,30 +1085,7 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     let infra = infra();
     let client = client().await;
     let ns = TestNs::new(&client, "e2e-shards").await;
-    let server = BasketServer::start(&[]);
-    let dsn = support::fresh_pg_database("e2e_shards").await;
-    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-
-    for d in sweep_access(infra, &ns) {
-        apply(&client, &ns, &d).await;
-    }
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
-                "stringData": {"dsn": dsn}}),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &object("MCPServer", "basket", json!({"url": server.url()})),
-    )
-    .await;
-    let class =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
-            .unwrap();
-    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_shards").await;
     let store = |parallelism: Value| {
         json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
                "metadata": {"name": "orders"},
