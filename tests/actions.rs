@@ -5,66 +5,37 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
-#[cfg(feature = "failpoints")]
-use std::process::{Child, Stdio};
-use std::time::Duration;
 
-use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
+use support::checkpoints::{Checkpoints, Kind};
+#[cfg(feature = "failpoints")]
+use support::failpoint::Stopped;
 use support::{BasketServer, Db};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Sqlite,
-    Postgres,
-}
 
 /// A basket server, a checkpoint database and a resource directory acting on it.
 struct World {
     server: BasketServer,
     res: tempfile::TempDir,
-    kind: Kind,
-    sqlite: PathBuf,
-    pg: String,
+    checkpoints: Checkpoints,
 }
 
 impl World {
     async fn new(kind: Kind, name: &str, on_gone: &str) -> Self {
         let server = BasketServer::start(&[]);
         let res = tempfile::tempdir().unwrap();
-        let sqlite = res.path().join("checkpoints.sqlite");
-        let pg = match kind {
-            Kind::Postgres => support::fresh_pg_database(name).await,
-            Kind::Sqlite => String::new(),
-        };
-        let world = Self {
+        let checkpoints = Checkpoints::new(kind, res.path(), name).await;
+        let (backend, dsn) = checkpoints.backend_dsn();
+        support::act_resources(res.path(), &server.url(), backend, &dsn, on_gone);
+        Self {
             server,
             res,
-            kind,
-            sqlite,
-            pg,
-        };
-        let (backend, dsn) = match kind {
-            Kind::Sqlite => ("sqlite", format!("sqlite://{}", world.sqlite.display())),
-            Kind::Postgres => ("postgres", world.pg.clone()),
-        };
-        support::act_resources(
-            world.res.path(),
-            &world.server.url(),
-            backend,
-            &dsn,
-            on_gone,
-        );
-        world
+            checkpoints,
+        }
     }
 
     fn db(&self) -> Db<'_> {
-        match self.kind {
-            Kind::Sqlite => Db::Sqlite(&self.sqlite),
-            Kind::Postgres => Db::Postgres(&self.pg),
-        }
+        self.checkpoints.db()
     }
 
     fn write(&self, only: &str, prefix: &str) {
@@ -72,24 +43,11 @@ impl World {
     }
 
     fn resume(&self, thread: &str, value: &Value) -> Value {
-        support::order_graph(
-            self.db(),
-            &[
-                "resume",
-                "--thread",
-                thread,
-                "--server",
-                &self.server.url(),
-                "--principal",
-                "user-1",
-                "--value",
-                &value.to_string(),
-            ],
-        )
+        self.checkpoints.resume(&self.server.url(), thread, value)
     }
 
     fn state(&self, thread: &str) -> Value {
-        support::order_graph(self.db(), &["state", "--thread", thread])
+        self.checkpoints.state(thread)
     }
 
     fn args(&self) -> Vec<String> {
@@ -116,110 +74,34 @@ impl World {
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> Value {
-        let cfg = ServerConfig {
-            name: "basket".into(),
-            url: self.server.url(),
-            headers: vec![],
-            timeout: Duration::from_secs(10),
-            mode: custody::crd::ProtocolMode::Auto,
-            max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
-        };
-        let conn = Connection::connect(&cfg)
-            .await
-            .expect("connect to the basket server");
-        let result = conn
-            .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
-            .await
-            .expect("tools/call");
-        conn.close().await;
-        assert!(!result.is_error, "{tool}: {}", result.text);
-        result.structured.unwrap_or(Value::Null)
+        support::call(&self.server.url(), tool, arguments).await
     }
 
     /// Baskets ever created on the server.
     async fn baskets(&self) -> u64 {
-        self.call("count_baskets", json!({})).await["count"]
-            .as_u64()
-            .unwrap()
+        support::baskets(&self.server.url()).await
     }
 
     /// (sku, qty) of a live basket.
     async fn items(&self, basket: &str) -> Vec<(String, u64)> {
-        self.call("get_basket", json!({"basket_id": basket})).await["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| {
-                (
-                    l["sku"].as_str().unwrap().to_owned(),
-                    l["qty"].as_u64().unwrap(),
-                )
-            })
-            .collect()
+        support::items(&self.server.url(), basket).await
     }
 
     /// Ledger entries that are not done.
     async fn unsettled(&self) -> i64 {
-        use sqlx::Connection as _;
-        let sql = "SELECT count(*) FROM custody_actions WHERE state <> 'done'";
-        match self.kind {
-            Kind::Sqlite => {
-                let mut c =
-                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", self.sqlite.display()))
-                        .await
-                        .unwrap();
-                sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
-            }
-            Kind::Postgres => {
-                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
-                sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
-            }
-        }
+        self.checkpoints.unsettled().await
     }
 
     /// Ledger outcomes of one thread.
     async fn outcomes(&self, thread: &str) -> Vec<String> {
-        use sqlx::Connection as _;
-        match self.kind {
-            Kind::Sqlite => {
-                let mut c =
-                    sqlx::SqliteConnection::connect(&format!("sqlite://{}", self.sqlite.display()))
-                        .await
-                        .unwrap();
-                sqlx::query_scalar(
-                    "SELECT coalesce(outcome, state) FROM custody_actions WHERE thread_id = ?",
-                )
-                .bind(thread)
-                .fetch_all(&mut c)
-                .await
-                .unwrap()
-            }
-            Kind::Postgres => {
-                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
-                sqlx::query_scalar(
-                    "SELECT coalesce(outcome, state) FROM custody_actions WHERE thread_id = $1",
-                )
-                .bind(thread)
-                .fetch_all(&mut c)
-                .await
-                .unwrap()
-            }
-        }
+        self.checkpoints.outcomes(thread).await
     }
 
     /// A parked thread with two recorded items whose basket was then deleted on the server.
     async fn filled_and_gone(&self, prefix: &str) -> (String, String) {
-        let thread = format!("{prefix}t-live");
-        self.write("t-live", prefix);
-        self.resume(&thread, &json!({"sku": "widget", "qty": 2}));
-        let state = self.resume(&thread, &json!({"sku": "gadget", "qty": 1}));
-        assert_eq!(state["next"], json!(["add_item"]), "{state}");
-        let old = state["values"]["basket"]["value"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let old = self.checkpoints.filled(&self.server.url(), prefix);
         self.call("delete_basket", json!({"basket_id": old})).await;
-        (thread, old)
+        (format!("{prefix}t-live"), old)
     }
 }
 
@@ -415,60 +297,11 @@ fn without_apply_nothing_is_written() {
     );
 }
 
-/// A running custody stopped at a failpoint.
-#[cfg(feature = "failpoints")]
-struct Stopped {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-#[cfg(feature = "failpoints")]
-impl Stopped {
-    /// Starts `custody sweep --apply` with `FAILPOINTS=act::<step>=<action>` and waits until it
-    /// reports reaching the step.
-    fn at(world: &World, step: &str, action: &str) -> Self {
-        use std::io::BufRead;
-        let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
-            .args(world.args())
-            .env("FAILPOINTS", format!("act::{step}={action}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start custody");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let marker = format!("custody failpoint act::{step}");
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(line) if line == marker => break,
-                Ok(line) => seen.push(line),
-                Err(_) => panic!("custody never reached {step}; stderr:\n{}", seen.join("\n")),
-            }
-        }
-        Self { child, lines }
-    }
-}
-
 #[cfg(feature = "failpoints")]
 async fn moved_case(kind: Kind) {
-    use std::io::Write;
     let w = World::new(kind, "act_moved", "escalate").await;
     w.write("t-expired", "");
-    let mut stopped = Stopped::at(&w, "before-append", "return(wait)");
+    let stopped = Stopped::at(&w.args(), "act::before-append", "return(wait)");
     // custody has read the thread and decided; LangGraph resumes it now.
     let resumed = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));
     assert!(
@@ -479,17 +312,9 @@ async fn moved_case(kind: Kind) {
         "{resumed}"
     );
     let checkpoint = resumed["checkpoint_id"].clone();
-    stopped
-        .child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"go\n")
-        .unwrap();
-    let out = stopped.child.wait_with_output().unwrap();
-    drop(stopped.lines);
-    assert!(out.status.success());
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (status, stdout, stderr) = stopped.go();
+    assert!(status.success(), "{stderr}");
+    let report: Value = serde_json::from_str(&stdout).unwrap();
     let r = row(&report, "t-expired");
     assert_eq!(r["action"]["outcome"], "skipped", "{r}");
     assert!(
@@ -536,9 +361,7 @@ async fn kill_case(kind: Kind) {
         let (thread, old) = w.filled_and_gone(&format!("k{i}-")).await;
         let before = w.baskets().await;
 
-        let mut stopped = Stopped::at(&w, step, "return");
-        stopped.child.kill().unwrap(); // SIGKILL
-        stopped.child.wait().unwrap();
+        Stopped::at(&w.args(), &format!("act::{step}"), "return").kill();
 
         let report = w.sweep();
         assert_eq!(

@@ -6,89 +6,24 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use custody::audit::idempotency_key;
-use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
-use support::{BasketServer, Db};
+use support::checkpoints::{Checkpoints, Kind};
+use support::{BasketServer, Db, TicketServer};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Sqlite,
-    Postgres,
-}
-
-/// tests/py/ticket_server.py on its own port; killed when dropped.
-struct TicketServer {
-    child: Child,
-    port: u16,
-}
-
-impl TicketServer {
-    fn start(settings: &[(&str, &str)]) -> Self {
-        let port = support::free_port();
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("TICKET_PORT", port.to_string())
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ticket_server.py");
-        let server = Self { child, port };
-        support::wait_for_port(port, Duration::from_secs(60));
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-
-    /// Calls a tool as the agent would, with a 1 s timeout; the answer or the error text.
-    async fn call(&self, tool: &str, arguments: Value) -> Result<Value, String> {
-        let cfg = ServerConfig {
-            name: "tickets".into(),
-            url: self.url(),
-            headers: vec![],
-            timeout: Duration::from_secs(1),
-            mode: custody::crd::ProtocolMode::Auto,
-            max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
-        };
-        let conn = Connection::connect(&cfg).await.map_err(|e| e.to_string())?;
-        let result = conn
-            .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
-            .await;
-        conn.close().await;
-        let r = result.map_err(|e| e.to_string())?;
-        if r.is_error {
-            return Err(r.text);
-        }
-        Ok(r.structured.unwrap_or(Value::Null))
-    }
-
-    async fn stats(&self) -> Value {
-        self.call("stats", json!({})).await.expect("stats")
-    }
-}
-
-impl Drop for TicketServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The agent's call of a ticket tool, with its 1 s timeout: the answer or the error text.
+async fn agent_call(tickets: &TicketServer, tool: &str, arguments: Value) -> Result<Value, String> {
+    support::try_call(&tickets.url(), tool, arguments, Duration::from_secs(1)).await
 }
 
 /// A checkpoint database with LangGraph threads, and local-mode resources acting on it.
 struct World {
     basket: BasketServer,
     res: tempfile::TempDir,
-    kind: Kind,
-    sqlite: PathBuf,
-    pg: String,
+    checkpoints: Checkpoints,
 }
 
 impl World {
@@ -99,17 +34,11 @@ impl World {
     async fn new(kind: Kind, name: &str, tickets_url: &str, timeout_s: u32) -> Self {
         let basket = BasketServer::start(&[]);
         let res = tempfile::tempdir().unwrap();
-        let sqlite = res.path().join("checkpoints.sqlite");
-        let pg = match kind {
-            Kind::Postgres => support::fresh_pg_database(name).await,
-            Kind::Sqlite => String::new(),
-        };
+        let checkpoints = Checkpoints::new(kind, res.path(), name).await;
         let world = Self {
             basket,
             res,
-            kind,
-            sqlite,
-            pg,
+            checkpoints,
         };
         support::write_some_fixtures(&world.basket.url(), world.db(), Some("t-live"), "");
         let rule = r#"  reconciliation:
@@ -147,17 +76,11 @@ impl World {
     }
 
     fn dsn(&self) -> (&'static str, String) {
-        match self.kind {
-            Kind::Sqlite => ("sqlite", format!("sqlite://{}", self.sqlite.display())),
-            Kind::Postgres => ("postgres", self.pg.clone()),
-        }
+        self.checkpoints.backend_dsn()
     }
 
     fn db(&self) -> Db<'_> {
-        match self.kind {
-            Kind::Sqlite => Db::Sqlite(&self.sqlite),
-            Kind::Postgres => Db::Postgres(&self.pg),
-        }
+        self.checkpoints.db()
     }
 
     fn sweep_command(&self) -> Command {
@@ -176,9 +99,9 @@ impl World {
     async fn insert(&self, thread: &str, call: &str, server: &str, status: &str, age_s: i64) {
         let key = idempotency_key(thread, call);
         let summary = json!({"title": "printer on fire", "api_token": "[redacted]"}).to_string();
-        match self.kind {
+        match self.checkpoints.kind {
             Kind::Postgres => {
-                let pool = sqlx::PgPool::connect(&self.pg).await.unwrap();
+                let pool = sqlx::PgPool::connect(&self.checkpoints.pg).await.unwrap();
                 sqlx::query(
                     "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
                         argument_summary, principal, status, created_at, updated_at)
@@ -198,10 +121,12 @@ impl World {
                 pool.close().await;
             }
             Kind::Sqlite => {
-                let pool =
-                    sqlx::SqlitePool::connect(&format!("sqlite://{}", self.sqlite.display()))
-                        .await
-                        .unwrap();
+                let pool = sqlx::SqlitePool::connect(&format!(
+                    "sqlite://{}",
+                    self.checkpoints.sqlite.display()
+                ))
+                .await
+                .unwrap();
                 let ago = format!("-{age_s} seconds");
                 sqlx::query(
                     "INSERT INTO custody_audit (thread_id, tool_call_id, idempotency_key, server, tool,
@@ -227,18 +152,20 @@ impl World {
     /// tool_call_id → (status, resolution) of every audit record.
     async fn records(&self) -> std::collections::BTreeMap<String, (String, Value)> {
         let sql = "SELECT tool_call_id, status, CAST(resolution AS TEXT) AS resolution FROM custody_audit";
-        let rows: Vec<(String, String, Option<String>)> = match self.kind {
+        let rows: Vec<(String, String, Option<String>)> = match self.checkpoints.kind {
             Kind::Postgres => {
-                let pool = sqlx::PgPool::connect(&self.pg).await.unwrap();
+                let pool = sqlx::PgPool::connect(&self.checkpoints.pg).await.unwrap();
                 let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
                 pool.close().await;
                 rows
             }
             Kind::Sqlite => {
-                let pool =
-                    sqlx::SqlitePool::connect(&format!("sqlite://{}", self.sqlite.display()))
-                        .await
-                        .unwrap();
+                let pool = sqlx::SqlitePool::connect(&format!(
+                    "sqlite://{}",
+                    self.checkpoints.sqlite.display()
+                ))
+                .await
+                .unwrap();
                 let rows = sqlx::query_as(sql).fetch_all(&pool).await.unwrap();
                 pool.close().await;
                 rows
@@ -288,12 +215,12 @@ async fn outcomes_case(kind: Kind) {
     ] {
         let key = idempotency_key("t-live", call);
         w.insert("t-live", call, "tickets", "pending", 300).await;
-        let answer = tickets
-            .call(
-                "create_ticket",
-                json!({"idempotency_key": key, "title": "printer on fire", "simulate": simulate}),
-            )
-            .await;
+        let answer = agent_call(
+            &tickets,
+            "create_ticket",
+            json!({"idempotency_key": key, "title": "printer on fire", "simulate": simulate}),
+        )
+        .await;
         assert!(
             answer.is_err(),
             "{call}: the agent's call must time out: {answer:?}"
@@ -415,13 +342,13 @@ async fn concurrent_case(kind: Kind) {
     for (i, call) in calls.iter().enumerate() {
         let key = idempotency_key("t-live", call);
         if i % 2 == 0 {
-            tickets
-                .call(
-                    "create_ticket",
-                    json!({"idempotency_key": key, "title": call}),
-                )
-                .await
-                .expect("create_ticket");
+            agent_call(
+                &tickets,
+                "create_ticket",
+                json!({"idempotency_key": key, "title": call}),
+            )
+            .await
+            .expect("create_ticket");
         }
         w.insert("t-live", call, "tickets", "pending", 300).await;
     }

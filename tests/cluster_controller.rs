@@ -13,216 +13,53 @@
 //! `lastHealthCheckTime`) come often enough to see a server go down, and rarely enough to watch
 //! an unchanged status stay unwritten for 5 s in between.
 
+#[path = "support/apiserver.rs"]
+mod apiserver;
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/suite.rs"]
+mod suite;
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use apiserver::{
+    TestNs, apply, client, condition, events, eventually, get, kind_api, visible_text,
+    wait_conditions, wait_event,
+};
 use chrono::{DateTime, Utc};
 use cluster::{ControllerProcess, metric, metric_sum, token_kubeconfig};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::CronJob;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-    PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
+use suite::{ISOLATION, Suite};
+use support::fixtures::{basket_class, merged, object, secret, server_spec};
 use support::{BasketServer, Db};
 
-/// Every wait's deadline (the machine may be busy).
-const DEADLINE: Duration = Duration::from_secs(60);
-/// Poll interval of every wait.
-const POLL: Duration = Duration::from_millis(200);
 /// `--health-interval-seconds` of the controllers.
 const HEALTH_INTERVAL: i64 = 10;
-/// The Lease name (the chart's Role allows only this one).
-const LEASE: &str = "custody-controller";
-
-// ---------------------------------------------------------------------------------------------
-// The controller processes.
 
 /// Starts a replica with the controller ServiceAccount's kubeconfig and waits for `/readyz`.
-fn start_replica(infra: &Infra) -> ControllerProcess {
+fn start_replica(infra: &Suite) -> ControllerProcess {
     static N: AtomicUsize = AtomicUsize::new(0);
     let identity = format!("replica-{}", N.fetch_add(1, Ordering::SeqCst));
-    ControllerProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_custody")),
-        &infra.controller_kubeconfig,
+    infra.replica(
         &identity,
-        &infra.dir.join(format!("{identity}.log")),
-        &[
-            "--lease-namespace",
-            &infra.system_ns,
-            "--health-interval-seconds",
-            &HEALTH_INTERVAL.to_string(),
-        ],
+        &["--health-interval-seconds", &HEALTH_INTERVAL.to_string()],
     )
 }
 
-// ---------------------------------------------------------------------------------------------
-// The installation every test shares.
-
-struct Infra {
-    /// The chart's release (and fullname).
-    release: String,
-    /// Its namespace: the controller ServiceAccount and the Lease.
-    system_ns: String,
-    /// A kubeconfig that authenticates as the chart's controller ServiceAccount.
-    controller_kubeconfig: PathBuf,
-    /// Logs and kubeconfigs.
-    dir: PathBuf,
-    /// The replica serving the suite (the leader-election test replaces it).
-    current: tokio::sync::Mutex<Option<ControllerProcess>>,
-}
-
-/// Tests hold it shared; the leader-election test holds it alone.
-static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-/// Installs the chart's ServiceAccounts and RBAC (`helm template`, without the Deployment: its
-/// pods would never run here) and starts the controller as the chart's ServiceAccount.
-fn infra() -> &'static Infra {
-    static INFRA: OnceLock<Infra> = OnceLock::new();
-    INFRA.get_or_init(|| {
-        let c = cluster::cluster();
-        c.ensure_crds();
-        let pid = std::process::id();
-        let release = format!("custody-e2e-{pid}");
-        let system_ns = format!("custody-e2e-system-{pid}");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("controller-e2e-{pid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let controller_kubeconfig = cluster::controller_kubeconfig(
-            &release,
-            &system_ns,
-            &dir.join("controller.kubeconfig"),
-        );
-        let mut infra = Infra {
-            release,
-            system_ns,
-            controller_kubeconfig,
-            dir,
-            current: tokio::sync::Mutex::new(None),
-        };
-        let first = start_replica(&infra);
-        let deadline = Instant::now() + DEADLINE;
-        while metric(&first.metrics(), "custody_leader") != Some(1.0) {
-            assert!(
-                Instant::now() < deadline,
-                "the only replica did not take the Lease:\n{}",
-                first.log_tail()
-            );
-            std::thread::sleep(POLL);
-        }
-        *infra.current.get_mut() = Some(first);
-        infra
-    })
-}
-
-/// An admin client (the tests' own view of the cluster).
-async fn client() -> Client {
-    let kc = kube::config::Kubeconfig::read_from(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// A test's namespace, deleted (with everything in it) when dropped.
-struct TestNs(String);
-
-impl TestNs {
-    async fn new(client: &Client, tag: &str) -> Self {
-        let name = format!("e2e-{tag}-{}", std::process::id());
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        match Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("create namespace {name}: {e}"),
-        }
-        Self(name)
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        let _ = cluster::cluster().kubectl(&["delete", "namespace", &self.0, "--wait=false"], None);
-    }
-}
-
-impl std::ops::Deref for TestNs {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Objects.
-
-fn resource(api_version: &str, kind: &str) -> ApiResource {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let plural = match kind {
-        "MCPServer" => "mcpservers",
-        "AgentAssignment" => "agentassignments",
-        "HandleClass" => "handleclasses",
-        "CheckpointStore" => "checkpointstores",
-        "Secret" => "secrets",
-        "ServiceAccount" => "serviceaccounts",
-        "RoleBinding" => "rolebindings",
-        other => panic!("no plural for {other}"),
-    };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-/// A custody kind's API in `ns`.
-fn custody(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &resource("custody.dev/v1alpha1", kind))
-}
-
-/// Server-side apply of one object (a test's field manager).
-async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
-    let ar = resource(
-        obj["apiVersion"].as_str().unwrap(),
-        obj["kind"].as_str().unwrap(),
-    );
-    let name = obj["metadata"]["name"].as_str().unwrap();
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-    let out = api
-        .patch(
-            name,
-            &PatchParams::apply("custody-e2e").force(),
-            &Patch::Apply(obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {} {ns}/{name}: {e}", obj["kind"]));
-    serde_json::to_value(out).unwrap()
-}
-
-async fn get(client: &Client, ns: &str, kind: &str, name: &str) -> Option<Value> {
-    custody(client, ns, kind)
-        .get_opt(name)
-        .await
-        .unwrap()
-        .map(|o| serde_json::to_value(o).unwrap())
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
+/// The chart's RBAC and the controller every test shares.
+fn infra() -> &'static Suite {
+    static INFRA: OnceLock<Suite> = OnceLock::new();
+    INFRA.get_or_init(|| Suite::install("e2e", start_replica))
 }
 
 fn time(v: &Value) -> DateTime<Utc> {
@@ -230,88 +67,6 @@ fn time(v: &Value) -> DateTime<Utc> {
         .unwrap_or_else(|| panic!("not a time: {v}"))
         .parse()
         .unwrap()
-}
-
-/// Retries `check` every 200 ms until it returns `Ok`; panics with its last error after 60 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
-}
-
-/// Waits until the object's conditions have these statuses, each observed at the current
-/// generation; returns the object.
-async fn wait_conditions(
-    client: &Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    want: &[(&str, &str)],
-) -> Value {
-    eventually(
-        &format!("{kind} {ns}/{name} has conditions {want:?}"),
-        async || {
-            let obj = get(client, ns, kind, name).await.ok_or("does not exist")?;
-            let generation = &obj["metadata"]["generation"];
-            for (type_, status) in want {
-                let c = condition(&obj, type_)
-                    .ok_or_else(|| format!("no {type_}; status: {}", obj["status"]))?;
-                if c["status"] != *status || &c["observedGeneration"] != generation {
-                    return Err(format!("{c} at generation {generation}"));
-                }
-            }
-            Ok(obj)
-        },
-    )
-    .await
-}
-
-/// The events.k8s.io Events about the object `kind/name` in `ns`.
-async fn events(client: &Client, ns: &str, kind: &str, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.regarding
-                .as_ref()
-                .is_some_and(|r| r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name))
-        })
-        .collect()
-}
-
-/// Waits for an Event of this reason and type about `kind/name`.
-async fn wait_event(
-    client: &Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    reason: &str,
-    type_: &str,
-) -> Event {
-    eventually(
-        &format!("{type_} Event {reason} about {kind} {ns}/{name}"),
-        async || {
-            let all = events(client, ns, kind, name).await;
-            all.iter()
-                .find(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some(type_))
-                .cloned()
-                .ok_or_else(|| {
-                    let seen: Vec<_> = all.iter().map(|e| (&e.reason, &e.type_)).collect();
-                    format!("Events: {seen:?}")
-                })
-        },
-    )
-    .await
 }
 
 /// The object's modifications (status or spec writes) seen by a watch from `rv` for `window`
@@ -345,15 +100,9 @@ async fn modifications(
     }
 }
 
-/// A MCPServer of these spec fields.
-fn mcp_server(name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
-           "metadata": {"name": name}, "spec": spec})
-}
-
 /// The ServiceAccount and RoleBinding the sweep CronJobs of `ns` run as
 /// (deploy/examples/basket/sweep-access.yaml, bound to this release's sweep ClusterRole).
-fn sweep_access(infra: &Infra, ns: &str) -> Vec<Value> {
+fn sweep_access(infra: &Suite, ns: &str) -> Vec<Value> {
     let text =
         std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/sweep-access.yaml"))
             .unwrap();
@@ -370,75 +119,39 @@ fn sweep_access(infra: &Infra, ns: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Everything a namespace shows to someone without Secret access: ConfigMaps, custody objects
-/// (spec and status) and Events, as JSON text.
-async fn visible_text(client: &Client, ns: &str) -> String {
-    let mut all = Vec::new();
-    for cm in Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-    {
-        all.push(serde_json::to_string(&cm).unwrap());
+/// What a sweep of `ns` needs besides its CheckpointStore: the sweep ServiceAccount and
+/// RoleBinding, a basket server and its MCPServer `basket`, the example HandleClass, and a
+/// fresh database (named after `db`) holding every fixture thread with its DSN in Secret
+/// `orders-checkpoints`. Returns the server (it serves while held) and the fixtures' manifest.
+async fn sweep_fixture(
+    infra: &Suite,
+    client: &Client,
+    ns: &str,
+    db: &str,
+) -> (BasketServer, Value) {
+    let server = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database(db).await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
+    for d in sweep_access(infra, ns) {
+        apply(client, ns, &d).await;
     }
-    for kind in [
-        "MCPServer",
-        "AgentAssignment",
-        "HandleClass",
-        "CheckpointStore",
-    ] {
-        for o in custody(client, ns, kind)
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            all.push(serde_json::to_string(&o).unwrap());
-        }
-    }
-    for e in Api::<Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-    {
-        all.push(serde_json::to_string(&e).unwrap());
-    }
-    all.join("\n")
-}
-
-/// Every controller log of the suite.
-fn controller_logs(infra: &Infra) -> String {
-    let mut text = String::new();
-    for entry in std::fs::read_dir(&infra.dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "log") {
-            text += &std::fs::read_to_string(path).unwrap_or_default();
-        }
-    }
-    text
-}
-
-/// A basket server on a given port (to bring a stopped one back); killed when dropped.
-struct Basket(Child);
-
-impl Basket {
-    fn on(port: u16) -> Self {
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(support::var("CUSTODY_TEST_BASKET_SERVER"))
-            .env("BASKET_PORT", port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+    apply(
+        client,
+        ns,
+        &secret("orders-checkpoints", json!({"dsn": dsn})),
+    )
+    .await;
+    apply(
+        client,
+        ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    let class =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
             .unwrap();
-        support::wait_for_port(port, DEADLINE);
-        Self(child)
-    }
-}
-
-impl Drop for Basket {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    apply(client, ns, &cluster::yaml_docs(&class)[0]).await;
+    (server, manifest)
 }
 
 const BASKET_TOOLS: [&str; 5] = [
@@ -460,7 +173,7 @@ async fn basket_example_reconciles_end_to_end() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "basket").await;
+    let ns = TestNs::new(&client, "e2e-basket").await;
 
     let server = BasketServer::start(&[]);
     let dsn = support::fresh_pg_database("e2e_basket").await;
@@ -689,7 +402,7 @@ async fn basket_example_reconciles_end_to_end() {
             &*ns
         );
     }
-    let logs = controller_logs(infra);
+    let logs = infra.logs();
     assert!(!logs.contains(&token) && !logs.contains(&password));
 }
 
@@ -699,12 +412,12 @@ async fn private_catalog_names_no_tools() {
     let _shared = ISOLATION.read().await;
     infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "private").await;
+    let ns = TestNs::new(&client, "e2e-private").await;
     let server = BasketServer::start(&[("BASKET_LIST_CACHE_SCOPE", "private")]);
     apply(
         &client,
         &ns,
-        &mcp_server("private", json!({"url": server.url()})),
+        &object("MCPServer", "private", json!({"url": server.url()})),
     )
     .await;
     apply(
@@ -764,13 +477,13 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     let _shared = ISOLATION.read().await;
     infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "generation").await;
-    let api = custody(&client, &ns, "MCPServer");
+    let ns = TestNs::new(&client, "e2e-generation").await;
+    let api = kind_api(&client, &ns, "MCPServer");
     let server = BasketServer::start(&[]);
     apply(
         &client,
         &ns,
-        &mcp_server("basket", json!({"url": server.url()})),
+        &object("MCPServer", "basket", json!({"url": server.url()})),
     )
     .await;
     let all_true = [
@@ -851,7 +564,8 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     apply(
         &client,
         &ns,
-        &mcp_server(
+        &object(
+            "MCPServer",
             "down",
             json!({"url": format!("http://127.0.0.1:{closed}/mcp"), "timeoutSeconds": 2}),
         ),
@@ -906,13 +620,17 @@ async fn health_flips_with_events_and_transition_times() {
     let _shared = ISOLATION.read().await;
     infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "health").await;
+    let ns = TestNs::new(&client, "e2e-health").await;
     let mut server = BasketServer::start(&[]);
     let port = server.port;
     apply(
         &client,
         &ns,
-        &mcp_server("flip", json!({"url": server.url(), "timeoutSeconds": 3})),
+        &object(
+            "MCPServer",
+            "flip",
+            json!({"url": server.url(), "timeoutSeconds": 3}),
+        ),
     )
     .await;
     let obj = wait_conditions(
@@ -957,7 +675,7 @@ async fn health_flips_with_events_and_transition_times() {
     assert!(obj["status"]["consecutiveFailures"].as_u64().unwrap() >= 2);
 
     // Back on the same port.
-    let _back = Basket::on(port);
+    let _back = BasketServer::on(port, &[]);
     let obj = wait_conditions(&client, &ns, "MCPServer", "flip", &[("Healthy", "True")]).await;
     assert!(time(&condition(&obj, "Healthy").unwrap()["lastTransitionTime"]) > time(&down_since));
     wait_event(&client, &ns, "MCPServer", "flip", "Healthy", "Normal").await;
@@ -987,12 +705,12 @@ async fn deleting_owners_removes_what_they_own() {
     let _shared = ISOLATION.read().await;
     infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "gc").await;
+    let ns = TestNs::new(&client, "e2e-gc").await;
     let server = BasketServer::start(&[]);
     apply(
         &client,
         &ns,
-        &mcp_server("basket", json!({"url": server.url()})),
+        &object("MCPServer", "basket", json!({"url": server.url()})),
     )
     .await;
     apply(
@@ -1038,7 +756,7 @@ async fn deleting_owners_removes_what_they_own() {
         } else {
             "orders"
         };
-        custody(&client, &ns, kind)
+        kind_api(&client, &ns, kind)
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
@@ -1069,18 +787,18 @@ async fn deleting_owners_removes_what_they_own() {
         format!("custody_server_tools{labels}"),
     ];
     let infra = infra();
-    let text = infra.current.lock().await.as_ref().unwrap().metrics();
+    let text = infra.metrics().await;
     for s in &series {
         assert!(metric(&text, s).is_some(), "{s} missing before the delete");
     }
-    custody(&client, &ns, "MCPServer")
+    kind_api(&client, &ns, "MCPServer")
         .delete("basket", &DeleteParams::default())
         .await
         .unwrap();
     eventually(
         "the deleted MCPServer's series leave /metrics",
         async || {
-            let text = infra.current.lock().await.as_ref().unwrap().metrics();
+            let text = infra.metrics().await;
             let left: Vec<&String> = series
                 .iter()
                 .filter(|s| metric(&text, s).is_some())
@@ -1102,16 +820,8 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "leader").await;
-    let leases = Api::<Lease>::namespaced(client.clone(), &infra.system_ns);
-    let holder = async || {
-        leases
-            .get(LEASE)
-            .await
-            .unwrap()
-            .spec
-            .and_then(|s| s.holder_identity)
-    };
+    let ns = TestNs::new(&client, "e2e-leader").await;
+    let holder = async || infra.lease_holder(&client).await;
     let mut current = infra.current.lock().await;
     let mut leader = current.take().expect("the suite's controller");
     let standby = start_replica(infra);
@@ -1128,9 +838,8 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     })
     .await;
     let hc = |name: &str| {
-        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass", "metadata": {"name": name},
-               "spec": {"serverRef": "nowhere", "statePath": "basket",
-                        "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}}})
+        let spec = merged(basket_class(), json!({"serverRef": "nowhere"}));
+        object("HandleClass", name, spec)
     };
     let series = "custody_reconciles_total{kind=\"HandleClass\"}";
     let before = metric(&leader.metrics(), series).unwrap_or(0.0);
@@ -1175,31 +884,8 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "sweep").await;
-    let server = BasketServer::start(&[]);
-    let dsn = support::fresh_pg_database("e2e_sweep").await;
-    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-
-    for d in sweep_access(infra, &ns) {
-        apply(&client, &ns, &d).await;
-    }
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
-                "stringData": {"dsn": dsn}}),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &mcp_server("basket", json!({"url": server.url()})),
-    )
-    .await;
-    let class =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
-            .unwrap();
-    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    let ns = TestNs::new(&client, "e2e-sweep").await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_sweep").await;
     apply(
         &client,
         &ns,
@@ -1306,7 +992,7 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     eventually(
         "the sweep's counts in the controller's metrics",
         async || {
-            let text = infra.current.lock().await.as_ref().unwrap().metrics();
+            let text = infra.metrics().await;
             match metric(&text, &gone) {
                 Some(n) if n == count("gone") as f64 => Ok(()),
                 other => Err(format!("{gone} = {other:?}")),
@@ -1326,16 +1012,22 @@ async fn invalid_objects_name_the_field_in_conditions() {
     let _shared = ISOLATION.read().await;
     infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "invalid").await;
-    let mut class = json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass",
-        "metadata": {"name": "typo"},
-        "spec": {"serverRef": "nowhere", "statePath": "basket",
-                 "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handel}}"}}}});
+    let ns = TestNs::new(&client, "e2e-invalid").await;
+    let mut class = object(
+        "HandleClass",
+        "typo",
+        merged(
+            basket_class(),
+            json!({"serverRef": "nowhere",
+                   "probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+        ),
+    );
     apply(&client, &ns, &class).await;
     apply(
         &client,
         &ns,
-        &mcp_server(
+        &object(
+            "MCPServer",
             "bad-header",
             json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Bad Header": "x"}}),
         ),
@@ -1392,31 +1084,8 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "shards").await;
-    let server = BasketServer::start(&[]);
-    let dsn = support::fresh_pg_database("e2e_shards").await;
-    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-
-    for d in sweep_access(infra, &ns) {
-        apply(&client, &ns, &d).await;
-    }
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-checkpoints"},
-                "stringData": {"dsn": dsn}}),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &mcp_server("basket", json!({"url": server.url()})),
-    )
-    .await;
-    let class =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
-            .unwrap();
-    apply(&client, &ns, &cluster::yaml_docs(&class)[0]).await;
+    let ns = TestNs::new(&client, "e2e-shards").await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_shards").await;
     let store = |parallelism: Value| {
         json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
                "metadata": {"name": "orders"},
@@ -1425,7 +1094,7 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     };
     // The API server refuses a parallelism out of range.
     for bad in [json!(0), json!(65)] {
-        let err = custody(&client, &ns, "CheckpointStore")
+        let err = kind_api(&client, &ns, "CheckpointStore")
             .patch(
                 "orders",
                 &PatchParams::apply("custody-e2e").force(),

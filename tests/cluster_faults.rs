@@ -15,315 +15,63 @@
 //! controllers would both reconcile every object. Tests hold a shared lock; F1 and F1b hold it
 //! alone, replace the serving controller and leave the replica that took over serving the rest.
 
+#[path = "support/apiserver.rs"]
+mod apiserver;
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/suite.rs"]
+mod suite;
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use apiserver::{
+    TestNs, apply, client, condition, eventually, get, kind_api, visible_text, wait_conditions,
+    wait_event,
+};
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-    PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
-use support::{BasketServer, Db};
+use suite::{ISOLATION, LEASE, Suite};
+use support::fixtures::{basket_class, merged, object, secret, server_spec};
+use support::{BasketServer, Db, Peer};
 
-/// Every wait's deadline (the machine may be busy).
-const DEADLINE: Duration = Duration::from_secs(60);
-/// Poll interval of every wait.
-const POLL: Duration = Duration::from_millis(200);
-/// The Lease name (the chart's Role allows only this one).
-const LEASE: &str = "custody-controller";
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
 /// 40 s) cannot be what notices a takeover in F1; the check before each write must.
 const LEASE_SECONDS: i32 = 60;
 /// How long the slow server takes to answer `tools/list` in F1.
 const LIST_DELAY_MS: u64 = 6000;
 
-// ---------------------------------------------------------------------------------------------
-// The controller every test shares.
-
-struct Infra {
-    system_ns: String,
-    kubeconfig: PathBuf,
-    dir: PathBuf,
-    current: tokio::sync::Mutex<Option<ControllerProcess>>,
+/// Starts a replica with [`LEASE_SECONDS`].
+fn start(infra: &Suite, identity: &str) -> ControllerProcess {
+    start_with(infra, identity, LEASE_SECONDS)
 }
 
-/// Tests hold it shared; F1 and F1b hold it alone.
-static ISOLATION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-impl Infra {
-    fn start(&self, identity: &str) -> ControllerProcess {
-        self.start_with(identity, LEASE_SECONDS)
-    }
-
-    fn start_with(&self, identity: &str, lease_seconds: i32) -> ControllerProcess {
-        ControllerProcess::start(
-            std::path::Path::new(env!("CARGO_BIN_EXE_custody")),
-            &self.kubeconfig,
-            identity,
-            &self.dir.join(format!("{identity}.log")),
-            &[
-                "--lease-namespace",
-                &self.system_ns,
-                "--lease-seconds",
-                &lease_seconds.to_string(),
-            ],
-        )
-    }
-
-    /// Every controller log of this file.
-    fn logs(&self) -> String {
-        let mut text = String::new();
-        for entry in std::fs::read_dir(&self.dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "log") {
-                text += &std::fs::read_to_string(path).unwrap_or_default();
-            }
-        }
-        text
-    }
-
-    async fn metrics(&self) -> String {
-        self.current.lock().await.as_ref().unwrap().metrics()
-    }
+fn start_with(infra: &Suite, identity: &str, lease_seconds: i32) -> ControllerProcess {
+    infra.replica(identity, &["--lease-seconds", &lease_seconds.to_string()])
 }
 
-fn infra() -> &'static Infra {
-    static INFRA: OnceLock<Infra> = OnceLock::new();
+/// The chart's RBAC and the controller every test shares.
+fn infra() -> &'static Suite {
+    static INFRA: OnceLock<Suite> = OnceLock::new();
     INFRA.get_or_init(|| {
-        let c = cluster::cluster();
-        c.ensure_crds();
-        let pid = std::process::id();
-        let release = format!("custody-faults-{pid}");
-        let system_ns = format!("custody-faults-system-{pid}");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{pid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = cluster::controller_kubeconfig(
-            &release,
-            &system_ns,
-            &dir.join("controller.kubeconfig"),
-        );
-        let mut infra = Infra {
-            system_ns,
-            kubeconfig,
-            dir,
-            current: tokio::sync::Mutex::new(None),
-        };
-        let first = infra.start(&format!("faults-first-{pid}"));
-        let deadline = Instant::now() + DEADLINE;
-        while metric(&first.metrics(), "custody_leader") != Some(1.0) {
-            assert!(
-                Instant::now() < deadline,
-                "the only replica did not take the Lease:\n{}",
-                first.log_tail()
-            );
-            std::thread::sleep(POLL);
-        }
-        *infra.current.get_mut() = Some(first);
-        infra
+        Suite::install("faults", |suite| {
+            start(suite, &format!("faults-first-{}", std::process::id()))
+        })
     })
-}
-
-/// An admin client (the tests' own view of the cluster).
-async fn client() -> Client {
-    let kc = kube::config::Kubeconfig::read_from(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// A test's namespace, deleted (with everything in it) when dropped.
-struct TestNs(String);
-
-impl TestNs {
-    async fn new(client: &Client, tag: &str) -> Self {
-        let name = format!("faults-{tag}-{}", std::process::id());
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-        match Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("create namespace {name}: {e}"),
-        }
-        Self(name)
-    }
-}
-
-impl Drop for TestNs {
-    fn drop(&mut self) {
-        let _ = cluster::cluster().kubectl(&["delete", "namespace", &self.0, "--wait=false"], None);
-    }
-}
-
-impl std::ops::Deref for TestNs {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Objects.
-
-fn resource(kind: &str) -> ApiResource {
-    let (group, version, plural) = match kind {
-        "Secret" => ("", "v1", "secrets"),
-        "MCPServer" => ("custody.dev", "v1alpha1", "mcpservers"),
-        "AgentAssignment" => ("custody.dev", "v1alpha1", "agentassignments"),
-        "HandleClass" => ("custody.dev", "v1alpha1", "handleclasses"),
-        "CheckpointStore" => ("custody.dev", "v1alpha1", "checkpointstores"),
-        other => panic!("no plural for {other}"),
-    };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-fn api(client: &Client, ns: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), ns, &resource(kind))
-}
-
-/// A custody object of `kind` with this spec.
-fn object(kind: &str, name: &str, spec: Value) -> Value {
-    json!({"apiVersion": "custody.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec})
-}
-
-fn secret(name: &str, data: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
-}
-
-/// Server-side apply of one object (the tests' field manager).
-async fn apply(client: &Client, ns: &str, obj: &Value) -> Value {
-    let name = obj["metadata"]["name"].as_str().unwrap();
-    let out = api(client, ns, obj["kind"].as_str().unwrap())
-        .patch(
-            name,
-            &PatchParams::apply("custody-faults").force(),
-            &Patch::Apply(obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply {} {ns}/{name}: {e}", obj["kind"]));
-    serde_json::to_value(out).unwrap()
-}
-
-async fn get(client: &Client, ns: &str, kind: &str, name: &str) -> Option<Value> {
-    api(client, ns, kind)
-        .get_opt(name)
-        .await
-        .unwrap()
-        .map(|o| serde_json::to_value(o).unwrap())
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
-    obj["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-}
-
-/// Retries `check` every 200 ms until it returns `Ok`; panics with its last error after 60 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
-}
-
-/// Waits until the object's conditions have these statuses, each observed at the current
-/// generation; returns the object.
-async fn wait_conditions(
-    client: &Client,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    want: &[(&str, &str)],
-) -> Value {
-    eventually(
-        &format!("{kind} {ns}/{name} has conditions {want:?}"),
-        async || {
-            let obj = get(client, ns, kind, name).await.ok_or("does not exist")?;
-            let generation = &obj["metadata"]["generation"];
-            for (type_, status) in want {
-                let c = condition(&obj, type_)
-                    .ok_or_else(|| format!("no {type_}; status: {}", obj["status"]))?;
-                if c["status"] != *status || &c["observedGeneration"] != generation {
-                    return Err(format!("{c} at generation {generation}"));
-                }
-            }
-            Ok(obj)
-        },
-    )
-    .await
 }
 
 /// Waits for a Warning Event of this reason about `kind/name`; returns its note.
 async fn wait_warning(client: &Client, ns: &str, kind: &str, name: &str, reason: &str) -> String {
-    eventually(
-        &format!("Warning Event {reason} about {kind} {ns}/{name}"),
-        async || {
-            let all = Api::<Event>::namespaced(client.clone(), ns)
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            all.items
-                .iter()
-                .find(|e| {
-                    e.regarding.as_ref().is_some_and(|r| {
-                        r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
-                    }) && e.reason.as_deref() == Some(reason)
-                        && e.type_.as_deref() == Some("Warning")
-                })
-                .map(|e| e.note.clone().unwrap_or_default())
-                .ok_or_else(|| format!("{} Events, none matching", all.items.len()))
-        },
-    )
-    .await
-}
-
-/// Every object and Event in the namespace (no Secrets), as JSON text: what someone without
-/// Secret access sees.
-async fn visible_text(client: &Client, ns: &str) -> String {
-    let mut all = Vec::new();
-    for kind in [
-        "MCPServer",
-        "AgentAssignment",
-        "HandleClass",
-        "CheckpointStore",
-    ] {
-        for o in api(client, ns, kind)
-            .list(&Default::default())
-            .await
-            .unwrap()
-        {
-            all.push(serde_json::to_string(&o).unwrap());
-        }
-    }
-    for e in Api::<Event>::namespaced(client.clone(), ns)
-        .list(&Default::default())
+    wait_event(client, ns, kind, name, reason, "Warning")
         .await
-        .unwrap()
-    {
-        all.push(serde_json::to_string(&e).unwrap());
-    }
-    all.join("\n")
+        .note
+        .unwrap_or_default()
 }
 
 /// `custody_reconcile_failures_total{kind,reason}` of the serving controller.
@@ -348,42 +96,73 @@ async fn langgraph_database(tag: &str) -> String {
 
 /// tests/py/misbehaving_server.py in its `slow_list` case, its request log in a file.
 struct SlowServer {
-    child: Child,
-    port: u16,
+    peer: Peer,
     log: PathBuf,
 }
 
 impl SlowServer {
     fn start(dir: &std::path::Path) -> Self {
-        let port = support::free_port();
-        let log = dir.join(format!("slow-server-{port}.txt"));
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(cluster::repo().join("tests/py/misbehaving_server.py"))
-            .env("MISBEHAVE_PORT", port.to_string())
-            .env("MISBEHAVE_CASE", "slow_list")
-            .env("MISBEHAVE_LIST_DELAY_MS", LIST_DELAY_MS.to_string())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        support::wait_for_port(port, DEADLINE);
-        Self { child, port, log }
+        let log = dir.join(format!("slow-server-{}.txt", uuid::Uuid::new_v4().simple()));
+        let peer = Peer::misbehaving_logged(
+            "slow_list",
+            &[("MISBEHAVE_LIST_DELAY_MS", &LIST_DELAY_MS.to_string())],
+            &log,
+        );
+        Self { peer, log }
     }
 
     fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
+        self.peer.url()
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Applies MCPServer `slow` for this server and waits until the serving leader's
+    /// `tools/list` (the first listing) is in flight.
+    async fn discovery_in_flight(&self, client: &Client, ns: &str) {
+        let spec = json!({"url": self.url(), "mode": "legacy", "timeoutSeconds": 30});
+        apply(client, ns, &object("MCPServer", "slow", spec)).await;
+        eventually("the leader's tools/list in flight", async || {
+            let log = self.log();
+            if log.contains("listing 1 started") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        })
+        .await;
+    }
 }
 
-impl Drop for SlowServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Asserts that the replica's reconcile counter stays put for 5 s.
+async fn reconciles_no_more(replica: &ControllerProcess, who: &str) {
+    let before = metric_sum(&replica.metrics(), "custody_reconciles_total");
+    // A fixed window on purpose: what is under test is that nothing happens in it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_sum(&replica.metrics(), "custody_reconciles_total"),
+        before,
+        "{who} still reconciles:\n{}",
+        replica.log_tail()
+    );
+}
+
+/// Waits until MCPServer `slow` is Ready with the second listing's catalog (the discovery of
+/// the replica that took over); returns it.
+async fn second_listing_ready(client: &Client, ns: &str, what: &str) -> Value {
+    eventually(what, async || {
+        let obj = get(client, ns, "MCPServer", "slow").await.unwrap();
+        let names = tools(&obj);
+        match condition(&obj, "Ready") {
+            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
+                Ok(obj)
+            }
+            other => Err(format!("Ready {other:?}, tools {names:?}")),
+        }
+    })
+    .await
 }
 
 /// Collects every modification of one object from a resourceVersion on, until dropped.
@@ -393,11 +172,19 @@ struct Recorder {
 }
 
 impl Recorder {
-    async fn start(api: &Api<DynamicObject>, name: &str, rv: &str) -> Self {
+    /// Starts at the object's current resourceVersion.
+    async fn start(api: &Api<DynamicObject>, name: &str) -> Self {
+        let rv = api
+            .get(name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
         let wp = WatchParams::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(290);
-        let stream = api.watch(&wp, rv).await.unwrap();
+        let stream = api.watch(&wp, &rv).await.unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let sink = seen.clone();
         let task = tokio::spawn(async move {
@@ -449,35 +236,17 @@ async fn leader_lease_taken_mid_discovery() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "lease").await;
+    let ns = TestNs::new(&client, "faults-lease").await;
     let slow = SlowServer::start(&infra.dir);
     let mut current = infra.current.lock().await;
     let mut old = current.take().expect("the serving controller");
     assert_eq!(metric(&old.metrics(), "custody_leader"), Some(1.0));
 
-    apply(
-        &client,
-        &ns,
-        &object(
-            "MCPServer",
-            "slow",
-            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
-        ),
-    )
-    .await;
-    eventually("the old leader's tools/list in flight", async || {
-        let log = slow.log();
-        if log.contains("listing 1 started") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    })
-    .await;
+    slow.discovery_in_flight(&client, &ns).await;
 
     // The takeover: the Lease now names a replica that is not running yet.
     let new_identity = format!("faults-takeover-{}", std::process::id());
-    let leases = Api::<Lease>::namespaced(client.clone(), &infra.system_ns);
+    let leases = infra.leases(&client);
     let transitions = leases.get(LEASE).await.unwrap().spec.unwrap_or_default();
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
         k8s_openapi::jiff::Timestamp::now(),
@@ -494,29 +263,11 @@ async fn leader_lease_taken_mid_discovery() {
         .await
         .unwrap();
     let taken = Instant::now();
-    let servers = api(&client, &ns, "MCPServer");
-    let rv = servers
-        .get("slow")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let writes = Recorder::start(&servers, "slow", &rv).await;
-    let new = infra.start(&new_identity);
+    let writes = Recorder::start(&kind_api(&client, &ns, "MCPServer"), "slow").await;
+    let new = start(infra, &new_identity);
 
     // The new leader completes the work.
-    let obj = eventually("the new leader's catalog in status", async || {
-        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
-        let names = tools(&obj);
-        match condition(&obj, "Ready") {
-            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
-                Ok(obj)
-            }
-            other => Err(format!("Ready {other:?}, tools {names:?}")),
-        }
-    })
-    .await;
+    let obj = second_listing_ready(&client, &ns, "the new leader's catalog in status").await;
     assert_eq!(obj["status"]["observedGeneration"], 1);
     assert_eq!(metric(&new.metrics(), "custody_leader"), Some(1.0));
     assert!(metric_sum(&new.metrics(), "custody_reconciles_total") >= 1.0);
@@ -561,17 +312,9 @@ async fn leader_lease_taken_mid_discovery() {
     );
 
     // ... and reconciles no more.
-    let before = metric_sum(&old.metrics(), "custody_reconciles_total");
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    reconciles_no_more(&old, "the old leader").await;
     assert_eq!(
-        metric_sum(&old.metrics(), "custody_reconciles_total"),
-        before,
-        "the old leader still reconciles:\n{}",
-        old.log_tail()
-    );
-    let lease = leases.get(LEASE).await.unwrap().spec.unwrap();
-    assert_eq!(
-        lease.holder_identity.as_deref(),
+        infra.lease_holder(&client).await.as_deref(),
         Some(new_identity.as_str())
     );
     let exit = old.terminate();
@@ -588,7 +331,7 @@ async fn paused_leader_replaced_mid_discovery() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "paused").await;
+    let ns = TestNs::new(&client, "faults-paused").await;
     let slow = SlowServer::start(&infra.dir);
     let mut current = infra.current.lock().await;
     let mut serving = current.take().expect("the serving controller");
@@ -600,7 +343,7 @@ async fn paused_leader_replaced_mid_discovery() {
         serving.log_tail()
     );
     let pid = std::process::id();
-    let mut paused = infra.start_with(&format!("faults-paused-{pid}"), 10);
+    let mut paused = start_with(infra, &format!("faults-paused-{pid}"), 10);
     eventually("the first replica leads", async || {
         match metric(&paused.metrics(), "custody_leader") {
             Some(1.0) => Ok(()),
@@ -608,51 +351,15 @@ async fn paused_leader_replaced_mid_discovery() {
         }
     })
     .await;
-    let standby = infra.start_with(&format!("faults-standby-{pid}"), 10);
+    let standby = start_with(infra, &format!("faults-standby-{pid}"), 10);
     assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(0.0));
 
-    apply(
-        &client,
-        &ns,
-        &object(
-            "MCPServer",
-            "slow",
-            json!({"url": slow.url(), "mode": "legacy", "timeoutSeconds": 30}),
-        ),
-    )
-    .await;
-    eventually("the leader's tools/list in flight", async || {
-        let log = slow.log();
-        if log.contains("listing 1 started") {
-            Ok(())
-        } else {
-            Err(log)
-        }
-    })
-    .await;
+    slow.discovery_in_flight(&client, &ns).await;
     paused.signal("STOP");
-    let servers = api(&client, &ns, "MCPServer");
-    let rv = servers
-        .get("slow")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let writes = Recorder::start(&servers, "slow", &rv).await;
+    let writes = Recorder::start(&kind_api(&client, &ns, "MCPServer"), "slow").await;
 
     // The standby takes the expired Lease and completes the discovery.
-    let obj = eventually("the standby's catalog in status", async || {
-        let obj = get(&client, &ns, "MCPServer", "slow").await.unwrap();
-        let names = tools(&obj);
-        match condition(&obj, "Ready") {
-            Some(c) if c["status"] == "True" && names.contains(&"slow_listing_2".to_owned()) => {
-                Ok(obj)
-            }
-            other => Err(format!("Ready {other:?}, tools {names:?}")),
-        }
-    })
-    .await;
+    let obj = second_listing_ready(&client, &ns, "the standby's catalog in status").await;
     assert_eq!(obj["status"]["observedGeneration"], 1);
     assert_eq!(metric(&standby.metrics(), "custody_leader"), Some(1.0));
 
@@ -672,14 +379,7 @@ async fn paused_leader_replaced_mid_discovery() {
         }
     })
     .await;
-    let before = metric_sum(&paused.metrics(), "custody_reconciles_total");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        metric_sum(&paused.metrics(), "custody_reconciles_total"),
-        before,
-        "the resumed replica still reconciles:\n{}",
-        paused.log_tail()
-    );
+    reconciles_no_more(&paused, "the resumed replica").await;
     for w in writes.seen() {
         assert!(
             !tools(&w).contains(&"slow_listing_1".to_owned()),
@@ -687,14 +387,8 @@ async fn paused_leader_replaced_mid_discovery() {
             w["status"]
         );
     }
-    let lease = Api::<Lease>::namespaced(client.clone(), &infra.system_ns)
-        .get(LEASE)
-        .await
-        .unwrap()
-        .spec
-        .unwrap();
     assert_eq!(
-        lease.holder_identity.as_deref(),
+        infra.lease_holder(&client).await.as_deref(),
         Some(standby.identity.as_str())
     );
     let exit = paused.terminate();
@@ -712,7 +406,7 @@ async fn secret_deleted_while_referenced() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "secret").await;
+    let ns = TestNs::new(&client, "faults-secret").await;
     let server = BasketServer::start(&[]);
     let dsn = langgraph_database("faults_secret").await;
     let token = format!("faults-token-{}", uuid::Uuid::new_v4().simple());
@@ -884,42 +578,12 @@ struct Row {
     want: Want,
 }
 
-fn server_spec(url: &str) -> Value {
-    json!({"url": url})
-}
-
-fn class_spec() -> Value {
-    json!({"serverRef": "basket", "statePath": "basket",
-           "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"}}})
-}
-
 fn assignment_spec() -> Value {
     json!({"agent": "bad-agent", "servers": [{"serverRef": "basket"}]})
 }
 
 fn store_spec() -> Value {
     json!({"backend": "postgres", "dsnFrom": {"name": "good-dsn", "key": "dsn"}})
-}
-
-/// `base` with the fields of `patch` set (JSON merge patch: `null` removes a field).
-fn with(mut base: Value, patch: Value) -> Value {
-    json_patch_merge(&mut base, &patch);
-    base
-}
-
-fn json_patch_merge(target: &mut Value, patch: &Value) {
-    match (target, patch) {
-        (Value::Object(t), Value::Object(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    json_patch_merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        (t, p) => *t = p.clone(),
-    }
 }
 
 /// Every row of the bad-input matrix, by kind. `url` is the good basket server's endpoint.
@@ -953,14 +617,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B4",
             kind: "MCPServer",
             what: "timeoutSeconds of the wrong type",
-            spec: with(s(), json!({"timeoutSeconds": "ten"})),
+            spec: merged(s(), json!({"timeoutSeconds": "ten"})),
             want: Rejected("spec.timeoutSeconds", "must be of type integer"),
         },
         Row {
             id: "B5",
             kind: "MCPServer",
             what: "timeoutSeconds below range",
-            spec: with(s(), json!({"timeoutSeconds": 0})),
+            spec: merged(s(), json!({"timeoutSeconds": 0})),
             want: Rejected(
                 "spec.timeoutSeconds",
                 "timeoutSeconds must be between 1 and 300",
@@ -970,7 +634,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B6",
             kind: "MCPServer",
             what: "timeoutSeconds above range",
-            spec: with(s(), json!({"timeoutSeconds": 301})),
+            spec: merged(s(), json!({"timeoutSeconds": 301})),
             want: Rejected(
                 "spec.timeoutSeconds",
                 "timeoutSeconds must be between 1 and 300",
@@ -980,21 +644,21 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B7",
             kind: "MCPServer",
             what: "unknown mode",
-            spec: with(s(), json!({"mode": "modern"})),
+            spec: merged(s(), json!({"mode": "modern"})),
             want: Rejected("spec.mode", "Unsupported value: \"modern\""),
         },
         Row {
             id: "B8",
             kind: "MCPServer",
             what: "headersFrom without secretKeyRef",
-            spec: with(s(), json!({"headersFrom": [{"name": "Authorization"}]})),
+            spec: merged(s(), json!({"headersFrom": [{"name": "Authorization"}]})),
             want: Rejected("spec.headersFrom[0].secretKeyRef", "Required value"),
         },
         Row {
             id: "B9",
             kind: "MCPServer",
             what: "reconciliation whose found can never say not found",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {}, "found": {}, "idField": "id"}}]}),
             ),
@@ -1007,7 +671,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B10",
             kind: "MCPServer",
             what: "unknown field (strict field validation)",
-            spec: with(s(), json!({"uri": url})),
+            spec: merged(s(), json!({"uri": url})),
             want: Rejected("spec.uri", "unknown field"),
         },
         // MCPServer: what only custody can check.
@@ -1015,7 +679,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B11",
             kind: "MCPServer",
             what: "invalid header name",
-            spec: with(s(), json!({"headers": {"Bad Header": "x"}})),
+            spec: merged(s(), json!({"headers": {"Bad Header": "x"}})),
             want: Condition("Ready", "InvalidSpec", "spec.headers.Bad Header"),
         },
         Row {
@@ -1029,7 +693,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B13",
             kind: "MCPServer",
             what: "lookup that is the write tool itself",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "create_ticket", "arguments": {}, "found": {"path": "ticket"}, "idField": "id"}}]}),
             ),
@@ -1039,7 +703,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B14",
             kind: "MCPServer",
             what: "lookup placeholder that does not exist",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"reconciliation": [{"tool": "create_ticket", "lookup": {"tool": "find_ticket", "arguments": {"key": "{{handle}}"}, "found": {"path": "ticket"}, "idField": "id"}}]}),
             ),
@@ -1053,7 +717,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B15",
             kind: "MCPServer",
             what: "headersFrom Secret that does not exist",
-            spec: with(
+            spec: merged(
                 s(),
                 json!({"headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "no-such-secret", "key": "token"}}]}),
             ),
@@ -1075,28 +739,28 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B17",
             kind: "AgentAssignment",
             what: "empty agent",
-            spec: with(assignment_spec(), json!({"agent": ""})),
+            spec: merged(assignment_spec(), json!({"agent": ""})),
             want: Rejected("spec.agent", "agent must not be empty"),
         },
         Row {
             id: "B18",
             kind: "AgentAssignment",
             what: "servers of the wrong type",
-            spec: with(assignment_spec(), json!({"servers": "basket"})),
+            spec: merged(assignment_spec(), json!({"servers": "basket"})),
             want: Rejected("spec.servers", "must be of type array"),
         },
         Row {
             id: "B19",
             kind: "AgentAssignment",
             what: "server without serverRef",
-            spec: with(assignment_spec(), json!({"servers": [{"alias": "shop"}]})),
+            spec: merged(assignment_spec(), json!({"servers": [{"alias": "shop"}]})),
             want: Rejected("spec.servers[0].serverRef", "Required value"),
         },
         Row {
             id: "B20",
             kind: "AgentAssignment",
             what: "serverRef into another namespace",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "elsewhere/basket"}]}),
             ),
@@ -1110,7 +774,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B21",
             kind: "AgentAssignment",
             what: "server that does not exist",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "nowhere"}]}),
             ),
@@ -1120,7 +784,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B22",
             kind: "AgentAssignment",
             what: "server that exists only in another namespace",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "elsewhere"}]}),
             ),
@@ -1130,7 +794,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B23",
             kind: "AgentAssignment",
             what: "allowlisted tool the server does not offer",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket", "toolAllowlist": ["no_such_tool"]}]}),
             ),
@@ -1140,7 +804,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B24",
             kind: "AgentAssignment",
             what: "one server assigned twice",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket"}, {"serverRef": "basket", "alias": "again"}]}),
             ),
@@ -1150,7 +814,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B25",
             kind: "AgentAssignment",
             what: "alias not starting with a letter",
-            spec: with(
+            spec: merged(
                 assignment_spec(),
                 json!({"servers": [{"serverRef": "basket", "alias": "1shop"}]}),
             ),
@@ -1160,7 +824,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B26",
             kind: "AgentAssignment",
             what: "second assignment for an assigned agent",
-            spec: with(assignment_spec(), json!({"agent": "good-agent"})),
+            spec: merged(assignment_spec(), json!({"agent": "good-agent"})),
             want: Condition("Valid", "DuplicateAssignment", "spec.agent"),
         },
         // HandleClass: the schema and CEL rules.
@@ -1168,36 +832,36 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B27",
             kind: "HandleClass",
             what: "missing probe",
-            spec: with(class_spec(), json!({"probe": null})),
+            spec: merged(basket_class(), json!({"probe": null})),
             want: Rejected("spec.probe", "Required value"),
         },
         Row {
             id: "B28",
             kind: "HandleClass",
             what: "missing statePath",
-            spec: with(class_spec(), json!({"statePath": null})),
+            spec: merged(basket_class(), json!({"statePath": null})),
             want: Rejected("spec.statePath", "Required value"),
         },
         Row {
             id: "B29",
             kind: "HandleClass",
             what: "probe arguments of the wrong type",
-            spec: with(class_spec(), json!({"probe": {"arguments": "basket_id"}})),
+            spec: merged(basket_class(), json!({"probe": {"arguments": "basket_id"}})),
             want: Rejected("spec.probe.arguments", "must be of type object"),
         },
         Row {
             id: "B30",
             kind: "HandleClass",
             what: "unknown onGone",
-            spec: with(class_spec(), json!({"onGone": "retry"})),
+            spec: merged(basket_class(), json!({"onGone": "retry"})),
             want: Rejected("spec.onGone", "Unsupported value: \"retry\""),
         },
         Row {
             id: "B31",
             kind: "HandleClass",
             what: "onGone remint without mint",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"onGone": "remint", "mintInputsPath": "mint_inputs"}),
             ),
             want: Rejected("spec", "onGone: remint requires mint"),
@@ -1206,7 +870,7 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B32",
             kind: "HandleClass",
             what: "statePath with an empty key",
-            spec: with(class_spec(), json!({"statePath": "order..basket"})),
+            spec: merged(basket_class(), json!({"statePath": "order..basket"})),
             want: Rejected(
                 "spec.statePath",
                 "statePath must be dot-separated non-empty keys",
@@ -1216,14 +880,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B33",
             kind: "HandleClass",
             what: "negative declaredTtlSeconds",
-            spec: with(class_spec(), json!({"declaredTtlSeconds": -1})),
+            spec: merged(basket_class(), json!({"declaredTtlSeconds": -1})),
             want: Rejected("spec.declaredTtlSeconds", "greater than or equal to 0"),
         },
         Row {
             id: "B34",
             kind: "HandleClass",
             what: "serverRef that is no object name",
-            spec: with(class_spec(), json!({"serverRef": "Basket"})),
+            spec: merged(basket_class(), json!({"serverRef": "Basket"})),
             want: Rejected(
                 "spec.serverRef",
                 "serverRef must be the name of an MCPServer in the same namespace",
@@ -1234,29 +898,29 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B35",
             kind: "HandleClass",
             what: "server that does not exist",
-            spec: with(class_spec(), json!({"serverRef": "nowhere"})),
+            spec: merged(basket_class(), json!({"serverRef": "nowhere"})),
             want: Condition("Valid", "UnknownServer", "spec.serverRef"),
         },
         Row {
             id: "B36",
             kind: "HandleClass",
             what: "server that exists only in another namespace",
-            spec: with(class_spec(), json!({"serverRef": "elsewhere"})),
+            spec: merged(basket_class(), json!({"serverRef": "elsewhere"})),
             want: Condition("Valid", "UnknownServer", "spec.serverRef"),
         },
         Row {
             id: "B37",
             kind: "HandleClass",
             what: "probe tool the server does not list",
-            spec: with(class_spec(), json!({"probe": {"tool": "no_such_tool"}})),
+            spec: merged(basket_class(), json!({"probe": {"tool": "no_such_tool"}})),
             want: Condition("Valid", "ToolNotOffered", "spec.probe.tool"),
         },
         Row {
             id: "B38",
             kind: "HandleClass",
             what: "mint tool the server does not list",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"mint": {"tool": "no_such_tool", "handleField": "basket_id"}}),
             ),
             want: Condition("Valid", "ToolNotOffered", "spec.mint.tool"),
@@ -1265,8 +929,8 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B39",
             kind: "HandleClass",
             what: "misspelt placeholder",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"probe": {"arguments": {"basket_id": "{{handel}}"}}}),
             ),
             want: Condition("Valid", "InvalidSpec", "spec.probe.arguments.basket_id"),
@@ -1275,8 +939,8 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B40",
             kind: "HandleClass",
             what: "gone regex that does not compile",
-            spec: with(
-                class_spec(),
+            spec: merged(
+                basket_class(),
                 json!({"probe": {"goneWhen": {"errorTextRegex": "("}}}),
             ),
             want: Condition("Valid", "InvalidSpec", "spec.probe.goneWhen.errorTextRegex"),
@@ -1286,42 +950,42 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B41",
             kind: "CheckpointStore",
             what: "missing backend",
-            spec: with(store_spec(), json!({"backend": null})),
+            spec: merged(store_spec(), json!({"backend": null})),
             want: Rejected("spec.backend", "Required value"),
         },
         Row {
             id: "B42",
             kind: "CheckpointStore",
             what: "unknown backend",
-            spec: with(store_spec(), json!({"backend": "mysql"})),
+            spec: merged(store_spec(), json!({"backend": "mysql"})),
             want: Rejected("spec.backend", "Unsupported value: \"mysql\""),
         },
         Row {
             id: "B43",
             kind: "CheckpointStore",
             what: "both dsn and dsnFrom",
-            spec: with(store_spec(), json!({"dsn": "postgres://x"})),
+            spec: merged(store_spec(), json!({"dsn": "postgres://x"})),
             want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
         },
         Row {
             id: "B44",
             kind: "CheckpointStore",
             what: "neither dsn nor dsnFrom",
-            spec: with(store_spec(), json!({"dsnFrom": null})),
+            spec: merged(store_spec(), json!({"dsnFrom": null})),
             want: Rejected("spec", "set exactly one of dsn and dsnFrom"),
         },
         Row {
             id: "B45",
             kind: "CheckpointStore",
             what: "dsnFrom without key",
-            spec: with(store_spec(), json!({"dsnFrom": {"key": null}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"key": null}})),
             want: Rejected("spec.dsnFrom.key", "Required value"),
         },
         Row {
             id: "B46",
             kind: "CheckpointStore",
             what: "audit maxAgeSeconds not above graceSeconds",
-            spec: with(
+            spec: merged(
                 store_spec(),
                 json!({"audit": {"graceSeconds": 600, "maxAgeSeconds": 60}}),
             ),
@@ -1334,14 +998,14 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B47",
             kind: "CheckpointStore",
             what: "minParkedSeconds of the wrong type",
-            spec: with(store_spec(), json!({"minParkedSeconds": "soon"})),
+            spec: merged(store_spec(), json!({"minParkedSeconds": "soon"})),
             want: Rejected("spec.minParkedSeconds", "must be of type integer"),
         },
         Row {
             id: "B48",
             kind: "CheckpointStore",
             what: "schedule that is not cron",
-            spec: with(store_spec(), json!({"schedule": "every five minutes"})),
+            spec: merged(store_spec(), json!({"schedule": "every five minutes"})),
             want: Rejected("spec.schedule", "schedule must be five cron fields"),
         },
         // CheckpointStore: references.
@@ -1349,28 +1013,28 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             id: "B49",
             kind: "CheckpointStore",
             what: "dsnFrom Secret that does not exist",
-            spec: with(store_spec(), json!({"dsnFrom": {"name": "no-such-secret"}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"name": "no-such-secret"}})),
             want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
         },
         Row {
             id: "B50",
             kind: "CheckpointStore",
             what: "dsnFrom key the Secret lacks",
-            spec: with(store_spec(), json!({"dsnFrom": {"key": "no-such-key"}})),
+            spec: merged(store_spec(), json!({"dsnFrom": {"key": "no-such-key"}})),
             want: Condition("Reachable", "SecretNotResolved", "spec.dsnFrom"),
         },
         Row {
             id: "B51",
             kind: "CheckpointStore",
             what: "schedule of cron form with a field out of range",
-            spec: with(store_spec(), json!({"schedule": "61 * * * *"})),
+            spec: merged(store_spec(), json!({"schedule": "61 * * * *"})),
             want: Condition("Scheduled", "CronJobRefused", "spec.schedule"),
         },
         Row {
             id: "B52",
             kind: "CheckpointStore",
             what: "empty principalKey",
-            spec: with(store_spec(), json!({"principalKey": ""})),
+            spec: merged(store_spec(), json!({"principalKey": ""})),
             want: Condition("Reachable", "InvalidSpec", "spec.principalKey"),
         },
     ]
@@ -1386,8 +1050,8 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "badinput").await;
-    let other = TestNs::new(&client, "badinput-other").await;
+    let ns = TestNs::new(&client, "faults-badinput").await;
+    let other = TestNs::new(&client, "faults-badinput-other").await;
     let server = BasketServer::start(&[]);
     let dsn = langgraph_database("faults_badinput").await;
 
@@ -1405,7 +1069,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         &object("MCPServer", "basket", server_spec(&server.url())),
     )
     .await;
-    apply(&client, &ns, &object("HandleClass", "good", class_spec())).await;
+    apply(&client, &ns, &object("HandleClass", "good", basket_class())).await;
     apply(
         &client,
         &ns,
@@ -1501,7 +1165,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         };
         wait_conditions(&client, &ns, kind, name, want).await;
     }
-    apply(&client, &ns, &object("HandleClass", "late", class_spec())).await;
+    apply(&client, &ns, &object("HandleClass", "late", basket_class())).await;
     wait_conditions(&client, &ns, "HandleClass", "late", &[("Valid", "True")]).await;
 
     // Counted, by kind and the condition's reason.

@@ -40,123 +40,15 @@
 
 mod support;
 
-use std::io::{BufRead, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc::Receiver;
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use custody::audit::idempotency_key;
-use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
-use support::{BasketServer, Db, Peer};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Sqlite,
-    Postgres,
-}
-
-/// A checkpoint database: a SQLite file in a temporary directory, or a PostgreSQL database.
-struct Checkpoints {
-    kind: Kind,
-    sqlite: PathBuf,
-    pg: String,
-}
-
-impl Checkpoints {
-    async fn new(kind: Kind, dir: &Path, name: &str) -> Self {
-        let pg = match kind {
-            Kind::Postgres => support::fresh_pg_database(name).await,
-            Kind::Sqlite => String::new(),
-        };
-        Self {
-            kind,
-            sqlite: dir.join("checkpoints.sqlite"),
-            pg,
-        }
-    }
-
-    fn on_postgres(url: String) -> Self {
-        Self {
-            kind: Kind::Postgres,
-            sqlite: PathBuf::new(),
-            pg: url,
-        }
-    }
-
-    fn db(&self) -> Db<'_> {
-        match self.kind {
-            Kind::Sqlite => Db::Sqlite(&self.sqlite),
-            Kind::Postgres => Db::Postgres(&self.pg),
-        }
-    }
-
-    fn backend_dsn(&self) -> (&'static str, String) {
-        match self.kind {
-            Kind::Sqlite => ("sqlite", format!("sqlite://{}", self.sqlite.display())),
-            Kind::Postgres => ("postgres", self.pg.clone()),
-        }
-    }
-
-    /// One integer from a query (`count(*)`), or `None` when the query fails (no such table).
-    async fn count(&self, sql: &str) -> Option<i64> {
-        use sqlx::Connection as _;
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match self.kind {
-            Kind::Sqlite => {
-                let url = format!("sqlite://{}", self.sqlite.display());
-                let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
-                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
-            }
-            Kind::Postgres => {
-                let mut c = sqlx::PgConnection::connect(&self.pg).await.unwrap();
-                sqlx::query_scalar(sql).fetch_one(&mut c).await.ok()
-            }
-        }
-    }
-
-    /// Ledger entries that are not done.
-    async fn unsettled(&self) -> i64 {
-        self.count("SELECT count(*) FROM custody_actions WHERE state <> 'done'")
-            .await
-            .unwrap()
-    }
-
-    fn resume(&self, server: &str, thread: &str, value: &Value) -> Value {
-        support::order_graph(
-            self.db(),
-            &[
-                "resume",
-                "--thread",
-                thread,
-                "--server",
-                server,
-                "--principal",
-                "user-1",
-                "--value",
-                &value.to_string(),
-            ],
-        )
-    }
-
-    fn state(&self, thread: &str) -> Value {
-        support::order_graph(self.db(), &["state", "--thread", thread])
-    }
-
-    /// A parked thread `t-live` with two recorded items (widget ×2, gadget ×1), written through
-    /// the real basket server at `server`.
-    fn filled(&self, server: &str) -> String {
-        support::write_some_fixtures(server, self.db(), Some("t-live"), "");
-        self.resume(server, "t-live", &json!({"sku": "widget", "qty": 2}));
-        let state = self.resume(server, "t-live", &json!({"sku": "gadget", "qty": 1}));
-        assert_eq!(state["next"], json!(["add_item"]), "{state}");
-        state["values"]["basket"]["value"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-}
+use support::checkpoints::{Checkpoints, Kind};
+use support::failpoint::Stopped;
+use support::{BasketServer, OwnPostgres, Peer, TicketServer, baskets, call, items};
 
 /// `custody sweep -o json -f DIR` plus `extra` arguments.
 fn sweep_args(dir: &Path, extra: &[&str]) -> Vec<String> {
@@ -211,157 +103,33 @@ fn row<'a>(report: &'a Value, thread: &str, class: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no row for {thread}/{class} in {report:#}"))
 }
 
-/// A running custody stopped at a failpoint.
-struct Stopped {
-    child: Child,
-    lines: Receiver<String>,
-}
-
-impl Stopped {
-    /// Starts custody with `FAILPOINTS=<point>=<action>` and waits until it reports the point.
-    fn at(args: &[String], point: &str, action: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_custody"))
-            .args(args)
-            .env("FAILPOINTS", format!("{point}={action}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start custody");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stderr)
-                .lines()
-                .map_while(Result::ok)
-            {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let marker = format!("custody failpoint {point}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        loop {
-            match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) if line == marker => break,
-                Ok(line) => seen.push(line),
-                Err(_) => panic!(
-                    "custody never reached {point}; stderr:\n{}",
-                    seen.join("\n")
-                ),
-            }
-        }
-        Self { child, lines }
-    }
-
-    /// Lets a `return(wait)` stop go on; returns its exit status, report (stdout) and stderr.
-    fn go(mut self) -> (std::process::ExitStatus, String, String) {
-        self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-        let out = self.child.wait_with_output().unwrap();
-        let stderr: Vec<String> = self.lines.try_iter().collect();
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr.join("\n"),
-        )
-    }
-
-    /// SIGKILL.
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-/// Calls a tool on an MCP server as a client would; the structuredContent of a success.
-async fn call(url: &str, tool: &str, arguments: Value) -> Value {
-    let cfg = ServerConfig {
-        name: "peer".into(),
-        url: url.to_owned(),
-        headers: vec![],
-        timeout: Duration::from_secs(10),
-        mode: custody::crd::ProtocolMode::Auto,
-        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
-    };
-    let conn = Connection::connect(&cfg).await.expect("connect");
-    let result = conn
-        .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
-        .await
-        .expect("tools/call");
-    conn.close().await;
-    assert!(!result.is_error, "{tool}: {}", result.text);
-    result.structured.unwrap_or(Value::Null)
-}
-
-/// (sku, qty) of a basket, sorted.
-async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
-    let mut out: Vec<(String, u64)> =
-        call(url, "get_basket", json!({"basket_id": basket})).await["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| {
-                (
-                    l["sku"].as_str().unwrap().to_owned(),
-                    l["qty"].as_u64().unwrap(),
-                )
-            })
-            .collect();
-    out.sort();
-    out
-}
-
-async fn baskets(url: &str) -> u64 {
-    call(url, "count_baskets", json!({})).await["count"]
-        .as_u64()
-        .unwrap()
-}
-
 // ------------------------------------------------------------------ 1: PostgreSQL restarts
 
-/// A PostgreSQL of this test's own (tests/harness/pg.sh), stopped and removed when dropped.
+/// A PostgreSQL of this test's own, with database `checkpoints`.
 struct OwnPg {
-    dir: tempfile::TempDir,
+    server: OwnPostgres,
+    /// The `checkpoints` database.
     url: String,
 }
 
 impl OwnPg {
-    fn pg_sh(command: &str, dir: &Path) -> String {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .arg(command)
-            .arg(dir)
-            .output()
-            .expect("run pg.sh");
-        assert!(
-            out.status.success(),
-            "pg.sh {command} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
     /// Starts it and creates database `checkpoints`; `url` points at that database.
     async fn start() -> Self {
         use sqlx::Connection as _;
-        let dir = tempfile::tempdir().unwrap();
-        let admin = Self::pg_sh("start", dir.path());
-        let mut c = sqlx::PgConnection::connect(&admin).await.unwrap();
+        let server = OwnPostgres::start();
+        let mut c = sqlx::PgConnection::connect(&server.admin).await.unwrap();
         sqlx::query("CREATE DATABASE checkpoints")
             .execute(&mut c)
             .await
             .unwrap();
-        let (base, _) = admin.rsplit_once('/').unwrap();
+        let (base, _) = server.admin.rsplit_once('/').unwrap();
         let url = format!("{base}/checkpoints");
-        Self { dir, url }
+        Self { server, url }
     }
 
     /// A fast restart on the same port: every open session is terminated.
     fn restart(&self) {
-        Self::pg_sh("restart", self.dir.path());
+        self.server.restart();
     }
 
     /// Copies thread `from` (all its checkpoints, blobs and writes) `n` times as `bulk-<i>`,
@@ -404,17 +172,6 @@ impl OwnPg {
             .await
             .unwrap();
         }
-    }
-}
-
-impl Drop for OwnPg {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
     }
 }
 
@@ -539,7 +296,7 @@ async fn postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once(
     let db = Checkpoints::on_postgres(pg.url.clone());
     let basket = BasketServer::start(&[]);
     let res = tempfile::tempdir().unwrap();
-    let old = db.filled(&basket.url());
+    let old = db.filled(&basket.url(), "");
     call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
     let (backend, dsn) = db.backend_dsn();
     support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");
@@ -841,7 +598,7 @@ async fn a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once() {
         );
         let res = tempfile::tempdir().unwrap();
         let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
-        let old = db.filled(&basket.url());
+        let old = db.filled(&basket.url(), "");
         remint_on(res.path(), &bad.url(), &db);
 
         let first = act(res.path());
@@ -897,7 +654,7 @@ async fn a_slow_mint_within_the_timeout_remints() {
     );
     let res = tempfile::tempdir().unwrap();
     let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
-    db.filled(&basket.url());
+    db.filled(&basket.url(), "");
     remint_on(res.path(), &bad.url(), &db);
     // At 5 ms a byte the answer takes 1–2 s: slow, but within the 3 s per-request timeout.
     let r = act(res.path());
@@ -923,7 +680,7 @@ async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
         );
         let res = tempfile::tempdir().unwrap();
         let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
-        let old = db.filled(&basket.url());
+        let old = db.filled(&basket.url(), "");
         remint_on(res.path(), &bad.url(), &db);
 
         let first = act(res.path());
@@ -950,43 +707,9 @@ async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
 
 // ------------------------------------------------------------------ 4: audit settlement killed
 
-/// tests/py/ticket_server.py on its own port; killed when dropped.
-struct TicketServer {
-    child: Child,
-    port: u16,
-}
-
-impl TicketServer {
-    fn start() -> Self {
-        let port = support::free_port();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
-        let child = Command::new(support::var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("TICKET_PORT", port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ticket_server.py");
-        support::wait_for_port(port, Duration::from_secs(60));
-        Self { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-
-    async fn finds(&self) -> u64 {
-        call(&self.url(), "stats", json!({})).await["finds"]
-            .as_u64()
-            .unwrap()
-    }
-}
-
-impl Drop for TicketServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Lookups the ticket server has served.
+async fn lookups(tickets: &TicketServer) -> u64 {
+    tickets.stats().await["finds"].as_u64().unwrap()
 }
 
 /// The audit steps at which the sweeper is killed.
@@ -999,7 +722,7 @@ const AUDIT_STEPS: [&str; 4] = [
 
 async fn audit_kill_case(kind: Kind) {
     let basket = BasketServer::start(&[]);
-    let tickets = TicketServer::start();
+    let tickets = TicketServer::start(&[]);
     let res = tempfile::tempdir().unwrap();
     let db = Checkpoints::new(kind, res.path(), "faults_audit_kill").await;
     support::write_some_fixtures(&basket.url(), db.db(), Some("t-live"), "");
@@ -1052,7 +775,7 @@ spec:
             }
             insert_pending(&db, c, &key).await;
         }
-        let finds = tickets.finds().await;
+        let finds = lookups(&tickets).await;
 
         Stopped::at(&args, &format!("audit::{step}"), "return").kill();
         let next = act(res.path());
@@ -1073,7 +796,7 @@ spec:
         // Lookups are read-only, so a batch looked up but not committed is looked up again.
         let looked_up_twice = matches!(step, "after-lookup" | "before-commit");
         assert_eq!(
-            tickets.finds().await - finds,
+            lookups(&tickets).await - finds,
             if looked_up_twice { 8 } else { 4 },
             "{step}: lookups"
         );
@@ -1152,7 +875,7 @@ async fn two_sweeps_case(kind: Kind) {
     let basket = BasketServer::start(&[]);
     let res = tempfile::tempdir().unwrap();
     let db = Checkpoints::new(kind, res.path(), "faults_two_sweeps").await;
-    let old = db.filled(&basket.url());
+    let old = db.filled(&basket.url(), "");
     call(&basket.url(), "delete_basket", json!({"basket_id": old})).await;
     let (backend, dsn) = db.backend_dsn();
     support::act_resources(res.path(), &basket.url(), backend, &dsn, "remint");

@@ -12,7 +12,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use support::{BasketServer, Peer, custody, write_file};
+use cluster::{http_get, token_kubeconfig};
+use support::{BasketServer, Peer, call, custody, write_file};
 
 fn text(out: &Output) -> String {
     format!(
@@ -168,26 +169,6 @@ fn redirects_are_not_followed() {
 // ---------------------------------------------------------------------------------------------
 // Tool output is data.
 
-/// Calls a tool on the basket server in-process (a test's own view of the server's state).
-async fn call(url: &str, tool: &str, arguments: serde_json::Value) -> serde_json::Value {
-    let cfg = custody::mcp::ServerConfig {
-        name: "basket".into(),
-        url: url.into(),
-        headers: vec![],
-        timeout: Duration::from_secs(10),
-        mode: custody::crd::ProtocolMode::Auto,
-        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
-    };
-    let conn = custody::mcp::Connection::connect(&cfg).await.unwrap();
-    let result = conn
-        .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
-        .await
-        .unwrap();
-    conn.close().await;
-    assert!(!result.is_error, "{tool}: {}", result.text);
-    result.structured.unwrap_or_default()
-}
-
 /// `custody sweep [--apply] -f DIR -o json`, asserting success.
 fn sweep(dir: &Path, apply: bool) -> serde_json::Value {
     let d = dir.to_str().unwrap();
@@ -315,29 +296,18 @@ async fn tool_output_is_stored_verbatim_never_rendered() {
 /// authenticate with scram-sha-256, so a password is really checked (the shared test server
 /// trusts every connection). Stopped when dropped.
 struct PasswordPg {
-    dir: tempfile::TempDir,
-    /// Superuser URL (trust).
-    admin: String,
+    server: support::OwnPostgres,
 }
 
 impl PasswordPg {
     fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "pg.sh start: {}", text(&out));
-        let admin = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        let server = support::OwnPostgres::start();
         std::fs::write(
-            dir.path().join("data/pg_hba.conf"),
+            server.data_dir().join("pg_hba.conf"),
             "host all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n",
         )
         .unwrap();
-        let pg = Self { dir, admin };
+        let pg = Self { server };
         pg.sql("postgres", "SELECT pg_reload_conf()");
         pg
     }
@@ -361,23 +331,12 @@ impl PasswordPg {
 
     /// `postgres://user[:password]@127.0.0.1:PORT/db`.
     fn url(&self, user: &str, password: Option<&str>, db: &str) -> String {
-        let (_, host) = self.admin.split_once('@').unwrap();
+        let (_, host) = self.server.admin.split_once('@').unwrap();
         let (host, _) = host.rsplit_once('/').unwrap();
         match password {
             Some(p) => format!("postgres://{user}:{p}@{host}/{db}"),
             None => format!("postgres://{user}@{host}/{db}"),
         }
-    }
-}
-
-impl Drop for PasswordPg {
-    fn drop(&mut self) {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(self.dir.path())
-            .output();
     }
 }
 
@@ -523,21 +482,6 @@ fn kube() -> Option<&'static cluster::Cluster> {
     Some(c)
 }
 
-/// A kubeconfig that authenticates with a token of ServiceAccount `ns/sa`.
-fn token_kubeconfig(c: &cluster::Cluster, path: &Path, ns: &str, sa: &str) {
-    let token = c
-        .kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"], None)
-        .ok()
-        .trim()
-        .to_owned();
-    let admin = std::fs::read_to_string(cluster::var("CUSTODY_TEST_KUBECONFIG")).unwrap();
-    let mut kc: serde_json::Value = serde_yaml::from_str(&admin).unwrap();
-    for user in kc["users"].as_array_mut().unwrap() {
-        user["user"] = serde_json::json!({ "token": token });
-    }
-    std::fs::write(path, kc.to_string()).unwrap();
-}
-
 /// A cross-namespace Secret reference cannot be written: the reference has no namespace field
 /// (strict field validation names it), and a name that is a path is refused by the schema.
 #[test]
@@ -597,22 +541,6 @@ fn cluster_secret_references_cannot_leave_the_namespace() {
     );
     c.kubectl(&["delete", "namespace", &ns, "--wait=false"], None)
         .ok();
-}
-
-/// A plain HTTP/1.1 GET on 127.0.0.1; the body, or `None` when nothing answers yet.
-fn http_get(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
 }
 
 /// A `custody controller` process of this test, stopped (SIGKILL of this one pid) when dropped.
@@ -755,19 +683,7 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
             None,
         )
         .ok();
-    let rbac: Vec<serde_json::Value> = cluster::yaml_docs(&rendered)
-        .into_iter()
-        .filter(|d| {
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-            ]
-            .contains(&d["kind"].as_str().unwrap_or_default())
-        })
-        .collect();
+    let rbac = cluster::chart_rbac(&rendered);
     c.kubectl(
         &["apply", "-f", "-"],
         Some(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac}).to_string()),
@@ -776,8 +692,8 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
     let work = tempfile::tempdir().unwrap();
     let controller_kc = work.path().join("controller.kubeconfig");
     let sweep_kc = work.path().join("sweep.kubeconfig");
-    token_kubeconfig(c, &controller_kc, &system, &format!("{release}-controller"));
-    token_kubeconfig(c, &sweep_kc, &ns, "custody-sweep");
+    token_kubeconfig(&controller_kc, &system, &format!("{release}-controller"));
+    token_kubeconfig(&sweep_kc, &ns, "custody-sweep");
 
     // The secrets, and the peers that check them.
     let token = random_secret("tok");
@@ -851,16 +767,7 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
         custody_obj(
             "HandleClass",
             "basket",
-            serde_json::json!({"serverRef": "basket", "statePath": "basket",
-                "mintInputsPath": "mint_inputs",
-                "mint": {"tool": "create_basket", "handleField": "basket_id",
-                         "idempotencyKeyArgument": "idempotency_key"},
-                "replay": {"tool": "add_item", "itemsPath": "items",
-                           "arguments": {"basket_id": "{{handle}}", "sku": "{{item.sku}}", "qty": "{{item.qty}}"}},
-                "verdictPath": "custody",
-                "probe": {"tool": "get_basket", "arguments": {"basket_id": "{{handle}}"},
-                          "goneWhen": {"errorTextPrefixes": ["BASKET_EXPIRED", "BASKET_NOT_FOUND"]}},
-                "onGone": "remint"}),
+            support::fixtures::acting_basket_class("remint"),
         ),
         custody_obj(
             "CheckpointStore",
@@ -1035,10 +942,24 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
         .ok();
     c.kubectl(&["delete", "checkpointstore", "wrongpw", "-n", &ns], None)
         .ok();
-    let metrics = c.eventually(within, || {
-        http_get(port, "/metrics").ok_or_else(|| "no /metrics".to_owned())
+    let metrics = c.eventually(within, || match http_get(port, "/metrics") {
+        Some((200, body)) => Ok(body),
+        other => Err(format!("/metrics: {other:?}")),
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // The controller has handled both deletions (kube-runtime reports each deleted object's
+    // last scheduled reconcile as not found), so their paths are in its log.
+    c.eventually(within, || {
+        let log = std::fs::read_to_string(&controller_log).unwrap();
+        let handled = |what: &str| {
+            log.lines()
+                .any(|l| l.contains("not found in local store") && l.contains(what))
+        };
+        if handled(&format!("/agent.{ns}")) && handled(&format!("/wrongpw.{ns}")) {
+            Ok(())
+        } else {
+            Err("the deletions are not in the controller log yet".to_owned())
+        }
+    });
     drop(controller);
 
     // Everything custody wrote or said.

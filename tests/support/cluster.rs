@@ -471,6 +471,24 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The ServiceAccounts and RBAC objects of a rendered chart (`helm template` output): what the
+/// tests apply of it, as no Deployment's pods run here.
+pub fn chart_rbac(rendered: &str) -> Vec<Value> {
+    yaml_docs(rendered)
+        .into_iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&d["kind"].as_str().unwrap_or_default())
+        })
+        .collect()
+}
+
 /// Applies the chart's ServiceAccounts and RBAC for release `release` in `system_ns` (`helm
 /// template`, without the Deployment: its pods would never run here) and writes a kubeconfig
 /// at `path` that authenticates as the controller's ServiceAccount, so the chart's RBAC is
@@ -484,19 +502,7 @@ pub fn controller_kubeconfig(release: &str, system_ns: &str, path: &Path) -> Pat
             None,
         )
         .ok();
-    let rbac: Vec<Value> = yaml_docs(&rendered)
-        .into_iter()
-        .filter(|d| {
-            [
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Role",
-                "RoleBinding",
-            ]
-            .contains(&d["kind"].as_str().unwrap_or_default())
-        })
-        .collect();
+    let rbac = chart_rbac(&rendered);
     assert!(rbac.len() >= 6, "{rbac:?}");
     c.kubectl(
         &["apply", "-f", "-"],

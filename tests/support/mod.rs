@@ -9,7 +9,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{Value, json};
+
+pub mod checkpoints;
+pub mod failpoint;
+pub mod fixtures;
 
 /// An environment variable `tests/run.sh` exports.
 pub fn var(name: &str) -> String {
@@ -39,6 +43,25 @@ pub fn wait_for_port(port: u16, within: Duration) {
     }
 }
 
+/// Starts a tests/py server with the venv's Python, its port in the variable `port.0` and extra
+/// settings in the environment (the caller owns it, then waits for the port: a panic while
+/// waiting drops, so kills, it).
+fn python_peer(
+    script: &Path,
+    port: (&str, u16),
+    settings: &[(&str, &str)],
+    stderr: Stdio,
+) -> Child {
+    Command::new(var("CUSTODY_TEST_PYTHON"))
+        .arg(script)
+        .env(port.0, port.1.to_string())
+        .envs(settings.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", script.display()))
+}
+
 /// The Python basket server on its own port; killed when dropped.
 pub struct BasketServer {
     child: Child,
@@ -49,17 +72,15 @@ pub struct BasketServer {
 impl BasketServer {
     /// Starts it with extra `BASKET_*` settings and waits until it accepts connections.
     pub fn start(settings: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
-            .arg(var("CUSTODY_TEST_BASKET_SERVER"))
-            .env("BASKET_PORT", port.to_string())
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start basket_server.py");
+        Self::on(free_port(), settings)
+    }
+
+    /// [`BasketServer::start`] on a given port (e.g. to bring a stopped server back).
+    pub fn on(port: u16, settings: &[(&str, &str)]) -> Self {
+        let script = PathBuf::from(var("CUSTODY_TEST_BASKET_SERVER"));
+        let child = python_peer(&script, ("BASKET_PORT", port), settings, Stdio::null());
         let server = Self { child, port };
-        wait_for_port(port, Duration::from_secs(30));
+        wait_for_port(port, Duration::from_secs(60));
         server
     }
 
@@ -157,37 +178,25 @@ pub fn write_file(dir: &Path, name: &str, yaml: &str) -> PathBuf {
 
 /// The basket MCPServer, HandleClass and a CheckpointStore with a literal DSN, as local-mode files.
 pub fn basket_resources(dir: &Path, server_url: &str, mode: &str, backend: &str, dsn: &str) {
-    write_file(
-        dir,
-        "server.yaml",
-        &format!(
-            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
-             spec: {{url: \"{server_url}\", mode: {mode}, timeoutSeconds: 5}}\n"
-        ),
+    use fixtures::{merged, object, observing_basket_class, server_spec, store_spec};
+    let server = merged(
+        server_spec(server_url),
+        json!({"mode": mode, "timeoutSeconds": 5}),
     );
-    write_file(
+    fixtures::write_resources(dir, "server.yaml", &[object("MCPServer", "basket", server)]);
+    fixtures::write_resources(
         dir,
         "class.yaml",
-        r#"apiVersion: custody.dev/v1alpha1
-kind: HandleClass
-metadata: {name: basket}
-spec:
-  serverRef: basket
-  statePath: basket
-  mint: {tool: create_basket, handleField: basket_id}
-  probe:
-    tool: get_basket
-    arguments: {basket_id: "{{handle}}"}
-    goneWhen: {errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}
-"#,
+        &[object("HandleClass", "basket", observing_basket_class())],
     );
-    write_file(
+    fixtures::write_resources(
         dir,
         "store.yaml",
-        &format!(
-            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
-             spec: {{backend: {backend}, dsn: \"{dsn}\"}}\n"
-        ),
+        &[object(
+            "CheckpointStore",
+            "orders",
+            store_spec(backend, dsn),
+        )],
     );
 }
 
@@ -271,19 +280,24 @@ impl Peer {
 
     /// [`Peer::misbehaving`] with extra `MISBEHAVE_*` settings.
     pub fn misbehaving_with(case: &str, settings: &[(&str, &str)]) -> Self {
+        Self::misbehaving_to(case, settings, Stdio::null())
+    }
+
+    /// [`Peer::misbehaving_with`] writing its request log (stderr) to the file `log`.
+    pub fn misbehaving_logged(case: &str, settings: &[(&str, &str)], log: &Path) -> Self {
+        let file =
+            std::fs::File::create(log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        Self::misbehaving_to(case, settings, file.into())
+    }
+
+    fn misbehaving_to(case: &str, settings: &[(&str, &str)], stderr: Stdio) -> Self {
         let port = free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/misbehaving_server.py");
-        let child = Command::new(var("CUSTODY_TEST_PYTHON"))
-            .arg(script)
-            .env("MISBEHAVE_PORT", port.to_string())
-            .env("MISBEHAVE_CASE", case)
-            .envs(settings.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start misbehaving_server.py");
+        let mut all = vec![("MISBEHAVE_CASE", case)];
+        all.extend_from_slice(settings);
+        let child = python_peer(&script, ("MISBEHAVE_PORT", port), &all, stderr);
         let peer = Self { child, port };
-        wait_for_port(port, Duration::from_secs(30));
+        wait_for_port(port, Duration::from_secs(60));
         peer
     }
 
@@ -322,38 +336,175 @@ pub fn order_graph(db: Db<'_>, args: &[&str]) -> Value {
 /// inputs, idempotency key, replay of `items` with `add_item`, verdicts at `custody`, and a
 /// CheckpointStore in `mode: act`.
 pub fn act_resources(dir: &Path, server_url: &str, backend: &str, dsn: &str, on_gone: &str) {
+    use fixtures::{acting_basket_class, merged, object, store_spec};
     basket_resources(dir, server_url, "auto", backend, dsn);
-    write_file(
+    fixtures::write_resources(
         dir,
         "class.yaml",
-        &format!(
-            r#"apiVersion: custody.dev/v1alpha1
-kind: HandleClass
-metadata: {{name: basket}}
-spec:
-  serverRef: basket
-  statePath: basket
-  mintInputsPath: mint_inputs
-  mint: {{tool: create_basket, handleField: basket_id, idempotencyKeyArgument: idempotency_key}}
-  replay:
-    tool: add_item
-    itemsPath: items
-    arguments: {{basket_id: "{{{{handle}}}}", sku: "{{{{item.sku}}}}", qty: "{{{{item.qty}}}}"}}
-  verdictPath: custody
-  probe:
-    tool: get_basket
-    arguments: {{basket_id: "{{{{handle}}}}"}}
-    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
-  onGone: {on_gone}
-"#
-        ),
+        &[object(
+            "HandleClass",
+            "basket",
+            acting_basket_class(on_gone),
+        )],
     );
-    write_file(
+    let store = merged(store_spec(backend, dsn), json!({"mode": "act"}));
+    fixtures::write_resources(
         dir,
         "store.yaml",
-        &format!(
-            "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
-             spec: {{backend: {backend}, dsn: \"{dsn}\", mode: act}}\n"
-        ),
+        &[object("CheckpointStore", "orders", store)],
     );
+}
+
+/// Calls a tool on an MCP server as an agent would (`timeout` per request); the
+/// structuredContent of a success, or the error text (connecting, the call, or `isError`).
+pub async fn try_call(
+    url: &str,
+    tool: &str,
+    arguments: Value,
+    timeout: Duration,
+) -> Result<Value, String> {
+    let cfg = custody::mcp::ServerConfig {
+        name: "peer".into(),
+        url: url.to_owned(),
+        headers: vec![],
+        timeout,
+        mode: custody::crd::ProtocolMode::Auto,
+        max_response_bytes: custody::mcp::DEFAULT_MAX_RESPONSE_BYTES,
+    };
+    let conn = custody::mcp::Connection::connect(&cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    let result = conn
+        .call_tool(tool, arguments.as_object().cloned().unwrap_or_default())
+        .await;
+    conn.close().await;
+    let r = result.map_err(|e| e.to_string())?;
+    if r.is_error {
+        return Err(r.text);
+    }
+    Ok(r.structured.unwrap_or(Value::Null))
+}
+
+/// [`try_call`] with a 10 s timeout, asserting success.
+pub async fn call(url: &str, tool: &str, arguments: Value) -> Value {
+    try_call(url, tool, arguments, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{tool} on {url}: {e}"))
+}
+
+/// Baskets ever created on the basket server at `url`.
+pub async fn baskets(url: &str) -> u64 {
+    call(url, "count_baskets", json!({})).await["count"]
+        .as_u64()
+        .unwrap()
+}
+
+/// (sku, qty) of a live basket, sorted (tests/py/basket_server.py lists them sorted,
+/// tests/py/misbehaving_server.py in the order they were added).
+pub async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
+    let mut items: Vec<(String, u64)> = call(url, "get_basket", json!({"basket_id": basket})).await
+        ["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["sku"].as_str().unwrap().to_owned(),
+                l["qty"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    items.sort();
+    items
+}
+
+/// tests/py/ticket_server.py on its own port; killed when dropped.
+pub struct TicketServer {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl TicketServer {
+    /// Starts it with extra `TICKET_*` settings and waits until it accepts connections.
+    pub fn start(settings: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/ticket_server.py");
+        let child = python_peer(&script, ("TICKET_PORT", port), settings, Stdio::null());
+        let server = Self { child, port };
+        wait_for_port(port, Duration::from_secs(60));
+        server
+    }
+
+    /// Its MCP endpoint.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Its `stats` tool's answer (`finds`: lookups served).
+    pub async fn stats(&self) -> Value {
+        call(&self.url(), "stats", json!({})).await
+    }
+}
+
+impl Drop for TicketServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `tests/harness/pg.sh COMMAND DIR`, asserting success; its stdout, trimmed.
+fn pg_sh(command: &str, dir: &Path) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .arg(command)
+        .arg(dir)
+        .output()
+        .expect("run pg.sh");
+    assert!(
+        out.status.success(),
+        "pg.sh {command} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A PostgreSQL server of a test's own (tests/harness/pg.sh: trust auth on a free loopback
+/// port), for tests that restart it or change its configuration; stopped when dropped.
+pub struct OwnPostgres {
+    dir: tempfile::TempDir,
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub admin: String,
+}
+
+impl OwnPostgres {
+    /// Starts it in a new temporary directory.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = pg_sh("start", dir.path());
+        Self { dir, admin }
+    }
+
+    /// Its data directory (`postgresql.conf`, `pg_hba.conf`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// A fast restart on the same port: every open session is terminated.
+    pub fn restart(&self) {
+        pg_sh("restart", self.dir.path());
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
+    }
 }
