@@ -37,7 +37,9 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::{Value, json};
 use suite::{ISOLATION, Suite};
 use support::fixtures::{basket_class, merged, object, secret, server_spec};
@@ -1287,7 +1289,7 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     apply(
         &client,
         &ns,
-        &mcp_server(
+        &object("MCPServer", 
             "main",
             json!({"url": main.url(), "required": true, "timeoutSeconds": 3,
                    "headersFrom": [{"name": "Authorization", "secretKeyRef": {"name": "main-token", "key": "token"}}]}),
@@ -1297,7 +1299,11 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     apply(
         &client,
         &ns,
-        &mcp_server("extra", json!({"url": extra.url(), "timeoutSeconds": 3})),
+        &object(
+            "MCPServer",
+            "extra",
+            json!({"url": extra.url(), "timeoutSeconds": 3}),
+        ),
     )
     .await;
     apply(
@@ -1373,7 +1379,7 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     .await;
 
     // Back: put back into the configuration.
-    let _back = Basket::on(extra_port);
+    let _back = BasketServer::on(extra_port, &[]);
     wait_conditions(
         &client,
         &ns,
@@ -1444,7 +1450,7 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
     apply(
         &client,
         &ns,
-        &mcp_server("basket", json!({"url": server.url()})),
+        &object("MCPServer", "basket", json!({"url": server.url()})),
     )
     .await;
     apply(
@@ -1765,7 +1771,7 @@ async fn handle_class_ready_condition_events_and_columns() {
     apply(
         &client,
         &ns,
-        &mcp_server(&server_ref, json!({"url": server.url()})),
+        &object("MCPServer", &server_ref, json!({"url": server.url()})),
     )
     .await;
     c.kubectl(
