@@ -11,7 +11,6 @@
 //! Only [`checkpoint`] (sqlx) and [`mcp`] (rmcp) touch the outside world during a sweep;
 //! [`domain`] is pure and imports neither kube, sqlx nor rmcp.
 
-pub mod audit;
 pub mod checkpoint;
 pub mod cluster;
 pub mod controller;
@@ -20,5 +19,6 @@ pub mod domain;
 pub mod ledger;
 pub mod local;
 pub mod mcp;
+pub mod plan;
 pub mod report;
 pub mod sweep;

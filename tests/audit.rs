@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use custody::audit::idempotency_key;
+use custody::domain::audit::idempotency_key;
 use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
 use support::{BasketServer, Db};

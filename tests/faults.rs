@@ -44,7 +44,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use custody::audit::idempotency_key;
+use custody::domain::audit::idempotency_key;
 use custody::mcp::{Connection, ServerConfig};
 use serde_json::{Value, json};
 use support::{BasketServer, Db, Peer};

@@ -334,7 +334,9 @@ fn violations(src: &Path) -> Vec<String> {
     for file in files {
         let (module, depth) = module_of(src, &file);
         let text = std::fs::read_to_string(&file).expect("read source");
-        let shown = file.strip_prefix(src.parent().unwrap_or(src)).unwrap_or(&file);
+        let shown = file
+            .strip_prefix(src.parent().unwrap_or(src))
+            .unwrap_or(&file);
         let Some(own) = layer_of(&module) else {
             out.push(format!(
                 "{}: module {module} is not in the layer table of tests/layering.rs",

@@ -37,8 +37,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::serde::{DecodeError, read};
-use super::{Shard, StoreError, redact_dsn};
-use crate::crd::Backend;
+use super::{Backend, Shard, StoreError, redact_dsn};
 
 /// The PostgresSaver migration whose schema the writer produces rows for (v9 added
 /// `checkpoint_writes.task_path`, which interrupt writes need).

@@ -247,3 +247,29 @@ pub struct HandleClassStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+impl From<&RecordFields> for crate::domain::handle::RecordFields {
+    fn from(f: &RecordFields) -> Self {
+        Self {
+            value: f.value.clone(),
+            principal: f.principal.clone(),
+            minted_at: f.minted_at.clone(),
+            assumed_ttl_seconds: f.assumed_ttl_seconds.clone(),
+        }
+    }
+}
+
+impl From<&GoneWhen> for crate::domain::verdict::GoneWhen {
+    fn from(g: &GoneWhen) -> Self {
+        Self {
+            error_text_prefixes: g.error_text_prefixes.clone(),
+            error_text_regex: g.error_text_regex.clone(),
+            structured_content: g.structured_content.as_ref().map(|m| {
+                crate::domain::verdict::StructuredMatch {
+                    path: m.path.clone(),
+                    equals: m.equals.clone(),
+                }
+            }),
+        }
+    }
+}

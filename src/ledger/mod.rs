@@ -10,6 +10,8 @@
 //! `custody_actions`, and `custody_migrations` for sqlx's bookkeeping instead of its default
 //! `_sqlx_migrations`, which an application's own sqlx migrations may already use.
 
+pub mod audit;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;

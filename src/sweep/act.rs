@@ -33,19 +33,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{ClassPlan, Row, Target};
+use super::Row;
 use crate::checkpoint::writer::{
     self, ActLock, AppendRequest, Appended, InterruptCarry, Patch, PatchValue, WriteError,
     WritePool,
 };
 use crate::checkpoint::{Channel, Shard, StoreError};
-use crate::crd::validate::{self, FieldError};
-use crate::crd::{HandleClassSpec, MintSpec, OnGone};
+use crate::crd::OnGone;
 use crate::domain::handle::HandleRecord;
-use crate::domain::template::{Context, Template};
+use crate::domain::path::StatePath;
+use crate::domain::template::Context;
 use crate::domain::verdict::Verdict;
 use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Settled, State};
 use crate::mcp::{Connection, ToolResult};
+use crate::plan::{ClassPlan, Replay, Target};
 
 /// Verdict names custody writes at `verdictPath`.
 pub const VERDICT_REMINTED: &str = "reminted";
@@ -53,68 +54,6 @@ pub const VERDICT_REMINTED: &str = "reminted";
 pub const VERDICT_ESCALATED: &str = "escalated";
 /// See [`VERDICT_REMINTED`].
 pub const VERDICT_FAILED: &str = "failed";
-
-/// What a HandleClass says custody may do, compiled.
-#[derive(Clone, Debug)]
-pub struct ClassAction {
-    /// The class's policy for gone handles.
-    pub on_gone: OnGone,
-    /// The minting tool.
-    pub mint: Option<MintSpec>,
-    /// Where state keeps the recorded mint arguments.
-    pub mint_inputs_path: Option<String>,
-    /// The replay, compiled.
-    pub replay: Option<Replay>,
-    /// Where custody writes its verdict record.
-    pub verdict_path: Option<String>,
-}
-
-/// `spec.replay`, compiled.
-#[derive(Clone, Debug)]
-pub struct Replay {
-    /// Tool name.
-    pub tool: String,
-    /// Where state keeps the recorded items.
-    pub items_path: String,
-    /// Argument template per item.
-    pub arguments: Template,
-}
-
-impl ClassAction {
-    /// Compiles the action fields of a HandleClass spec.
-    ///
-    /// # Errors
-    /// The [`FieldError`] of [`validate::replay_template`].
-    pub fn from_spec(spec: &HandleClassSpec) -> Result<Self, FieldError> {
-        let replay = validate::replay_template(spec)?.map(|arguments| {
-            let r = spec.replay.as_ref().expect("a template implies replay");
-            Replay {
-                tool: r.tool.clone(),
-                items_path: r.items_path.clone(),
-                arguments,
-            }
-        });
-        Ok(Self {
-            on_gone: spec.on_gone,
-            mint: spec.mint.clone(),
-            mint_inputs_path: spec.mint_inputs_path.clone(),
-            replay,
-            verdict_path: spec.verdict_path.clone(),
-        })
-    }
-
-    /// The state channels acting reads, besides the handle's own.
-    pub fn channels(&self) -> impl Iterator<Item = &str> {
-        [
-            self.mint_inputs_path.as_deref(),
-            self.replay.as_ref().map(|r| r.items_path.as_str()),
-            self.verdict_path.as_deref(),
-        ]
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.split('.').next())
-    }
-}
 
 /// What custody does about one row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,12 +206,12 @@ pub trait ActionSink: Send + Sync {
     /// Called once per action taken or settled (not for planned ones).
     fn record(&self, event: &ActionEvent<'_>);
 
-    /// Called once per audit record a sweep handled (see [`crate::audit`]); label:
-    /// [`crate::audit::AuditOutcome::as_str`]. An `unknown` record is an escalation: a person
+    /// Called once per audit record a sweep handled (see [`crate::sweep::audit`]); label:
+    /// [`crate::domain::audit::AuditOutcome::as_str`]. An `unknown` record is an escalation: a person
     /// must find out whether the write landed. The default logs one line (a warning for
     /// `unknown` and `error`).
-    fn audit(&self, e: &crate::audit::AuditEvent<'_>) {
-        use crate::audit::AuditOutcome;
+    fn audit(&self, e: &crate::sweep::audit::AuditEvent<'_>) {
+        use crate::domain::audit::AuditOutcome;
         let r = e.entry;
         if matches!(r.outcome, AuditOutcome::Unknown | AuditOutcome::Error) {
             tracing::warn!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), detail = %r.detail, "audit record");
@@ -322,28 +261,23 @@ impl Facts {
         record: Option<HandleRecord>,
         thread_principal: Option<String>,
     ) -> Self {
-        let at = |path: Option<&str>| path.and_then(|p| state_value(channels, p)).cloned();
+        let at = |path: Option<&StatePath>| path.and_then(|p| state_value(channels, p)).cloned();
         Self {
             expect_interrupt,
             record,
             thread_principal,
-            mint_inputs: at(class.action.mint_inputs_path.as_deref()),
-            items: at(class.action.replay.as_ref().map(|r| r.items_path.as_str())),
-            verdict_record: at(class.action.verdict_path.as_deref()),
+            mint_inputs: at(class.action.mint_inputs_path.as_ref()),
+            items: at(class.action.replay.as_ref().map(|r| &r.items_path)),
+            verdict_record: at(class.action.verdict_path.as_ref()),
         }
     }
 }
 
-fn state_value<'a>(channels: &'a BTreeMap<String, Channel>, path: &str) -> Option<&'a Value> {
-    let mut keys = path.split('.');
-    let Some(Channel::Value(v)) = channels.get(keys.next()?) else {
+fn state_value<'a>(channels: &'a BTreeMap<String, Channel>, path: &StatePath) -> Option<&'a Value> {
+    let Some(Channel::Value(v)) = channels.get(path.channel()) else {
         return None;
     };
-    let mut v: &Value = v;
-    for k in keys {
-        v = v.get(k)?;
-    }
-    Some(v)
+    path.get_in(v)
 }
 
 /// The plan for a row (`None` for `ok` and `unknown`), with the reason to leave it undone when
@@ -510,7 +444,7 @@ impl<'a> Actor<'a> {
     }
 
     /// The writable pool (audit settlement uses it without the act lock: its records are
-    /// claimed row by row, see [`crate::audit`]).
+    /// claimed row by row, see [`crate::sweep::audit`]).
     pub fn pool(&self) -> &WritePool {
         &self.pool
     }
@@ -1084,7 +1018,7 @@ fn ledger_plan_base(row: &Row, class: &ClassPlan, facts: &Facts) -> LedgerPlan {
         handle: row.handle.clone(),
         reason: row.reason.clone(),
         expect_interrupt: facts.expect_interrupt,
-        state_path: class.state_path.clone(),
+        state_path: class.state_path.to_string(),
         record: facts
             .record
             .as_ref()
@@ -1093,7 +1027,7 @@ fn ledger_plan_base(row: &Row, class: &ClassPlan, facts: &Facts) -> LedgerPlan {
         principal: facts.record.as_ref().and_then(|r| r.principal.clone()),
         value_field: class.fields.value.clone(),
         minted_at_field: class.fields.minted_at.clone(),
-        verdict_path: class.action.verdict_path.clone(),
+        verdict_path: class.action.verdict_path.as_ref().map(StatePath::to_string),
         mint_arguments: None,
         items: Vec::new(),
     }
@@ -1213,14 +1147,16 @@ pub(crate) fn stop_at(_: &str) {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::RecordFields;
+    use crate::domain::handle::RecordFields;
+    use crate::domain::template::Template;
     use crate::domain::verdict::GoneRule;
+    use crate::plan::ClassAction;
     use std::time::Duration;
 
     fn class(on_gone: OnGone) -> ClassPlan {
         ClassPlan {
             name: "basket".into(),
-            state_path: "basket".into(),
+            state_path: StatePath::new("basket"),
             fields: RecordFields::default(),
             server: crate::mcp::ServerConfig {
                 name: "basket".into(),
@@ -1239,7 +1175,7 @@ mod tests {
                 mint: None,
                 mint_inputs_path: None,
                 replay: None,
-                verdict_path: Some("custody".into()),
+                verdict_path: Some(StatePath::new("custody")),
             },
         }
     }
