@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use crate::domain::policy::OnGone;
+
 /// A kind of handle: which tool mints it, where graph state keeps it, how to probe it and what to
 /// do when it is gone.
 ///
@@ -217,22 +219,6 @@ pub struct StructuredMatch {
     /// The handle is gone when the field equals one of these. Strings compare as written, other
     /// JSON values by their compact JSON text (`true`, `0`).
     pub equals: Vec<String>,
-}
-
-/// What custody does with a handle that is gone (handle-custody: re-mint and replay, escalate,
-/// or fail loudly).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnGone {
-    /// Mint a new handle and replay the recorded work.
-    Remint,
-    /// Route the thread to a human.
-    #[default]
-    Escalate,
-    /// End the thread loudly.
-    Fail,
 }
 
 /// Observed state of a HandleClass.

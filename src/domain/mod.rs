@@ -7,6 +7,8 @@
 pub mod audit;
 pub mod handle;
 pub mod path;
+pub mod policy;
+pub mod recovery;
 pub mod template;
 pub mod tool;
 pub mod verdict;

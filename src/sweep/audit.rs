@@ -27,11 +27,12 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::act::{ActionSink, VERDICT_ESCALATED};
+use super::sink::ActionSink;
 use crate::checkpoint::writer::{
     self, AppendRequest, Appended, Patch, PatchValue, WriteError, WritePool,
 };
 use crate::domain::audit::{AuditOutcome, Lookup, LookupRule, Settlement, Status, settle};
+use crate::domain::policy::{AuditRef, VerdictRecord, Written};
 use crate::domain::template::Context;
 use crate::ledger::audit::{self as store, Record};
 use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
@@ -239,7 +240,7 @@ async fn step(
 /// `after-claim`, `after-lookup`, `before-commit` (completions written, not committed) and
 /// `after-commit`.
 fn failpoint(name: &str) {
-    super::act::stop_at(&format!("audit::{name}"));
+    super::failpoint::stop_at(&format!("audit::{name}"));
 }
 
 fn entry(
@@ -396,20 +397,24 @@ async fn escalate(
         Err(WriteError::Query(e)) => return Err(e),
         Err(e) => return Ok(format!("verdict not written: {e}")),
     };
-    let verdict = json!({
-        "verdict": VERDICT_ESCALATED,
-        "handle_class": null,
-        "handle": null,
-        "reason": format!("outcome of {} on {} (tool call {}) is unknown: {reason}", r.tool, r.server, r.tool_call_id),
-        "at": now.to_rfc3339_opts(SecondsFormat::Micros, true),
-        "audit": {
-            "id": r.id,
-            "server": r.server,
-            "tool": r.tool,
-            "tool_call_id": r.tool_call_id,
-            "idempotency_key": r.idempotency_key,
-        },
-    });
+    let verdict = VerdictRecord {
+        verdict: Written::Escalated,
+        handle_class: None,
+        handle: None,
+        reason: format!(
+            "outcome of {} on {} (tool call {}) is unknown: {reason}",
+            r.tool, r.server, r.tool_call_id
+        ),
+        at: now,
+        audit: Some(AuditRef {
+            id: r.id,
+            server: r.server.clone(),
+            tool: r.tool.clone(),
+            tool_call_id: r.tool_call_id.clone(),
+            idempotency_key: r.idempotency_key.clone(),
+        }),
+    }
+    .to_json();
     let patches = [Patch {
         path: path.split('.').map(str::to_owned).collect(),
         value: PatchValue::Replace(writer::json_to_mp(&verdict)),

@@ -24,6 +24,8 @@ use sha2::{Digest, Sha256};
 
 pub mod act;
 pub mod audit;
+mod failpoint;
+pub mod sink;
 
 use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, Store, StoreError};
 use crate::crd::{StoreMode, SweepSummary};
@@ -483,7 +485,7 @@ impl Sweep<'_> {
         }
         self.summary.parked_threads += 1;
         if self.summary.parked_threads == 1 {
-            act::stop_at("sweep::mid-scan");
+            failpoint::stop_at("sweep::mid-scan");
         }
         batch.threads += 1;
         let principal = thread
@@ -653,7 +655,7 @@ impl Sweep<'_> {
         sink.rows(rows);
         self.batches += 1;
         if self.batches == 1 {
-            act::stop_at("sweep::after-batch");
+            failpoint::stop_at("sweep::after-batch");
         }
     }
 }

@@ -1,16 +1,7 @@
 //! Acting on verdicts: re-mint and replay, escalate, fail — crash-safe through the ledger.
 //!
-//! What is acted on, and why (handle-custody: "re-mint and replay, escalate, or fail loudly"):
-//!
-//! | verdict | action |
-//! |---|---|
-//! | `ok`, `unknown` | nothing. `unknown` never: a probe that could not finish proves nothing |
-//! | `gone`, handle minted for another principal | escalate: whether the thread's new principal may take over work done for the old one is a person's call, and a re-mint "for the same principal" would be gone again at the next sweep |
-//! | `gone` | the class's `onGone`: `remint`, `escalate` or `fail` |
-//! | `absent` | escalate: there is no handle whose work could be replayed, and a thread may lack one on purpose, so a person decides; custody never mints from nothing |
-//!
-//! A thread whose state already carries custody's `escalated`/`failed` verdict for the same
-//! class and handle is left alone, so a parked, escalated thread is not rewritten every sweep.
+//! What is acted on, and why, is [`crate::domain::policy`]; where each step of a re-mint leads
+//! after a crash or a failure is [`crate::domain::recovery`]. This module carries them out.
 //!
 //! Each action is a small state machine recorded in the [ledger](crate::ledger): `intent` is
 //! written before any side effect; a re-mint then records the handle (`minted`), each replay
@@ -25,327 +16,35 @@
 //! - killed around the append: the ledger and the checkpoint commit together, so the entry is
 //!   done exactly when the checkpoint exists.
 
-use std::collections::BTreeMap;
+mod facts;
+mod outcome;
+mod patch;
+mod stored;
+
 use std::fmt;
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
+
+pub use facts::{Facts, decide};
+pub use outcome::{Outcome, RowAction, SettledEntry};
+pub use stored::idempotency_key;
 
 use super::Row;
+use super::failpoint::stop_at;
+pub use super::sink::{ActionEvent, ActionSink, LogSink};
 use crate::checkpoint::writer::{
-    self, ActLock, AppendRequest, Appended, InterruptCarry, Patch, PatchValue, WriteError,
-    WritePool,
+    self, ActLock, AppendRequest, Appended, InterruptCarry, Patch, WriteError, WritePool,
 };
-use crate::checkpoint::{Channel, Shard, StoreError};
-use crate::crd::OnGone;
-use crate::domain::handle::HandleRecord;
-use crate::domain::path::StatePath;
-use crate::domain::template::Context;
-use crate::domain::verdict::Verdict;
+use crate::checkpoint::{Shard, StoreError};
+pub use crate::domain::policy::Plan;
+use crate::domain::policy::Written;
+use crate::domain::recovery::{self, MintCall, MintTool, Next};
+use crate::domain::verdict::first_line;
 use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Settled, State};
 use crate::mcp::{Connection, ToolResult};
 use crate::plan::{ClassPlan, Replay, Target};
-
-/// Verdict names custody writes at `verdictPath`.
-pub const VERDICT_REMINTED: &str = "reminted";
-/// See [`VERDICT_REMINTED`].
-pub const VERDICT_ESCALATED: &str = "escalated";
-/// See [`VERDICT_REMINTED`].
-pub const VERDICT_FAILED: &str = "failed";
-
-/// What custody does about one row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Plan {
-    /// Mint a new handle, replay the recorded work, write the handle into the thread.
-    Remint,
-    /// Write verdict `escalated` so the graph routes to a person.
-    Escalate,
-    /// Write verdict `failed` so the graph ends loudly.
-    Fail,
-}
-
-impl Plan {
-    /// Lower-case name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Remint => "remint",
-            Self::Escalate => "escalate",
-            Self::Fail => "fail",
-        }
-    }
-
-    fn action(self) -> Action {
-        match self {
-            Self::Remint => Action::Remint,
-            Self::Escalate => Action::Escalate,
-            Self::Fail => Action::Fail,
-        }
-    }
-}
-
-/// How acting on a row (or settling a ledger entry) ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
-    /// Not acting (dry run, `mode: observe`, or no `--apply`): what would be done.
-    Planned,
-    /// A new handle is in the thread, the recorded items replayed onto it.
-    Reminted {
-        /// The new handle.
-        handle: String,
-        /// Replay calls made.
-        replayed: u32,
-    },
-    /// Verdict `escalated` is in the thread.
-    Escalated {
-        /// Why a planned re-mint became an escalation, when it did.
-        instead_of_remint: Option<String>,
-    },
-    /// Verdict `failed` is in the thread.
-    Failed,
-    /// Nothing was written; the reason says why (thread moved, already escalated, …).
-    Skipped {
-        /// Why.
-        reason: String,
-    },
-    /// The action could not be completed now; the ledger entry stays open for the next sweep.
-    Error {
-        /// What failed.
-        reason: String,
-    },
-}
-
-impl Outcome {
-    /// A bounded name for metric labels and Event reasons.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Planned => "planned",
-            Self::Reminted { .. } => "reminted",
-            Self::Escalated { .. } => "escalated",
-            Self::Failed => "failed",
-            Self::Skipped { .. } => "skipped",
-            Self::Error { .. } => "error",
-        }
-    }
-
-    /// Whether a person should look (a Warning rather than a Normal Event).
-    pub fn is_warning(&self) -> bool {
-        matches!(self, Self::Failed | Self::Error { .. })
-            || matches!(
-                self,
-                Self::Escalated {
-                    instead_of_remint: Some(_)
-                }
-            )
-    }
-}
-
-/// The action column of a report row.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RowAction {
-    /// What custody does (or would do) about the row.
-    pub plan: Plan,
-    /// How it went.
-    #[serde(flatten)]
-    pub outcome: Outcome,
-}
-
-impl fmt::Display for RowAction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.outcome {
-            Outcome::Planned => write!(f, "planned: {}", self.plan.as_str()),
-            Outcome::Reminted { handle, replayed } => {
-                write!(f, "reminted {handle} ({replayed} replayed)")
-            }
-            Outcome::Escalated {
-                instead_of_remint: None,
-            } => f.write_str("escalated"),
-            Outcome::Escalated {
-                instead_of_remint: Some(why),
-            } => write!(f, "escalated: {why}"),
-            Outcome::Failed => f.write_str("failed"),
-            Outcome::Skipped { reason } => write!(f, "skipped: {reason}"),
-            Outcome::Error { reason } => write!(f, "error: {reason}"),
-        }
-    }
-}
-
-/// A ledger entry a sweep settled before scanning.
-#[derive(Clone, Debug, Serialize)]
-pub struct SettledEntry {
-    /// LangGraph thread id.
-    pub thread_id: String,
-    /// HandleClass name.
-    pub handle_class: String,
-    /// The action and how it ended.
-    #[serde(flatten)]
-    pub action: RowAction,
-}
-
-/// One action taken (or planned), for Events and metrics.
-#[derive(Clone, Copy, Debug)]
-pub struct ActionEvent<'a> {
-    /// `namespace/name` of the CheckpointStore.
-    pub store: &'a str,
-    /// LangGraph thread id.
-    pub thread_id: &'a str,
-    /// HandleClass name.
-    pub handle_class: &'a str,
-    /// The action and its outcome.
-    pub action: &'a RowAction,
-    /// The verdict's reason (why the handle is gone or absent).
-    pub reason: &'a str,
-}
-
-/// Where a sweep reports its actions. Local mode logs them ([`LogSink`]); the controller turns
-/// them into Kubernetes Events on the CheckpointStore and into metrics (label: [`Outcome::kind`]).
-pub trait ActionSink: Send + Sync {
-    /// Called once per action taken or settled (not for planned ones).
-    fn record(&self, event: &ActionEvent<'_>);
-
-    /// Called once per audit record a sweep handled (see [`crate::sweep::audit`]); label:
-    /// [`crate::domain::audit::AuditOutcome::as_str`]. An `unknown` record is an escalation: a person
-    /// must find out whether the write landed. The default logs one line (a warning for
-    /// `unknown` and `error`).
-    fn audit(&self, e: &crate::sweep::audit::AuditEvent<'_>) {
-        use crate::domain::audit::AuditOutcome;
-        let r = e.entry;
-        if matches!(r.outcome, AuditOutcome::Unknown | AuditOutcome::Error) {
-            tracing::warn!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), detail = %r.detail, "audit record");
-        } else {
-            tracing::info!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), server_id = ?r.server_id, detail = %r.detail, "audit record settled");
-        }
-    }
-}
-
-/// Logs each action as one line on stderr.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LogSink;
-
-impl ActionSink for LogSink {
-    fn record(&self, e: &ActionEvent<'_>) {
-        if e.action.outcome.is_warning() {
-            tracing::warn!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
-        } else {
-            tracing::info!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
-        }
-    }
-}
-
-/// What the scan saw of a row's thread that acting needs.
-#[derive(Clone, Debug, Default)]
-pub struct Facts {
-    /// The checkpoint had a pending interrupt (else it was parked by an edit).
-    pub expect_interrupt: bool,
-    /// The handle record, when there is one.
-    pub record: Option<HandleRecord>,
-    /// The principal the thread now runs for.
-    pub thread_principal: Option<String>,
-    /// The value at `mintInputsPath`.
-    pub mint_inputs: Option<Value>,
-    /// The value at `replay.itemsPath`.
-    pub items: Option<Value>,
-    /// The value at `verdictPath`.
-    pub verdict_record: Option<Value>,
-}
-
-impl Facts {
-    /// Reads what `class` needs from a thread's decoded channels.
-    pub fn gather(
-        channels: &BTreeMap<String, Channel>,
-        class: &ClassPlan,
-        expect_interrupt: bool,
-        record: Option<HandleRecord>,
-        thread_principal: Option<String>,
-    ) -> Self {
-        let at = |path: Option<&StatePath>| path.and_then(|p| state_value(channels, p)).cloned();
-        Self {
-            expect_interrupt,
-            record,
-            thread_principal,
-            mint_inputs: at(class.action.mint_inputs_path.as_ref()),
-            items: at(class.action.replay.as_ref().map(|r| &r.items_path)),
-            verdict_record: at(class.action.verdict_path.as_ref()),
-        }
-    }
-}
-
-fn state_value<'a>(channels: &'a BTreeMap<String, Channel>, path: &StatePath) -> Option<&'a Value> {
-    let Some(Channel::Value(v)) = channels.get(path.channel()) else {
-        return None;
-    };
-    path.get_in(v)
-}
-
-/// The plan for a row (`None` for `ok` and `unknown`), with the reason to leave it undone when
-/// custody already wrote its verdict for this handle. Pure.
-pub fn decide(
-    verdict: Verdict,
-    class: &ClassPlan,
-    facts: &Facts,
-) -> Option<(Plan, Option<String>)> {
-    let handle = facts.record.as_ref().map(|r| r.value.as_str());
-    let plan = match verdict {
-        Verdict::Ok | Verdict::Unknown => return None,
-        Verdict::Absent => Plan::Escalate,
-        Verdict::Gone => {
-            let other_principal = facts.record.as_ref().and_then(|r| r.principal.as_deref());
-            match (other_principal, facts.thread_principal.as_deref()) {
-                (Some(a), Some(b)) if a != b => Plan::Escalate,
-                _ => match class.action.on_gone {
-                    OnGone::Remint => Plan::Remint,
-                    OnGone::Escalate => Plan::Escalate,
-                    OnGone::Fail => Plan::Fail,
-                },
-            }
-        }
-    };
-    if let Some(done) = &facts.verdict_record
-        && let Some(v) = done.get("verdict").and_then(Value::as_str)
-        && (v == VERDICT_ESCALATED || v == VERDICT_FAILED)
-        && done.get("handle_class").and_then(Value::as_str) == Some(class.name.as_str())
-        && done.get("handle").and_then(Value::as_str) == handle
-    {
-        return Some((plan, Some(format!("already {v}"))));
-    }
-    Some((plan, None))
-}
-
-/// The idempotency key of an action: hex SHA-256 of (thread, namespace, checkpoint, class),
-/// truncated to 128 bits. Stable across crashes and sweeps, different for every checkpoint.
-pub fn idempotency_key(thread_id: &str, ns: &str, checkpoint_id: &str, class: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [thread_id, ns, checkpoint_id, class] {
-        h.update(part.as_bytes());
-        h.update([0]);
-    }
-    format!("custody-{}", &hex::encode(h.finalize())[..32])
-}
-
-/// An action's inputs, stored with its ledger entry so it can be finished after a crash
-/// without re-reading the thread.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-struct LedgerPlan {
-    /// The handle the verdict is about (`None` when absent).
-    handle: Option<String>,
-    /// The verdict's reason.
-    reason: String,
-    expect_interrupt: bool,
-    state_path: String,
-    /// The handle record as stored (a map, or the bare handle string).
-    record: Value,
-    principal: Option<String>,
-    value_field: String,
-    minted_at_field: String,
-    verdict_path: Option<String>,
-    /// Mint arguments, the idempotency key included.
-    mint_arguments: Option<Map<String, Value>>,
-    /// The recorded items to replay.
-    items: Vec<Value>,
-}
+use stored::{LedgerPlan, ledger_plan, ledger_plan_base, replay_calls};
 
 /// A store this process may act on: its writable pool, ledger and act lock.
 pub struct Actor<'a> {
@@ -548,7 +247,7 @@ impl<'a> Actor<'a> {
             checkpoint_ns: &row.checkpoint_ns,
             checkpoint_id: &row.checkpoint_id,
             handle_class: &class.name,
-            action: plan.action(),
+            action: ledger_action(plan),
             plan: &plan_json,
         };
         let entry = match self.ledger.record_intent(&new).await {
@@ -608,24 +307,21 @@ impl<'a> Actor<'a> {
                 self.write_verdict(
                     &entry,
                     &plan,
-                    VERDICT_ESCALATED,
+                    Written::Escalated,
                     instead.clone(),
                     Settled::Escalated,
                 )
                 .await
             }
             Action::Fail => {
-                self.write_verdict(&entry, &plan, VERDICT_FAILED, None, Settled::Failed)
+                self.write_verdict(&entry, &plan, Written::Failed, None, Settled::Failed)
                     .await
             }
             Action::Remint => {
                 if entry.state == State::Intent {
                     match self.mint(&entry, &plan, class, resumed).await {
                         Ok(e) => entry = e,
-                        Err(Step::Escalate(why)) => {
-                            return self.escalate_instead(&entry, &plan, why).await;
-                        }
-                        Err(Step::Stop(outcome)) => return outcome,
+                        Err(next) => return self.follow(&entry, &plan, next).await,
                     }
                 }
                 if entry.state == State::Minted
@@ -634,9 +330,9 @@ impl<'a> Actor<'a> {
                     return lost;
                 }
                 if entry.state == State::Minted
-                    && let Err(why) = self.replay(&mut entry, class).await
+                    && let Err(next) = self.replay(&mut entry, class).await
                 {
-                    return self.escalate_instead(&entry, &plan, why).await;
+                    return self.follow(&entry, &plan, next).await;
                 }
                 self.write_handle(&entry, &plan).await
             }
@@ -649,75 +345,52 @@ impl<'a> Actor<'a> {
         plan: &LedgerPlan,
         class: &ClassPlan,
         resumed: bool,
-    ) -> Result<Entry, Step> {
-        let (Some(mint), Some(arguments)) = (&class.action.mint, &plan.mint_arguments) else {
-            return Err(Step::Escalate(
-                "the handle class no longer has a mint tool".into(),
-            ));
-        };
-        if resumed && mint.idempotency_key_argument.is_none() {
-            return Err(Step::Escalate(format!(
-                "an earlier mint may have created a handle; {} has no idempotency key, so custody does not mint again",
-                mint.tool
-            )));
-        }
-        let conn = match Connection::connect(&class.server).await {
-            Ok(c) => c,
-            Err(e) => {
-                // Nothing was sent: forget the intent so the next sweep starts cleanly.
-                return Err(Step::Stop(
-                    match self.ledger.forget_intent(&entry.key).await {
-                        Ok(()) => error(format!("mint not attempted: {e}")),
-                        Err(le) => error(format!("mint not attempted: {e}; {le}")),
-                    },
-                ));
-            }
-        };
-        let answer = conn.call_tool(&mint.tool, arguments.clone()).await;
-        conn.close().await;
-        failpoint("after-mint");
-        let handle = match answer {
-            Ok(ToolResult {
-                is_error: false,
-                structured,
-                ..
-            }) => match structured.as_ref().and_then(|s| s.get(&mint.handle_field)) {
-                Some(Value::String(h)) if !h.is_empty() => h.clone(),
-                _ => {
-                    return Err(Step::Escalate(format!(
-                        "{} answered without a string structuredContent.{}",
-                        mint.tool, mint.handle_field
-                    )));
+    ) -> Result<Entry, Next> {
+        let tool = class.action.mint.as_ref().zip(plan.mint_arguments.as_ref());
+        let (mint, arguments) = recovery::before_mint(
+            tool.map(|(m, arguments)| {
+                let tool = MintTool {
+                    tool: &m.tool,
+                    handle_field: &m.handle_field,
+                    idempotent: m.idempotency_key_argument.is_some(),
+                };
+                (tool, arguments)
+            }),
+            resumed,
+        )?;
+        let handle = match Connection::connect(&class.server).await {
+            Err(e) => recovery::after_mint(mint, MintCall::NotSent(&e.to_string())),
+            Ok(conn) => {
+                let answer = conn.call_tool(mint.tool, arguments.clone()).await;
+                conn.close().await;
+                failpoint("after-mint");
+                match &answer {
+                    Ok(ToolResult {
+                        is_error: false,
+                        structured,
+                        ..
+                    }) => recovery::after_mint(
+                        mint,
+                        MintCall::Answered(
+                            structured
+                                .as_ref()
+                                .and_then(|s| s.get(mint.handle_field))
+                                .and_then(Value::as_str),
+                        ),
+                    ),
+                    Ok(ToolResult { text, .. }) => {
+                        recovery::after_mint(mint, MintCall::AnsweredError(text))
+                    }
+                    Err(e) => recovery::after_mint(mint, MintCall::Failed(&e.to_string())),
                 }
-            },
-            Ok(ToolResult { text, .. }) => {
-                return Err(Step::Escalate(format!(
-                    "{} answered isError: {}",
-                    mint.tool,
-                    first_line(&text)
-                )));
             }
-            // The call may have reached the server. With an idempotency key the next sweep
-            // repeats it safely; without one, a repeat could mint a second handle.
-            Err(e) if mint.idempotency_key_argument.is_some() => {
-                return Err(Step::Stop(error(format!(
-                    "mint failed, retried next sweep: {e}"
-                ))));
-            }
-            Err(e) => {
-                return Err(Step::Escalate(format!(
-                    "{} failed and may have minted a handle: {e}",
-                    mint.tool
-                )));
-            }
-        };
-        let calls = match replay_calls(class, plan, &handle, &entry.thread_id) {
-            Ok(c) => c,
-            Err(why) => return Err(Step::Escalate(why)),
-        };
-        if let Err(e) = self.ledger.set_minted(&entry.key, &handle, &calls).await {
-            return Err(Step::Stop(error(e)));
-        }
+        }?;
+        let calls =
+            replay_calls(class, plan, &handle, &entry.thread_id).map_err(Next::EscalateInstead)?;
+        self.ledger
+            .set_minted(&entry.key, &handle, &calls)
+            .await
+            .map_err(|e| Next::RetryNextRun(e.to_string()))?;
         let mut e = entry.clone();
         e.state = State::Minted;
         e.new_handle = Some(handle);
@@ -725,31 +398,58 @@ impl<'a> Actor<'a> {
         Ok(e)
     }
 
-    async fn replay(&self, entry: &mut Entry, class: &ClassPlan) -> Result<(), String> {
-        if entry.replay_in_doubt() {
-            return Err(format!(
-                "replay call {} of {} was interrupted; its effect on {} is unknown",
-                entry.replay_started,
-                entry.replay_calls.len(),
-                entry.new_handle.as_deref().unwrap_or("the new handle")
-            ));
+    /// Carries out what the recovery rules say when a re-mint does not continue.
+    async fn follow(&self, entry: &Entry, plan: &LedgerPlan, next: Next) -> Outcome {
+        match next {
+            Next::RetryNextRun(why) => error(why),
+            Next::ForgetIntent(why) => match self.ledger.forget_intent(&entry.key).await {
+                Ok(()) => error(why),
+                Err(le) => error(format!("{why}; {le}")),
+            },
+            Next::EscalateInstead(why) => {
+                match recovery::escalate_instead(why, plan.verdict_path.is_some()) {
+                    Ok(why) => {
+                        self.write_verdict(
+                            entry,
+                            plan,
+                            Written::Escalated,
+                            Some(why),
+                            Settled::Escalated,
+                        )
+                        .await
+                    }
+                    Err(abandoned) => self.abandon(&entry.key, &abandoned).await,
+                }
+            }
         }
+    }
+
+    async fn replay(&self, entry: &mut Entry, class: &ClassPlan) -> Result<(), Next> {
+        let handle = entry.new_handle.as_deref().unwrap_or("the new handle");
+        recovery::before_replay(
+            entry.replay_started,
+            entry.replay_done,
+            entry.replay_calls.len(),
+            handle,
+        )?;
         let first = entry.replay_done as usize;
         if first < entry.replay_calls.len() {
             let Some(replay) = &class.action.replay else {
-                return Err("the handle class no longer has a replay".into());
+                return Err(Next::EscalateInstead(
+                    "the handle class no longer has a replay".into(),
+                ));
             };
             let conn = Connection::connect(&class.server)
                 .await
-                .map_err(|e| format!("replay not attempted: {e}"))?;
+                .map_err(|e| Next::EscalateInstead(format!("replay not attempted: {e}")))?;
             let result = self.replay_from(entry, replay, &conn, first).await;
             conn.close().await;
-            result?;
+            result.map_err(Next::EscalateInstead)?;
         }
         self.ledger
             .set_replayed(&entry.key)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Next::EscalateInstead(e.to_string()))?;
         entry.state = State::Replayed;
         failpoint("after-replay");
         Ok(())
@@ -808,28 +508,11 @@ impl<'a> Actor<'a> {
                 .await;
         };
         let now = Utc::now();
-        let path: Vec<String> = plan.state_path.split('.').map(str::to_owned).collect();
-        let record = if plan.record.is_object() {
-            PatchValue::SetFields(vec![
-                (plan.value_field.clone(), handle.as_str().into()),
-                (
-                    plan.minted_at_field.clone(),
-                    now.to_rfc3339_opts(SecondsFormat::Micros, true)
-                        .as_str()
-                        .into(),
-                ),
-            ])
-        } else {
-            PatchValue::Replace(handle.as_str().into())
-        };
-        let mut patches = vec![Patch {
-            path,
-            value: record,
-        }];
-        patches.extend(verdict_patch(
+        let mut patches = vec![patch::handle(plan, &handle, now)];
+        patches.extend(patch::verdict(
             entry,
             plan,
-            VERDICT_REMINTED,
+            Written::Reminted,
             &plan.reason,
             Some(&handle),
             now,
@@ -846,30 +529,11 @@ impl<'a> Actor<'a> {
         .await
     }
 
-    async fn escalate_instead(&self, entry: &Entry, plan: &LedgerPlan, why: String) -> Outcome {
-        if plan.verdict_path.is_none() {
-            return self
-                .abandon(
-                    &entry.key,
-                    &format!("re-mint abandoned ({why}); no verdictPath to escalate to"),
-                )
-                .await;
-        }
-        self.write_verdict(
-            entry,
-            plan,
-            VERDICT_ESCALATED,
-            Some(why),
-            Settled::Escalated,
-        )
-        .await
-    }
-
     async fn write_verdict(
         &self,
         entry: &Entry,
         plan: &LedgerPlan,
-        verdict: &str,
+        verdict: Written,
         instead_of_remint: Option<String>,
         settled: Settled,
     ) -> Outcome {
@@ -878,7 +542,7 @@ impl<'a> Actor<'a> {
             Some(why) => format!("{}; re-mint not possible: {why}", plan.reason),
             None => plan.reason.clone(),
         };
-        let patches = verdict_patch(entry, plan, verdict, &reason, plan.handle.as_deref(), now);
+        let patches = patch::verdict(entry, plan, verdict, &reason, plan.handle.as_deref(), now);
         if patches.is_empty() {
             return self
                 .abandon(&entry.key, "no verdictPath to write the verdict to")
@@ -975,12 +639,13 @@ impl<'a> Actor<'a> {
     }
 }
 
-/// Where a step of a re-mint leads when it does not continue.
-enum Step {
-    /// Write verdict `escalated` instead, with this reason.
-    Escalate(String),
-    /// End here with this outcome (the entry stays as it is).
-    Stop(Outcome),
+/// The ledger's name for a plan.
+fn ledger_action(plan: Plan) -> Action {
+    match plan {
+        Plan::Remint => Action::Remint,
+        Plan::Escalate => Action::Escalate,
+        Plan::Fail => Action::Fail,
+    }
 }
 
 fn error(e: impl fmt::Display) -> Outcome {
@@ -989,168 +654,22 @@ fn error(e: impl fmt::Display) -> Outcome {
     }
 }
 
-fn verdict_patch(
-    entry: &Entry,
-    plan: &LedgerPlan,
-    verdict: &str,
-    reason: &str,
-    handle: Option<&str>,
-    now: DateTime<Utc>,
-) -> Vec<Patch> {
-    let Some(path) = &plan.verdict_path else {
-        return Vec::new();
-    };
-    let record = json!({
-        "verdict": verdict,
-        "handle_class": entry.handle_class,
-        "handle": handle,
-        "reason": reason,
-        "at": now.to_rfc3339_opts(SecondsFormat::Micros, true),
-    });
-    vec![Patch {
-        path: path.split('.').map(str::to_owned).collect(),
-        value: PatchValue::Replace(writer::json_to_mp(&record)),
-    }]
-}
-
-fn ledger_plan_base(row: &Row, class: &ClassPlan, facts: &Facts) -> LedgerPlan {
-    LedgerPlan {
-        handle: row.handle.clone(),
-        reason: row.reason.clone(),
-        expect_interrupt: facts.expect_interrupt,
-        state_path: class.state_path.to_string(),
-        record: facts
-            .record
-            .as_ref()
-            .map(|r| r.raw.clone())
-            .unwrap_or(Value::Null),
-        principal: facts.record.as_ref().and_then(|r| r.principal.clone()),
-        value_field: class.fields.value.clone(),
-        minted_at_field: class.fields.minted_at.clone(),
-        verdict_path: class.action.verdict_path.as_ref().map(StatePath::to_string),
-        mint_arguments: None,
-        items: Vec::new(),
-    }
-}
-
-/// The plan stored for a row; `Err` names what a re-mint lacks (it then escalates).
-fn ledger_plan(
-    row: &Row,
-    class: &ClassPlan,
-    facts: &Facts,
-    plan: Plan,
-    key: &str,
-) -> Result<LedgerPlan, String> {
-    let mut p = ledger_plan_base(row, class, facts);
-    if plan != Plan::Remint {
-        return Ok(p);
-    }
-    let a = &class.action;
-    let (Some(mint), Some(path)) = (&a.mint, &a.mint_inputs_path) else {
-        return Err("the handle class has no mint or mintInputsPath".into());
-    };
-    let mut arguments = match &facts.mint_inputs {
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            return Err(format!(
-                "the state at {path} is not an object of mint arguments"
-            ));
-        }
-        None => return Err(format!("the thread recorded no mint arguments at {path}")),
-    };
-    if let Some(arg) = &mint.idempotency_key_argument {
-        arguments.insert(arg.clone(), Value::from(key));
-    }
-    p.mint_arguments = Some(arguments);
-    if let Some(replay) = &a.replay {
-        p.items = match &facts.items {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(items)) => items.clone(),
-            Some(_) => return Err(format!("the state at {} is not a list", replay.items_path)),
-        };
-    }
-    // Render once before minting, so a template that cannot be filled escalates with nothing
-    // minted; the handle is not known yet and does not change whether rendering succeeds.
-    replay_calls(class, &p, "", &row.thread_id)?;
-    Ok(p)
-}
-
-fn replay_calls(
-    class: &ClassPlan,
-    plan: &LedgerPlan,
-    handle: &str,
-    thread_id: &str,
-) -> Result<Vec<Value>, String> {
-    let Some(replay) = &class.action.replay else {
-        return Ok(Vec::new());
-    };
-    plan.items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| {
-            let ctx = Context {
-                handle,
-                thread_id,
-                principal: plan.principal.as_deref(),
-                record: &plan.record,
-                item: Some(item),
-            };
-            replay
-                .arguments
-                .render(&ctx)
-                .map(Value::Object)
-                .map_err(|e| format!("replay item {}: {e}", i + 1))
-        })
-        .collect()
-}
-
-fn first_line(text: &str) -> String {
-    const MAX: usize = 160;
-    let line = text.lines().next().unwrap_or_default();
-    match line.char_indices().nth(MAX) {
-        Some((i, _)) => format!("{}…", &line[..i]),
-        None => line.to_owned(),
-    }
-}
-
 /// Stops the process at a named step of an action (`act::<name>`), see [`stop_at`].
 fn failpoint(name: &str) {
     stop_at(&format!("act::{name}"));
 }
 
-/// Stops the process at a named point when the `failpoints` feature is built in and
-/// `FAILPOINTS=<point>=return` (or `return(wait)`) is set: it prints `custody failpoint <point>`
-/// on stderr and then blocks until killed (or, with `wait`, until a line arrives on stdin).
-/// Points are `act::<step>` (a re-mint), `audit::<step>` (an audit settlement) and
-/// `sweep::<step>` (the scan). For the kill -9 and fault tests; a no-op otherwise.
-#[cfg(feature = "failpoints")]
-pub(crate) fn stop_at(point: &str) {
-    fail::fail_point!(point, |arg: Option<String>| {
-        use std::io::{BufRead, Write};
-        eprintln!("custody failpoint {point}");
-        let _ = std::io::stderr().flush();
-        if arg.as_deref() == Some("wait") {
-            let mut line = String::new();
-            let _ = std::io::stdin().lock().read_line(&mut line);
-        } else {
-            loop {
-                std::thread::park();
-            }
-        }
-    });
-}
-
-/// See the `failpoints` build of this function.
-#[cfg(not(feature = "failpoints"))]
-pub(crate) fn stop_at(_: &str) {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::handle::RecordFields;
+    use crate::domain::handle::{HandleRecord, RecordFields};
+    use crate::domain::path::StatePath;
+    use crate::domain::policy::OnGone;
     use crate::domain::template::Template;
     use crate::domain::verdict::GoneRule;
+    use crate::domain::verdict::Verdict;
     use crate::plan::ClassAction;
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     fn class(on_gone: OnGone) -> ClassPlan {
