@@ -9,9 +9,9 @@ use serde_json::json;
 
 use crate::checkpoint::Shard;
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, ShardSweep, SweepSummary};
-use crate::local::{LoadError, Resources};
 use crate::mcp::ServerConfig;
-use crate::sweep::Target;
+use crate::plan::Target;
+use crate::plan::{LoadError, Resources};
 
 /// Field manager of the sweep's status writes; the controller writes conditions under its own,
 /// so server-side apply keeps both.
@@ -284,12 +284,12 @@ impl crate::sweep::act::ActionSink for CollectingSink {
             .push(e.action.outcome.is_warning(), reason, note);
     }
 
-    fn audit(&self, e: &crate::audit::AuditEvent<'_>) {
+    fn audit(&self, e: &crate::sweep::audit::AuditEvent<'_>) {
         crate::sweep::act::LogSink.audit(e);
         // Settled records are routine and counted in status.lastSweep.audit; a record that became
         // unknown is an escalation a person must see.
         let r = e.entry;
-        if r.outcome == crate::audit::AuditOutcome::Unknown {
+        if r.outcome == crate::domain::audit::AuditOutcome::Unknown {
             let note = || {
                 format!(
                     "audit record {} ({} {} of thread {}) is unknown: {}",

@@ -402,7 +402,7 @@ fn by_reason(counts: &std::collections::BTreeMap<String, u64>, what: &str) -> St
 }
 
 /// One line per audit record the sweep handled, then the counts by outcome.
-fn write_audit(out: &mut dyn Write, a: &crate::audit::AuditReport) -> std::io::Result<()> {
+fn write_audit(out: &mut dyn Write, a: &crate::sweep::audit::AuditReport) -> std::io::Result<()> {
     for e in &a.records {
         let outcome = match &e.server_id {
             Some(id) => format!("{} {id}", e.outcome.as_str()),

@@ -9,7 +9,7 @@ mod support;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use custody::audit::idempotency_key;
+use custody::domain::audit::idempotency_key;
 use serde_json::{Value, json};
 use support::checkpoints::{Checkpoints, Kind};
 use support::{BasketServer, Db, TicketServer};

@@ -12,7 +12,7 @@ use custody::sweep::{Report, RunOptions};
 use serde_json::Value;
 use support::{BasketServer, Db};
 
-fn target(res: &Path) -> custody::sweep::Target {
+fn target(res: &Path) -> custody::plan::Target {
     let targets = custody::local::Resources::load(res)
         .unwrap()
         .targets()
@@ -22,7 +22,7 @@ fn target(res: &Path) -> custody::sweep::Target {
 }
 
 async fn sweep(
-    target: &custody::sweep::Target,
+    target: &custody::plan::Target,
     now: chrono::DateTime<chrono::Utc>,
     apply: bool,
     batch_threads: usize,
@@ -81,7 +81,7 @@ fn row<'a>(r: &'a Report, thread: &str) -> &'a custody::sweep::Row {
 /// Acts in batches of 2 and checks: one row per thread, every gone/absent row acted on, one
 /// new checkpoint per action; then a second sweep in batches acts on nothing.
 async fn acts_once_per_thread(
-    target: &custody::sweep::Target,
+    target: &custody::plan::Target,
     checkpoints: impl AsyncFn() -> i64,
 ) -> Report {
     let before = checkpoints().await;

@@ -44,7 +44,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use custody::audit::idempotency_key;
+use custody::domain::audit::idempotency_key;
 use serde_json::{Value, json};
 use support::checkpoints::{Checkpoints, Kind};
 use support::failpoint::Stopped;

@@ -29,7 +29,27 @@ pub use doc::CheckpointDoc;
 pub use serde::{DecodeError, DecodeKind, MAX_VALUE_BYTES};
 pub use shard::{MAX_SHARDS, Shard};
 
-use crate::crd::Backend;
+use crate::domain::handle::Slot;
+
+/// LangGraph checkpoint saver backends custody reads (LangGraph 1.2: langgraph-checkpoint-postgres
+/// 3.x, langgraph-checkpoint-sqlite 3.x).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    ::serde::Serialize,
+    ::serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// `PostgresSaver`: tables `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
+    Postgres,
+    /// `SqliteSaver`: tables `checkpoints`, `writes`.
+    Sqlite,
+}
 
 /// Channels LangGraph itself writes as control channels; an interrupt is pending only while its
 /// task has no write outside this set (`_task_status.py`).
@@ -80,6 +100,19 @@ pub struct ParkedThread {
     pub metadata: serde_json::Map<String, Value>,
     /// Requested channels that exist in this checkpoint (have a version).
     pub channels: BTreeMap<String, Channel>,
+}
+
+impl ParkedThread {
+    /// A requested channel as the core reads it (`None`: this checkpoint has no such channel).
+    /// The scan never yields a thread with an [`Channel::Undecodable`] channel (it becomes a
+    /// [`SkippedThread`]); were one here, it would read as missing.
+    pub fn slot(&self, channel: &str) -> Option<Slot<'_>> {
+        match self.channels.get(channel)? {
+            Channel::Value(v) => Some(Slot::Value(v)),
+            Channel::Empty => Some(Slot::Empty),
+            Channel::Undecodable(_) => None,
+        }
+    }
 }
 
 /// A thread whose rows could not be read; reported and skipped, never rewritten.

@@ -19,7 +19,7 @@ use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
 use crate::crd::{Backend, CheckpointStore, CheckpointStoreStatus, validate};
-use crate::local::Resources;
+use crate::plan::Resources;
 
 /// How often reachability is re-checked: often enough to notice an outage before the next
 /// scheduled sweep, rarely enough to cost the database nothing.

@@ -3,6 +3,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::SecretKeyRef;
+pub use crate::checkpoint::Backend;
 
 /// A LangGraph checkpoint database to sweep (PostgresSaver or SqliteSaver tables).
 ///
@@ -171,17 +172,6 @@ pub enum StoreMode {
     Observe,
     /// Act on `gone` and `absent` verdicts (never on `unknown`).
     Act,
-}
-
-/// LangGraph checkpoint saver backends custody reads (LangGraph 1.2: langgraph-checkpoint-postgres
-/// 3.x, langgraph-checkpoint-sqlite 3.x).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// `PostgresSaver`: tables `checkpoints`, `checkpoint_blobs`, `checkpoint_writes`.
-    Postgres,
-    /// `SqliteSaver`: tables `checkpoints`, `writes`.
-    Sqlite,
 }
 
 /// Observed state of a CheckpointStore.

@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+pub use crate::domain::policy::OnGone;
+
 /// A kind of handle: which tool mints it, where graph state keeps it, how to probe it and what to
 /// do when it is gone.
 ///
@@ -223,22 +225,6 @@ pub struct StructuredMatch {
     pub equals: Vec<String>,
 }
 
-/// What custody does with a handle that is gone (handle-custody: re-mint and replay, escalate,
-/// or fail loudly).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OnGone {
-    /// Mint a new handle and replay the recorded work.
-    Remint,
-    /// Route the thread to a human.
-    #[default]
-    Escalate,
-    /// End the thread loudly.
-    Fail,
-}
-
 /// Observed state of a HandleClass.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -250,4 +236,30 @@ pub struct HandleClassStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+impl From<&RecordFields> for crate::domain::handle::RecordFields {
+    fn from(f: &RecordFields) -> Self {
+        Self {
+            value: f.value.clone(),
+            principal: f.principal.clone(),
+            minted_at: f.minted_at.clone(),
+            assumed_ttl_seconds: f.assumed_ttl_seconds.clone(),
+        }
+    }
+}
+
+impl From<&GoneWhen> for crate::domain::verdict::GoneWhen {
+    fn from(g: &GoneWhen) -> Self {
+        Self {
+            error_text_prefixes: g.error_text_prefixes.clone(),
+            error_text_regex: g.error_text_regex.clone(),
+            structured_content: g.structured_content.as_ref().map(|m| {
+                crate::domain::verdict::StructuredMatch {
+                    path: m.path.clone(),
+                    equals: m.equals.clone(),
+                }
+            }),
+        }
+    }
 }

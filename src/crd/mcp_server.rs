@@ -5,6 +5,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::SecretKeyRef;
+pub use crate::mcp::ProtocolMode;
 
 /// An MCP server reachable over streamable HTTP.
 ///
@@ -143,19 +144,6 @@ pub struct HeaderFromSecret {
     pub secret_key_ref: SecretKeyRef,
 }
 
-/// How custody negotiates the protocol era with a server (MCP 2026-07-28 `basic/versioning`).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ProtocolMode {
-    /// `server/discover` at 2026-07-28, falling back to the `initialize` handshake.
-    #[default]
-    Auto,
-    /// The `initialize` handshake at 2025-11-25 only.
-    Legacy,
-}
-
 /// Observed state of an MCPServer, written by the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -214,5 +202,5 @@ pub struct ToolStatus {
     /// `<server>_<tool>`.
     pub exposed_name: String,
     /// Behaviour hints with the spec's defaults applied.
-    pub annotations: crate::mcp::discovery::Annotations,
+    pub annotations: crate::domain::tool::Annotations,
 }

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use super::{CheckpointStoreSpec, HandleClassSpec, MCPServerSpec, OnGone};
-use crate::audit::LookupRule;
+use crate::domain::audit::LookupRule;
 use crate::domain::template::{Scope, Template, TemplateError};
 use crate::domain::verdict::GoneRule;
 
@@ -163,7 +163,14 @@ pub fn reconciliation(spec: &MCPServerSpec) -> Result<Vec<LookupRule>, FieldErro
             }
             other => err(at("lookup.arguments"), other.to_string()),
         })?;
-        rules.push(LookupRule::new(&r.tool, l, template));
+        rules.push(LookupRule::new(
+            &r.tool,
+            &l.tool,
+            template,
+            l.found.path.as_deref(),
+            l.found.not_found_error_prefixes.clone(),
+            &l.id_field,
+        ));
     }
     Ok(rules)
 }
@@ -191,12 +198,15 @@ fn object_ref(name: &str) -> Result<(), String> {
     }
 }
 
-/// Validates a HandleClass spec and compiles its probe template and gone rule.
+/// Validates a HandleClass spec and compiles its probe template, gone rule and replay template
+/// (each once: the compile step keeps them).
 ///
 /// # Errors
 /// An empty state path segment, a template placeholder that does not exist, a regex that does
 /// not compile, `onGone: remint` without `mint`.
-pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), FieldError> {
+pub fn handle_class(
+    spec: &HandleClassSpec,
+) -> Result<(Template, GoneRule, Option<Template>), FieldError> {
     if spec.server_ref.is_empty() {
         return Err(err("spec.serverRef", "must name an MCPServer"));
     }
@@ -216,7 +226,7 @@ pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), Fiel
         }
         other => err("spec.probe.arguments", other.to_string()),
     })?;
-    let rule = GoneRule::new(&spec.probe.gone_when).map_err(|e| {
+    let rule = GoneRule::new(&(&spec.probe.gone_when).into()).map_err(|e| {
         err(
             "spec.probe.goneWhen.errorTextRegex",
             format!("does not compile: {e}"),
@@ -263,8 +273,8 @@ pub fn handle_class(spec: &HandleClassSpec) -> Result<(Template, GoneRule), Fiel
             ));
         }
     }
-    replay_template(spec)?;
-    Ok((template, rule))
+    let replay = replay_template(spec)?;
+    Ok((template, rule, replay))
 }
 
 /// Compiles `spec.replay.arguments` (placeholders of [`Scope::Replay`]); `None` without replay.

@@ -4,13 +4,45 @@
 //! minted_at, assumed_ttl_s}`; field names are mappable per HandleClass. A bare string at the
 //! state path is accepted as a handle with no record around it.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use crate::checkpoint::Channel;
-use crate::crd::RecordFields;
+use super::path::StatePath;
+
+/// Field names inside the handle record (HandleClass `spec.record`, converted by the compile
+/// step). Defaults follow the handle-custody `HandleRecord`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordFields {
+    /// The handle string itself.
+    pub value: String,
+    /// Principal the handle was minted for.
+    pub principal: String,
+    /// ISO-8601 mint time.
+    pub minted_at: String,
+    /// Assumed lifetime in seconds, or null.
+    pub assumed_ttl_seconds: String,
+}
+
+impl Default for RecordFields {
+    fn default() -> Self {
+        Self {
+            value: "value".into(),
+            principal: "principal".into(),
+            minted_at: "minted_at".into(),
+            assumed_ttl_seconds: "assumed_ttl_s".into(),
+        }
+    }
+}
+
+/// One state channel of a thread, as the core reads it. A channel whose value did not decode
+/// never gets here: the scan reports such a thread as skipped (`checkpoint::SkippedThread`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Slot<'a> {
+    /// The channel has a version but no value.
+    Empty,
+    /// The channel's value.
+    Value(&'a Value),
+}
 
 /// A handle and what the graph recorded about it at mint time.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,29 +72,17 @@ pub enum Holding {
     Malformed(String),
 }
 
-/// Looks up `state_path` (`channel` or `channel.key.key`) in the decoded channels.
-pub fn extract(
-    channels: &BTreeMap<String, Channel>,
-    state_path: &str,
-    fields: &RecordFields,
-) -> Holding {
-    let mut segments = state_path.split('.');
-    let channel = segments.next().unwrap_or_default();
-    let mut value = match channels.get(channel) {
+/// Looks up `path` given its channel (`None`: the thread has no such channel).
+pub fn extract(channel: Option<Slot<'_>>, path: &StatePath, fields: &RecordFields) -> Holding {
+    let value = match channel {
         None => return Holding::NotApplicable,
-        Some(Channel::Empty) => return Holding::Absent,
-        Some(Channel::Undecodable(reason)) => {
-            return Holding::Malformed(format!("channel {channel} does not decode: {reason}"));
-        }
-        Some(Channel::Value(v)) => v,
+        Some(Slot::Empty) => return Holding::Absent,
+        Some(Slot::Value(v)) => v,
     };
-    for key in segments {
-        match value.get(key) {
-            Some(v) => value = v,
-            None => return Holding::Absent,
-        }
+    match path.get_in(value) {
+        Some(v) => record(v, fields),
+        None => Holding::Absent,
     }
-    record(value, fields)
 }
 
 fn record(value: &Value, fields: &RecordFields) -> Holding {
@@ -137,48 +157,40 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn channels(name: &str, v: Channel) -> BTreeMap<String, Channel> {
-        [(name.to_owned(), v)].into()
+    fn run(slot: Option<Slot<'_>>, path: &str, f: &RecordFields) -> Holding {
+        extract(slot, &StatePath::new(path), f)
     }
 
     #[test]
     fn table() {
         let f = RecordFields::default();
         let rec = json!({"value": "bsk_1", "principal": "user-1", "minted_at": "2026-11-29T22:47:00.495988Z", "assumed_ttl_s": 900});
-        let cases: Vec<(&str, BTreeMap<String, Channel>, &str, Holding)> = vec![
-            (
-                "no channel",
-                BTreeMap::new(),
-                "basket",
-                Holding::NotApplicable,
-            ),
+        let (null, empty, three, seven) = (json!(null), json!({}), json!(3), json!({"value": 7}));
+        let null_value = json!({"value": null});
+        let cases: Vec<(&str, Option<Slot<'_>>, &str, Holding)> = vec![
+            ("no channel", None, "basket", Holding::NotApplicable),
             (
                 "empty channel",
-                channels("basket", Channel::Empty),
+                Some(Slot::Empty),
                 "basket",
                 Holding::Absent,
             ),
-            (
-                "null",
-                channels("basket", Channel::Value(Value::Null)),
-                "basket",
-                Holding::Absent,
-            ),
+            ("null", Some(Slot::Value(&null)), "basket", Holding::Absent),
             (
                 "null value field",
-                channels("basket", Channel::Value(json!({"value": null}))),
+                Some(Slot::Value(&null_value)),
                 "basket",
                 Holding::Absent,
             ),
             (
                 "path ends early",
-                channels("order", Channel::Value(json!({}))),
+                Some(Slot::Value(&empty)),
                 "order.basket",
                 Holding::Absent,
             ),
             (
                 "number",
-                channels("basket", Channel::Value(json!(3))),
+                Some(Slot::Value(&three)),
                 "basket",
                 Holding::Malformed(
                     "expected a handle record (object) or a handle (string), found a number".into(),
@@ -186,33 +198,17 @@ mod tests {
             ),
             (
                 "value not a string",
-                channels("basket", Channel::Value(json!({"value": 7}))),
+                Some(Slot::Value(&seven)),
                 "basket",
                 Holding::Malformed("record field value should be a string, found a number".into()),
             ),
-            (
-                "undecodable",
-                channels(
-                    "basket",
-                    Channel::Undecodable(crate::checkpoint::DecodeError::malformed(
-                        "unknown msgpack ext code 42",
-                    )),
-                ),
-                "basket",
-                Holding::Malformed(
-                    "channel basket does not decode: unknown msgpack ext code 42".into(),
-                ),
-            ),
         ];
         for (name, ch, path, want) in cases {
-            assert_eq!(extract(&ch, path, &f), want, "{name}");
+            assert_eq!(run(ch, path, &f), want, "{name}");
         }
 
-        let Holding::Record(r) = extract(
-            &channels("order", Channel::Value(json!({"basket": rec}))),
-            "order.basket",
-            &f,
-        ) else {
+        let nested = json!({"basket": rec});
+        let Holding::Record(r) = run(Some(Slot::Value(&nested)), "order.basket", &f) else {
             panic!("nested record not found");
         };
         assert_eq!(r.value, "bsk_1");
@@ -220,11 +216,8 @@ mod tests {
         assert_eq!(r.assumed_ttl_seconds, Some(900));
         assert!(r.minted_at.is_some());
 
-        let Holding::Record(bare) = extract(
-            &channels("basket_id", Channel::Value(json!("bsk_2"))),
-            "basket_id",
-            &f,
-        ) else {
+        let bare = json!("bsk_2");
+        let Holding::Record(bare) = run(Some(Slot::Value(&bare)), "basket_id", &f) else {
             panic!("bare string handle not accepted");
         };
         assert_eq!((bare.value.as_str(), bare.principal), ("bsk_2", None));
@@ -237,11 +230,8 @@ mod tests {
             principal: "owner".into(),
             ..RecordFields::default()
         };
-        let ch = channels(
-            "ticket",
-            Channel::Value(json!({"id": "tkt_1", "owner": "u"})),
-        );
-        let Holding::Record(r) = extract(&ch, "ticket", &f) else {
+        let ticket = json!({"id": "tkt_1", "owner": "u"});
+        let Holding::Record(r) = run(Some(Slot::Value(&ticket)), "ticket", &f) else {
             panic!()
         };
         assert_eq!(

@@ -1,9 +1,14 @@
-//! The custody domain: handle records, verdicts and argument templates.
+//! The custody core: handle records, verdicts and argument templates.
 //!
 //! Pure functions over plain values. Nothing here talks to a database, an MCP server or the
-//! Kubernetes API; it reads the plain spec structs of [`crate::crd`] and the decoded channels of
-//! [`crate::checkpoint`], and every rule is table-tested.
+//! Kubernetes API, and nothing here imports another module of the crate (tests/layering.rs
+//! checks it): the adapters and the compile step convert into these types.
 
+pub mod audit;
 pub mod handle;
+pub mod path;
+pub mod policy;
+pub mod recovery;
 pub mod template;
+pub mod tool;
 pub mod verdict;

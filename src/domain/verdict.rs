@@ -13,7 +13,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::handle::{HandleRecord, Holding};
-use crate::crd::GoneWhen;
 
 /// The verdict on one (thread, handle class).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -133,6 +132,27 @@ pub enum ProbeOutcome {
     Failed(String),
 }
 
+/// Which probe answers mean "gone" (HandleClass `spec.probe.goneWhen`, converted by the compile
+/// step). Anything else that is an error means `unknown`, never gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GoneWhen {
+    /// An `isError` text starting with one of these is gone.
+    pub error_text_prefixes: Vec<String>,
+    /// An `isError` text matching this regular expression is gone.
+    pub error_text_regex: Option<String>,
+    /// A successful answer whose `structuredContent` field equals one of the values is gone.
+    pub structured_content: Option<StructuredMatch>,
+}
+
+/// A `structuredContent` field compared with a list of values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StructuredMatch {
+    /// `.`-separated path into `structuredContent`.
+    pub path: String,
+    /// Values (strings as written, others as their JSON text) that mean gone.
+    pub equals: Vec<String>,
+}
+
 /// [`GoneWhen`] with its regular expression compiled.
 #[derive(Clone, Debug)]
 pub struct GoneRule {
@@ -218,8 +238,9 @@ pub fn judge(outcome: &ProbeOutcome, rule: &GoneRule) -> Decision {
     }
 }
 
-/// Error texts can be long and multi-line; a table cell needs the first line, bounded.
-fn first_line(text: &str) -> String {
+/// Error texts can be long and multi-line; a table cell needs the first line, bounded (160
+/// characters, then `…`). The one shortening rule of every reason custody prints.
+pub fn first_line(text: &str) -> String {
     const MAX: usize = 160;
     let line = text.lines().next().unwrap_or_default();
     match line.char_indices().nth(MAX) {
@@ -231,7 +252,6 @@ fn first_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crd::StructuredMatch;
     use chrono::TimeZone;
     use serde_json::json;
 

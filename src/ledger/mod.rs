@@ -10,6 +10,8 @@
 //! `custody_actions`, and `custody_migrations` for sqlx's bookkeeping instead of its default
 //! `_sqlx_migrations`, which an application's own sqlx migrations may already use.
 
+pub mod audit;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
@@ -76,7 +78,7 @@ impl Action {
 pub enum State {
     /// Recorded; no side effect known to have happened (a mint may have, see the module docs).
     Intent,
-    /// The new handle is known; replay may be under way (see [`Entry::replay_in_doubt`]).
+    /// The new handle is known; replay may be under way (see `domain::recovery::before_replay`).
     Minted,
     /// Every replay call succeeded; only the append is left.
     Replayed,
@@ -153,13 +155,6 @@ pub struct Entry {
     pub replay_done: u32,
     /// Final outcome name once done.
     pub outcome: Option<String>,
-}
-
-impl Entry {
-    /// A replay call was sent and its answer never recorded: its effect is unknown.
-    pub fn replay_in_doubt(&self) -> bool {
-        self.replay_started > self.replay_done
-    }
 }
 
 /// A new entry, as recorded before any side effect.

@@ -16,37 +16,13 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{Connection, McpError, ServerConfig};
+use crate::domain::tool::Annotations;
 
 /// Default cap on `tools/list` pages. A server with more than 100 pages of tools is more likely
 /// looping than large; the cap turns a slow leak into an error naming the server.
 pub const DEFAULT_PAGE_CAP: usize = 100;
 /// Longest exposed tool name, as the agent toolkit and most model APIs accept.
 pub const MAX_EXPOSED_NAME: usize = 64;
-
-/// A tool's behaviour hints, with the spec's defaults filled in (MCP 2025-11-25 and 2026-07-28
-/// `ToolAnnotations`: readOnlyHint false, destructiveHint true, idempotentHint false,
-/// openWorldHint true). Hints, not guarantees: a server can lie.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize, schemars::JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub struct Annotations {
-    /// The tool does not modify its environment.
-    pub read_only_hint: bool,
-    /// A non-read-only tool may perform destructive updates.
-    pub destructive_hint: bool,
-    /// Repeating a call with the same arguments has no further effect.
-    pub idempotent_hint: bool,
-    /// The tool interacts with an open world of external entities.
-    pub open_world_hint: bool,
-}
-
-impl Annotations {
-    /// Whether the tool may write: anything not declared read-only.
-    pub fn may_write(&self) -> bool {
-        !self.read_only_hint
-    }
-}
 
 /// One discovered tool.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -32,12 +32,39 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Map, Value};
 
-use crate::crd::ProtocolMode;
 use crate::domain::verdict::ProbeOutcome;
 
 pub mod discovery;
 pub mod egress;
 mod strict;
+
+/// Calls in flight at once on one server (probes, audit lookups): the fan-out bound every
+/// caller of many servers shares. Bounded so a sweep over thousands of distinct
+/// handles does not hit a server with thousands of parallel requests (rate limits are shared
+/// with the agents themselves).
+pub const PROBES_PER_SERVER: usize = 8;
+/// Servers probed (or looked up) at once.
+pub const SERVERS_IN_PARALLEL: usize = 16;
+/// How custody negotiates the protocol era with a server (MCP 2026-07-28 `basic/versioning`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ProtocolMode {
+    /// `server/discover` at 2026-07-28, falling back to the `initialize` handshake.
+    #[default]
+    Auto,
+    /// The `initialize` handshake at 2025-11-25 only.
+    Legacy,
+}
 
 /// Default cap on one JSON response or SSE event: 1 MiB, as the agent toolkit's
 /// `max_sse_event_size`.

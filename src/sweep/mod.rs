@@ -2,7 +2,7 @@
 //! (plan or act, see [`act`]) → report, batch by batch.
 //!
 //! A sweep that may act first settles the unfinished entries of custody's ledger and the due
-//! pending audit records ([`crate::audit`]), then reads
+//! pending audit records ([`crate::sweep::audit`]), then reads
 //! threads exactly as an observing sweep does (read-only pool), in batches of
 //! [`RunOptions::batch_threads`] parked threads, and acts on each batch's `gone` and `absent`
 //! rows through a separate writable pool before reading the next batch. Each batch's rows then go
@@ -13,30 +13,28 @@
 //! that hangs costs its own timeout only.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 pub mod act;
+pub mod audit;
+mod failpoint;
+pub mod sink;
 
 use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, Store, StoreError};
-use crate::crd::{Backend, RecordFields, StoreMode, SweepSummary};
+use crate::crd::{StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
-use crate::domain::template::{Context, Template};
-use crate::domain::verdict::{self, Decision, GoneRule, Precheck, ProbeOutcome, Verdict};
-use crate::mcp::{Connection, ServerConfig};
+use crate::domain::template::Context;
+use crate::domain::verdict::{self, Decision, Precheck, ProbeOutcome, Verdict};
+use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+use crate::plan::{ClassPlan, Target};
 
-/// Probe calls in flight at once on one server. Bounded so a sweep over thousands of distinct
-/// handles does not hit a server with thousands of parallel requests (rate limits are shared
-/// with the agents themselves).
-pub const PROBES_PER_SERVER: usize = 8;
-/// Servers probed at once.
-pub const SERVERS_IN_PARALLEL: usize = 16;
 /// Parked threads per batch, by default ([`RunOptions::batch_threads`]). A batch's rows are
 /// what a sweep holds besides its probe cache: about 2.7 KB a row with its [`act::Facts`]
 /// (BENCHMARKS.md "Memory of the full sweep"), so ~14 MB per handle class at 5 000, whatever
@@ -44,50 +42,6 @@ pub const SERVERS_IN_PARALLEL: usize = 16;
 /// which keep [`PROBES_PER_SERVER`] calls in flight for all but a batch's last round-trip, so
 /// the pause at each batch's end is one probe's latency, paid 200 times in a million threads.
 pub const BATCH_THREADS: usize = 5_000;
-
-/// A checkpoint store, resolved and validated, ready to sweep.
-#[derive(Clone, Debug)]
-pub struct Target {
-    /// `namespace/name` of the CheckpointStore.
-    pub store: String,
-    /// Which saver's tables.
-    pub backend: Backend,
-    /// Connection string (a secret: it may hold a password).
-    pub dsn: SecretString,
-    /// Metadata key of the thread's current principal.
-    pub principal_key: String,
-    /// Threads parked for less than this are left alone (a run may still be in flight).
-    pub min_parked: Duration,
-    /// Handle classes that apply to this store.
-    pub classes: Vec<ClassPlan>,
-    /// Whether sweeps may act (`spec.mode`).
-    pub mode: StoreMode,
-    /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
-    pub audit: crate::audit::AuditPlan,
-}
-
-/// A HandleClass, resolved and validated.
-#[derive(Clone, Debug)]
-pub struct ClassPlan {
-    /// HandleClass name.
-    pub name: String,
-    /// Where the record lives in state.
-    pub state_path: String,
-    /// Record field names.
-    pub fields: RecordFields,
-    /// The server that answers for these handles.
-    pub server: ServerConfig,
-    /// Probe tool.
-    pub probe_tool: String,
-    /// Probe argument template.
-    pub probe_arguments: Template,
-    /// What counts as gone.
-    pub gone: GoneRule,
-    /// Declared lifetime in seconds.
-    pub declared_ttl: Option<u64>,
-    /// What custody may do about gone and absent handles.
-    pub action: act::ClassAction,
-}
 
 /// The verdict on one (thread, handle class).
 #[derive(Clone, Debug, Serialize)]
@@ -130,7 +84,7 @@ pub struct Report {
     /// Unfinished actions of earlier sweeps that this sweep finished first.
     pub settled: Vec<act::SettledEntry>,
     /// Audit records this sweep settled or tried to; `None` when it did not act.
-    pub audit: Option<crate::audit::AuditReport>,
+    pub audit: Option<crate::sweep::audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
     /// Configuration that probably does not do what was meant: no HandleClass selected, a
@@ -151,7 +105,7 @@ pub struct Finished {
     /// Unfinished actions of earlier sweeps that this sweep finished first.
     pub settled: Vec<act::SettledEntry>,
     /// Audit records this sweep settled or tried to; `None` when it did not act.
-    pub audit: Option<crate::audit::AuditReport>,
+    pub audit: Option<crate::sweep::audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
     /// As [`Report::warnings`].
@@ -244,7 +198,7 @@ pub enum SweepError {
         store: String,
         /// What failed.
         #[source]
-        source: crate::audit::AuditError,
+        source: crate::sweep::audit::AuditError,
     },
 }
 
@@ -385,7 +339,7 @@ pub async fn run_with(
     };
     let audit = match &actor {
         Some(a) => Some(
-            crate::audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
+            crate::sweep::audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
                 .await
                 .map_err(|source| SweepError::Audit {
                     store: target.store.clone(),
@@ -401,7 +355,7 @@ pub async fn run_with(
         .classes
         .iter()
         .flat_map(|c| {
-            std::iter::once(c.state_path.split('.').next().unwrap_or_default())
+            std::iter::once(c.state_path.channel())
                 .chain(c.action.channels())
                 .map(str::to_owned)
         })
@@ -479,7 +433,7 @@ pub async fn run_with(
 
     summary.audit = audit
         .as_ref()
-        .map(crate::audit::AuditReport::counts)
+        .map(crate::sweep::audit::AuditReport::counts)
         .unwrap_or_default();
     summary.duration_ms = started.elapsed().as_millis() as u64;
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -531,7 +485,7 @@ impl Sweep<'_> {
         }
         self.summary.parked_threads += 1;
         if self.summary.parked_threads == 1 {
-            act::stop_at("sweep::mid-scan");
+            failpoint::stop_at("sweep::mid-scan");
         }
         batch.threads += 1;
         let principal = thread
@@ -541,7 +495,11 @@ impl Sweep<'_> {
             .map(str::to_owned);
         self.principals_seen += u64::from(principal.is_some());
         for (class_index, class) in target.classes.iter().enumerate() {
-            let holding = handle::extract(&thread.channels, &class.state_path, &class.fields);
+            let holding = handle::extract(
+                thread.slot(class.state_path.channel()),
+                &class.state_path,
+                &class.fields,
+            );
             if holding == Holding::NotApplicable {
                 continue;
             }
@@ -697,7 +655,7 @@ impl Sweep<'_> {
         sink.rows(rows);
         self.batches += 1;
         if self.batches == 1 {
-            act::stop_at("sweep::after-batch");
+            failpoint::stop_at("sweep::after-batch");
         }
     }
 }

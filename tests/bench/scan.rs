@@ -20,9 +20,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use custody::checkpoint::{Scanned, Shard, Store};
-use custody::crd::{Backend, RecordFields};
-use custody::domain::handle::{self, Holding};
+use custody::checkpoint::{Backend, Scanned, Shard, Store};
+use custody::domain::handle::{self, Holding, RecordFields};
+use custody::domain::path::StatePath;
 use futures::TryStreamExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -117,6 +117,7 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
         .map(|s| s.parse().unwrap_or_else(|e| panic!("--shard: {e}")))
         .unwrap_or_default();
     let fields = RecordFields::default();
+    let path = StatePath::new(&channel);
     let t0 = Instant::now();
     let store = Store::connect(Backend::Postgres, &dsn)
         .await
@@ -144,7 +145,7 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
             }
         };
         parked += 1;
-        let value = match handle::extract(&thread.channels, &channel, &fields) {
+        let value = match handle::extract(thread.slot(path.channel()), &path, &fields) {
             Holding::Record(r) => {
                 with_handle += 1;
                 Some(r.value)

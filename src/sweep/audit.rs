@@ -2,7 +2,7 @@
 //!
 //! A timeout on `create_ticket` leaves the agent not knowing whether the ticket exists. The
 //! agent therefore writes a `pending` row into `custody_audit` before such a call (with an
-//! idempotency key it also sends to the tool, see [`idempotency_key`]) and completes it after.
+//! idempotency key it also sends to the tool, see [`crate::domain::audit::idempotency_key`]) and completes it after.
 //! A crash or a timeout leaves the row pending. An acting sweep settles rows pending longer than
 //! `CheckpointStore.spec.audit.graceSeconds` against the server's own state, through the
 //! MCPServer's reconciliation rule for the tool (a read-only lookup by idempotency key):
@@ -19,9 +19,6 @@
 //! [`step`], which claims one batch, looks it up and completes it in the claiming transaction;
 //! how two sweepers are kept off one record is in `store.rs`.
 
-pub mod rule;
-mod store;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -29,17 +26,17 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 
-pub use rule::{Lookup, LookupRule};
-
+use super::sink::ActionSink;
 use crate::checkpoint::writer::{
     self, AppendRequest, Appended, Patch, PatchValue, WriteError, WritePool,
 };
+use crate::domain::audit::{AuditOutcome, Lookup, LookupRule, Settlement, Status, settle};
+use crate::domain::policy::{AuditRef, VerdictRecord, Written};
 use crate::domain::template::Context;
-use crate::mcp::{Connection, ServerConfig};
-use crate::sweep::act::{ActionSink, VERDICT_ESCALATED};
-use crate::sweep::{PROBES_PER_SERVER, SERVERS_IN_PARALLEL};
+use crate::ledger::audit::{self as store, Record};
+use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+use crate::plan::AuditPlan;
 
 /// Records claimed at once. Bounds the row locks (PostgreSQL) or leases (SQLite) one sweeper
 /// holds while it waits on lookups, so a second sweeper finds work instead of a locked table,
@@ -50,180 +47,6 @@ pub const BATCH: usize = 16;
 /// Slack on a SQLite lease beyond the lookups' own deadlines (connect plus calls), for the
 /// database work around them.
 const LEASE_SLACK: Duration = Duration::from_secs(60);
-
-/// The idempotency key of a write tool call: `aud_` followed by the first 32 hex digits of
-/// SHA-256 over the UTF-8 thread id, one zero byte, and the UTF-8 tool call id. The zero byte
-/// keeps `("ab", "c")` and `("a", "bc")` apart; 128 bits make collisions irrelevant. The agent
-/// computes the same value (README, "Audit records") and sends it to the write tool, so the
-/// server deduplicates a retried call and the lookup can find it.
-pub fn idempotency_key(thread_id: &str, tool_call_id: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(thread_id.as_bytes());
-    h.update([0]);
-    h.update(tool_call_id.as_bytes());
-    format!("aud_{}", &hex::encode(h.finalize())[..32])
-}
-
-/// `custody_audit.status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Written before the call; outcome not known yet.
-    Pending,
-    /// The write landed.
-    Committed,
-    /// The write did not land; retrying with the same key is safe.
-    NotCommitted,
-    /// Nobody could tell within the maximum age; a person decides.
-    Unknown,
-}
-
-impl Status {
-    /// Stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Committed => "committed",
-            Self::NotCommitted => "not_committed",
-            Self::Unknown => "unknown",
-        }
-    }
-}
-
-/// A CheckpointStore's audit settings and the reconciliation rules of its namespace's
-/// MCPServers, resolved and validated.
-#[derive(Clone, Debug)]
-pub struct AuditPlan {
-    /// `audit.graceSeconds`.
-    pub grace: Duration,
-    /// `audit.maxAgeSeconds`.
-    pub max_age: Duration,
-    /// `audit.verdictPath`.
-    pub verdict_path: Option<String>,
-    /// Every MCPServer of the store's namespace that has reconciliation rules.
-    pub servers: Vec<ServerRules>,
-}
-
-/// One MCPServer's connection settings and its compiled reconciliation rules.
-#[derive(Clone, Debug)]
-pub struct ServerRules {
-    /// How to reach it (its name is the audit record's `server`).
-    pub server: ServerConfig,
-    /// One per write tool.
-    pub rules: Vec<LookupRule>,
-}
-
-/// One claimed pending record.
-#[derive(Clone, Debug)]
-pub struct Record {
-    /// `custody_audit.id`.
-    pub id: i64,
-    /// LangGraph thread id.
-    pub thread_id: String,
-    /// Checkpoint namespace of the call (the verdict still goes to the root graph).
-    pub checkpoint_ns: String,
-    /// The model's tool call id.
-    pub tool_call_id: String,
-    /// See [`idempotency_key`].
-    pub idempotency_key: String,
-    /// MCPServer name.
-    pub server: String,
-    /// Write tool name.
-    pub tool: String,
-    /// The redacted arguments, as the agent stored them.
-    pub argument_summary: Value,
-    /// The user the call ran for.
-    pub principal: Option<String>,
-    /// Time since the agent wrote it (database clock).
-    pub age: Duration,
-}
-
-impl Record {
-    /// The record as the lookup template sees it (`{{record.<column>}}`).
-    fn as_json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "thread_id": self.thread_id,
-            "checkpoint_ns": self.checkpoint_ns,
-            "tool_call_id": self.tool_call_id,
-            "idempotency_key": self.idempotency_key,
-            "server": self.server,
-            "tool": self.tool,
-            "argument_summary": self.argument_summary,
-            "principal": self.principal,
-        })
-    }
-}
-
-/// What to do with one record, decided from its lookup. Pure.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Settlement {
-    /// Mark `committed` with the server's identifier.
-    Committed {
-        /// The server's identifier for the write.
-        server_id: String,
-    },
-    /// Mark `not_committed`.
-    NotCommitted {
-        /// What the lookup answered.
-        detail: String,
-    },
-    /// Mark `unknown` and escalate.
-    Unknown {
-        /// Why nobody could tell.
-        reason: String,
-    },
-    /// Leave pending; the lookup failed.
-    Pending {
-        /// Why.
-        error: String,
-    },
-}
-
-/// Decides a record's fate from its lookup and age.
-pub fn settle(lookup: Lookup, age: Duration, max_age: Duration) -> Settlement {
-    match lookup {
-        Lookup::Found(server_id) => Settlement::Committed { server_id },
-        Lookup::NotFound(detail) => Settlement::NotCommitted { detail },
-        Lookup::Failed(error) if age >= max_age => Settlement::Unknown {
-            reason: format!(
-                "still pending after {}s (maximum {}s) and the lookup failed: {error}",
-                age.as_secs(),
-                max_age.as_secs()
-            ),
-        },
-        Lookup::Failed(error) => Settlement::Pending { error },
-    }
-}
-
-/// How one record ended in this sweep.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AuditOutcome {
-    /// Marked `committed`.
-    Committed,
-    /// Marked `not_committed`.
-    NotCommitted,
-    /// Marked `unknown` and escalated.
-    Unknown,
-    /// Left pending: the lookup could not be completed.
-    Error,
-    /// Left alone: completed by someone else (the agent) between claim and completion.
-    Skipped,
-}
-
-impl AuditOutcome {
-    /// Bounded name, for metric labels, Event reasons and the report.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Committed => "committed",
-            Self::NotCommitted => "not_committed",
-            Self::Unknown => "unknown",
-            Self::Error => "error",
-            Self::Skipped => "skipped",
-        }
-    }
-}
 
 /// One record a sweep handled.
 #[derive(Clone, Debug, Serialize)]
@@ -417,7 +240,7 @@ async fn step(
 /// `after-claim`, `after-lookup`, `before-commit` (completions written, not committed) and
 /// `after-commit`.
 fn failpoint(name: &str) {
-    crate::sweep::act::stop_at(&format!("audit::{name}"));
+    super::failpoint::stop_at(&format!("audit::{name}"));
 }
 
 fn entry(
@@ -574,20 +397,24 @@ async fn escalate(
         Err(WriteError::Query(e)) => return Err(e),
         Err(e) => return Ok(format!("verdict not written: {e}")),
     };
-    let verdict = json!({
-        "verdict": VERDICT_ESCALATED,
-        "handle_class": null,
-        "handle": null,
-        "reason": format!("outcome of {} on {} (tool call {}) is unknown: {reason}", r.tool, r.server, r.tool_call_id),
-        "at": now.to_rfc3339_opts(SecondsFormat::Micros, true),
-        "audit": {
-            "id": r.id,
-            "server": r.server,
-            "tool": r.tool,
-            "tool_call_id": r.tool_call_id,
-            "idempotency_key": r.idempotency_key,
-        },
-    });
+    let verdict = VerdictRecord {
+        verdict: Written::Escalated,
+        handle_class: None,
+        handle: None,
+        reason: format!(
+            "outcome of {} on {} (tool call {}) is unknown: {reason}",
+            r.tool, r.server, r.tool_call_id
+        ),
+        at: now,
+        audit: Some(AuditRef {
+            id: r.id,
+            server: r.server.clone(),
+            tool: r.tool.clone(),
+            tool_call_id: r.tool_call_id.clone(),
+            idempotency_key: r.idempotency_key.clone(),
+        }),
+    }
+    .to_json();
     let patches = [Patch {
         path: path.split('.').map(str::to_owned).collect(),
         value: PatchValue::Replace(writer::json_to_mp(&verdict)),
@@ -614,49 +441,4 @@ async fn escalate(
         Err(WriteError::Query(e)) => return Err(e),
         Err(e) => format!("verdict not written: {e}"),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_match_the_python_helper() {
-        // Computed with the README's Python helper.
-        assert_eq!(
-            idempotency_key("t-1", "call_abc"),
-            "aud_1e7f6831fd3e9a443e6d7bfde6a8f082"
-        );
-        assert_eq!(
-            idempotency_key("thread é", "toolu_01"),
-            "aud_7cfbaa2080ecea22015f3713b5e1f760"
-        );
-        assert_ne!(idempotency_key("ab", "c"), idempotency_key("a", "bc"));
-    }
-
-    #[test]
-    fn settlements() {
-        let day = Duration::from_secs(86_400);
-        let young = Duration::from_secs(300);
-        let old = Duration::from_secs(90_000);
-        assert_eq!(
-            settle(Lookup::Found("TCK-1".into()), old, day),
-            Settlement::Committed {
-                server_id: "TCK-1".into()
-            },
-            "an answer is believed whatever the record's age"
-        );
-        assert!(matches!(
-            settle(Lookup::NotFound("x".into()), old, day),
-            Settlement::NotCommitted { .. }
-        ));
-        assert!(matches!(
-            settle(Lookup::Failed("down".into()), young, day),
-            Settlement::Pending { .. }
-        ));
-        assert!(matches!(
-            settle(Lookup::Failed("down".into()), old, day),
-            Settlement::Unknown { .. }
-        ));
-    }
 }

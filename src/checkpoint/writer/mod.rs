@@ -23,53 +23,36 @@
 //! This is the only module that writes LangGraph's tables; [`super::Store`] stays read-only and
 //! the writable pool is opened only when a sweep acts.
 
-use std::fs::File;
-use std::path::PathBuf;
-use std::str::FromStr;
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use rmpv::Value as Mp;
 use serde_json::{Map, Value};
 use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
-use sqlx::{Connection, Postgres, Sqlite, Transaction};
+use sqlx::{Postgres, Sqlite, Transaction};
+
+mod ids;
+mod msgpack;
+mod pool;
+
+pub use ids::{interrupt_id, new_checkpoint_id, task_id};
+use ids::{next_version, python_iso};
+pub use msgpack::json_to_mp;
+use msgpack::{encode, map_get, map_get_mut, map_mut, map_set, primitive_json, set_json};
+pub use pool::{ActLock, Tx, WritePool};
 
 use super::serde::{DecodeError, read};
-use super::{Shard, StoreError, redact_dsn};
-use crate::crd::Backend;
 
 /// The PostgresSaver migration whose schema the writer produces rows for (v9 added
 /// `checkpoint_writes.task_path`, which interrupt writes need).
-const PG_WRITE_MIGRATION: i32 = 9;
-
-/// Session advisory lock key held while one custody process acts on a PostgreSQL store
-/// (`'custody'` as ASCII bytes). A lock, not `FOR UPDATE SKIP LOCKED` on ledger rows: ledger
-/// progress must commit step by step (a crash must not roll back "minted bsk_…"), and a row lock
-/// held by one connection would block those commits from another; a session lock is released by
-/// the server as soon as a killed process's connection drops.
-const PG_ACT_LOCK: i64 = 0x0063_7573_746f_6479;
-/// First key of a shard's advisory lock (`'cust'` as ASCII bytes); the two-key form never
-/// collides with the one-key [`PG_ACT_LOCK`].
-const PG_SHARD_LOCK: i32 = 0x6375_7374;
-
-/// Second key of a shard's advisory lock: count and index, both at most `MAX_SHARDS`.
-fn shard_key(shard: Shard) -> i32 {
-    i32::try_from(shard.count() << 16 | shard.index()).expect("shard count <= MAX_SHARDS")
-}
+pub(super) const PG_WRITE_MIGRATION: i32 = 9;
 
 /// LangGraph's task-path prefix of a node ("PULL") task (`langgraph/_internal/_constants.py`).
-const PULL: &str = "__pregel_pull";
+pub(super) const PULL: &str = "__pregel_pull";
 /// `WRITES_IDX_MAP["__interrupt__"]` (`langgraph/checkpoint/base`).
 const INTERRUPT_IDX: i32 = -3;
 /// The channel of interrupt writes.
 const INTERRUPT: &str = "__interrupt__";
 /// Graph-level writes (resume values, `Command(update=…)`) hang off this task id.
 const NULL_TASK_ID: &str = "00000000-0000-0000-0000-000000000000";
-/// Offset of the UUID epoch (1582-10-15) from the Unix epoch, in 100-ns ticks.
-const UUID_EPOCH_OFFSET: u64 = 0x01B2_1DD2_1381_4000;
-
 /// Why an append could not be made. Messages never contain channel values.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -86,228 +69,6 @@ pub enum WriteError {
 impl From<DecodeError> for WriteError {
     fn from(e: DecodeError) -> Self {
         Self::Unsupported(format!("cannot decode the latest checkpoint: {e}"))
-    }
-}
-
-/// A writable pool on a checkpoint database, opened only when a sweep acts.
-#[derive(Clone)]
-pub enum WritePool {
-    /// PostgresSaver tables.
-    Postgres(PgPool),
-    /// SqliteSaver tables (the file path is kept for the act lock).
-    Sqlite(SqlitePool, PathBuf),
-}
-
-/// An open transaction on a [`WritePool`]. SQLite transactions start with `BEGIN IMMEDIATE`, so
-/// the compare and the append happen under the database's write lock.
-pub enum Tx {
-    /// PostgreSQL.
-    Postgres(Transaction<'static, Postgres>),
-    /// SQLite.
-    Sqlite(Transaction<'static, Sqlite>),
-}
-
-impl Tx {
-    /// Commits.
-    ///
-    /// # Errors
-    /// The driver's error.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        match self {
-            Self::Postgres(tx) => tx.commit().await,
-            Self::Sqlite(tx) => tx.commit().await,
-        }
-    }
-}
-
-/// Held while this process acts on a store; released on drop, or by the OS / server when the
-/// process dies.
-pub enum ActLock {
-    /// A dedicated connection holding a session advisory lock.
-    Postgres(PgConnection),
-    /// Locks on files next to the SQLite file: `<database>-custody.lock` (exclusive for the
-    /// whole store, shared for a shard) and, for a shard, `<database>-custody-shard-I-of-N.lock`.
-    Sqlite(Vec<File>),
-}
-
-impl WritePool {
-    /// Opens a writable pool and checks that the schema is one custody writes to.
-    ///
-    /// # Errors
-    /// [`StoreError`] as for the reader; [`StoreError::Schema`] for a PostgresSaver schema older
-    /// than v9.
-    pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
-        let shown = redact_dsn(dsn);
-        match backend {
-            Backend::Postgres => {
-                let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                    backend: "postgres",
-                    dsn: shown.clone(),
-                    reason: e.to_string().replace(dsn, &shown),
-                })?;
-                let pool = PgPoolOptions::new()
-                    .max_connections(3)
-                    .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options.application_name("custody"))
-                    .await
-                    .map_err(|source| StoreError::Connect {
-                        dsn: shown.clone(),
-                        source,
-                    })?;
-                let v: Option<i32> = sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
-                    .fetch_one(&pool)
-                    .await?;
-                if v.unwrap_or(-1) < PG_WRITE_MIGRATION {
-                    return Err(StoreError::Schema(format!(
-                        "{shown}: custody writes only to LangGraph checkpoint schema v{PG_WRITE_MIGRATION} or newer (found {v:?}); run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x"
-                    )));
-                }
-                Ok(Self::Postgres(pool))
-            }
-            Backend::Sqlite => {
-                let options = if dsn.starts_with("sqlite:") {
-                    SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                        backend: "sqlite",
-                        dsn: dsn.to_owned(),
-                        reason: e.to_string(),
-                    })?
-                } else {
-                    SqliteConnectOptions::new().filename(dsn)
-                }
-                .create_if_missing(false)
-                .busy_timeout(Duration::from_secs(10));
-                let path = options.get_filename().to_owned();
-                let pool = SqlitePoolOptions::new()
-                    .max_connections(1)
-                    .connect_with(options)
-                    .await
-                    .map_err(|source| StoreError::Connect {
-                        dsn: dsn.to_owned(),
-                        source,
-                    })?;
-                Ok(Self::Sqlite(pool, path))
-            }
-        }
-    }
-
-    /// Takes the act lock of one shard of the store without waiting; `None` when another
-    /// process holds it.
-    ///
-    /// A lock per (store, shard), not per store: the shards of an Indexed Job act at the same
-    /// time on disjoint threads, so a per-store lock would let only one of them act. A sharded
-    /// sweep holds the store lock *shared* and its shard's lock exclusively; a whole-store sweep
-    /// (`Shard::ALL`) holds the store lock exclusively. So a whole-store sweep never runs beside
-    /// any shard, and two processes never act on the same shard. Shards of different counts
-    /// (`0/2` beside `0/3`) are not excluded by the lock: the controller never runs them at once
-    /// (one CronJob per store, `concurrencyPolicy: Forbid`).
-    ///
-    /// # Errors
-    /// The database (PostgreSQL) or a lock file (SQLite) cannot be reached.
-    pub async fn try_lock(&self, shard: Shard) -> Result<Option<ActLock>, StoreError> {
-        match self {
-            Self::Postgres(pool) => {
-                let mut conn = pool.acquire().await?.detach();
-                let got: bool = if shard.is_all() {
-                    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-                        .bind(PG_ACT_LOCK)
-                        .fetch_one(&mut conn)
-                        .await?
-                } else {
-                    sqlx::query_scalar(
-                        "SELECT pg_try_advisory_lock_shared($1) AND pg_try_advisory_lock($2, $3)",
-                    )
-                    .bind(PG_ACT_LOCK)
-                    .bind(PG_SHARD_LOCK)
-                    .bind(shard_key(shard))
-                    .fetch_one(&mut conn)
-                    .await?
-                };
-                if got {
-                    return Ok(Some(ActLock::Postgres(conn)));
-                }
-                // One of the two may have been granted: ending the session releases it.
-                let _ = conn.close().await;
-                Ok(None)
-            }
-            Self::Sqlite(_, path) => {
-                let open = |suffix: String| {
-                    let mut lock = path.clone().into_os_string();
-                    lock.push(suffix);
-                    File::options()
-                        .create(true)
-                        .truncate(false)
-                        .write(true)
-                        .open(&lock)
-                        .map_err(|e| {
-                            StoreError::Schema(format!(
-                                "cannot open the act lock {}: {e}",
-                                PathBuf::from(&lock).display()
-                            ))
-                        })
-                };
-                let store = open("-custody.lock".to_owned())?;
-                if shard.is_all() {
-                    return Ok(store
-                        .try_lock()
-                        .is_ok()
-                        .then(|| ActLock::Sqlite(vec![store])));
-                }
-                if store.try_lock_shared().is_err() {
-                    return Ok(None);
-                }
-                let own = open(format!(
-                    "-custody-shard-{}-of-{}.lock",
-                    shard.index(),
-                    shard.count()
-                ))?;
-                Ok(own
-                    .try_lock()
-                    .is_ok()
-                    .then(|| ActLock::Sqlite(vec![store, own])))
-            }
-        }
-    }
-
-    /// Begins a transaction (`BEGIN IMMEDIATE` on SQLite).
-    ///
-    /// # Errors
-    /// The driver's error.
-    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
-        Ok(match self {
-            Self::Postgres(pool) => Tx::Postgres(pool.begin().await?),
-            Self::Sqlite(pool, _) => Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
-        })
-    }
-}
-
-impl ActLock {
-    /// Checks that the lock is still held. A PostgreSQL session lock lives exactly as long as
-    /// its connection, so a server restart or a cut connection loses it silently, and another
-    /// process may then take it; a SQLite file lock lasts as long as this process.
-    ///
-    /// # Errors
-    /// Why the lock is gone (the connection's error).
-    pub async fn check(&mut self) -> Result<(), String> {
-        match self {
-            Self::Postgres(conn) => conn
-                .ping()
-                .await
-                .map_err(|e| format!("the database connection holding it failed: {e}")),
-            Self::Sqlite(_) => Ok(()),
-        }
-    }
-
-    /// Releases the lock.
-    pub async fn release(self) {
-        match self {
-            Self::Postgres(mut conn) => {
-                let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
-                    .execute(&mut conn)
-                    .await;
-                let _ = conn.close().await;
-            }
-            Self::Sqlite(files) => drop(files),
-        }
     }
 }
 
@@ -612,7 +373,7 @@ async fn append_sqlite(
     let versions: Vec<Value> = match map_get(&doc, "channel_versions") {
         Some(Mp::Map(entries)) => entries
             .iter()
-            .map(|(_, v)| super::serde::to_data(v))
+            .map(|(_, v)| crate::checkpoint::serde::to_data(v))
             .collect::<Result<_, _>>()?,
         _ => Vec::new(),
     };
@@ -678,9 +439,9 @@ async fn append_sqlite(
 /// Whether a checkpoint's writes hold an interrupt of a task that has no output.
 fn interrupt_pending(writes: &[PendingWrite]) -> bool {
     let output = |task: &str| {
-        writes
-            .iter()
-            .any(|w| w.task_id == task && !super::CONTROL_CHANNELS.contains(&w.channel.as_str()))
+        writes.iter().any(|w| {
+            w.task_id == task && !crate::checkpoint::CONTROL_CHANNELS.contains(&w.channel.as_str())
+        })
     };
     writes
         .iter()
@@ -778,9 +539,9 @@ fn moved_by_writes(writes: &[PendingWrite], expected_interrupt: bool) -> Option<
         return Some("a resume value was written to its checkpoint".into());
     }
     let output = |task: &str| {
-        writes
-            .iter()
-            .any(|w| w.task_id == task && !super::CONTROL_CHANNELS.contains(&w.channel.as_str()))
+        writes.iter().any(|w| {
+            w.task_id == task && !crate::checkpoint::CONTROL_CHANNELS.contains(&w.channel.as_str())
+        })
     };
     match (expected_interrupt, interrupt_pending(writes)) {
         (true, false) => Some("its interrupt was answered".into()),
@@ -863,96 +624,6 @@ fn carry_interrupt(
     }))
 }
 
-/// LangGraph's PULL task id (`_algo.py` `prepare_single_task`, checkpoint v ≥ 2):
-/// `_xxhash_str(unhex(checkpoint_id), node, str(step), node, "__pregel_pull", *sorted(triggers))`
-/// at the root namespace, formatted as a UUID.
-///
-/// # Errors
-/// The checkpoint id is not a UUID.
-pub fn task_id(
-    checkpoint_id: &str,
-    node: &str,
-    step: i64,
-    triggers: &[String],
-) -> Result<String, WriteError> {
-    let mut bytes = hex::decode(checkpoint_id.replace('-', "")).map_err(|_| {
-        WriteError::Unsupported(format!("checkpoint id {checkpoint_id} is not a UUID"))
-    })?;
-    let mut sorted = triggers.to_vec();
-    sorted.sort();
-    for part in [node, &step.to_string(), node, PULL]
-        .into_iter()
-        .chain(sorted.iter().map(String::as_str))
-    {
-        bytes.extend_from_slice(part.as_bytes());
-    }
-    let hex = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes));
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
-}
-
-/// LangGraph's id of a task's first interrupt: `xxh3_128_hexdigest(task checkpoint namespace)`
-/// (`langgraph/types.py` `_interrupt_id`).
-pub fn interrupt_id(task_ns: &str) -> String {
-    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(task_ns.as_bytes()))
-}
-
-/// A UUIDv6 checkpoint id (`langgraph/checkpoint/base/id.py`) for `now`, with `clock_seq = step`,
-/// that sorts after `after`: if the clock is behind the latest id, one tick after it.
-///
-/// # Errors
-/// `after` is not a UUID.
-pub fn new_checkpoint_id(after: &str, now: DateTime<Utc>, step: i64) -> Result<String, WriteError> {
-    let hex: String = after.chars().filter(|c| *c != '-').collect();
-    let ticks_of = |hex: &str| -> Option<u64> {
-        let high = u64::from_str_radix(hex.get(0..12)?, 16).ok()?;
-        let low = u64::from_str_radix(hex.get(13..16)?, 16).ok()?;
-        Some((high << 12) | low)
-    };
-    let after_ticks = ticks_of(&hex)
-        .ok_or_else(|| WriteError::Unsupported(format!("checkpoint id {after} is not a UUID")))?;
-    let now_ticks = u64::try_from(now.timestamp_nanos_opt().unwrap_or_default() / 100)
-        .unwrap_or_default()
-        + UUID_EPOCH_OFFSET;
-    let ticks = now_ticks.max(after_ticks + 1);
-    let clock_seq = (step as u64) & 0x3fff;
-    let node = uuid::Uuid::new_v4();
-    let mut b = [0u8; 16];
-    b[..6].copy_from_slice(&((ticks >> 12) << 16).to_be_bytes()[..6]);
-    b[6..8].copy_from_slice(&(0x6000 | (ticks & 0x0fff) as u16).to_be_bytes());
-    b[8..10].copy_from_slice(&(0x8000 | clock_seq as u16).to_be_bytes());
-    b[10..].copy_from_slice(&node.as_bytes()[10..]);
-    Ok(uuid::Uuid::from_bytes(b).hyphenated().to_string())
-}
-
-/// `get_next_version` of both savers: `f"{int(max) + 1:032}.{random}"`, one version for every
-/// channel changed together.
-fn next_version<'a>(versions: impl Iterator<Item = &'a Value>) -> Result<String, WriteError> {
-    let mut max = 0u64;
-    for v in versions {
-        let n = match v {
-            Value::String(s) => s.split('.').next().and_then(|n| n.parse::<u64>().ok()),
-            _ => None,
-        }
-        .ok_or_else(|| {
-            WriteError::Unsupported("channel versions are not LangGraph 1.x version strings".into())
-        })?;
-        max = max.max(n);
-    }
-    let fraction = u64::from_be_bytes(
-        uuid::Uuid::new_v4().as_bytes()[..8]
-            .try_into()
-            .unwrap_or_default(),
-    ) % 10_000_000_000_000_000;
-    Ok(format!("{:032}.0.{fraction:016}", max + 1))
-}
-
 fn new_metadata(parent: &Value, parent_step: i64, tags: &Map<String, Value>) -> Value {
     // Keep the parent's entries (the principal custody reads next time, run tags), as
     // `update_state` keeps the config's; then mark the edit.
@@ -965,11 +636,6 @@ fn new_metadata(parent: &Value, parent_step: i64, tags: &Map<String, Value>) -> 
         m.insert(k.clone(), v.clone());
     }
     Value::Object(m)
-}
-
-/// `datetime.now(timezone.utc).isoformat()`.
-fn python_iso(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.6f+00:00").to_string()
 }
 
 fn by_channel(patches: &[Patch]) -> Vec<(String, Vec<&Patch>)> {
@@ -1032,97 +698,6 @@ fn patch_channel(channel: &str, current: Option<Mp>, patches: &[&Patch]) -> Resu
         }
     }
     Ok(value)
-}
-
-fn map_get<'a>(m: &'a Mp, key: &str) -> Option<&'a Mp> {
-    match m {
-        Mp::Map(entries) => entries
-            .iter()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v),
-        _ => None,
-    }
-}
-
-fn map_get_mut<'a>(m: &'a mut Mp, key: &str) -> Option<&'a mut Mp> {
-    match m {
-        Mp::Map(entries) => entries
-            .iter_mut()
-            .find(|(k, _)| k.as_str() == Some(key))
-            .map(|(_, v)| v),
-        _ => None,
-    }
-}
-
-/// Sets `key` in a map, in place when present (msgpack maps keep insertion order, as Python's
-/// dicts do), appended otherwise. A non-map is left alone.
-fn map_set(m: &mut Mp, key: &str, value: Mp) {
-    if let Mp::Map(entries) = m {
-        match entries.iter_mut().find(|(k, _)| k.as_str() == Some(key)) {
-            Some((_, v)) => *v = value,
-            None => entries.push((Mp::from(key), value)),
-        }
-    }
-}
-
-fn map_mut<'a>(doc: &'a mut Mp, key: &str) -> Result<&'a mut Mp, WriteError> {
-    if map_get(doc, key).is_none() {
-        map_set(doc, key, Mp::Map(Vec::new()));
-    }
-    map_get_mut(doc, key)
-        .filter(|m| matches!(m, Mp::Map(_)))
-        .ok_or_else(|| WriteError::Unsupported(format!("checkpoint {key} is not a map")))
-}
-
-fn set_json(doc: &mut Value, field: &str, key: &str, v: Value) -> Result<(), WriteError> {
-    doc.get_mut(field)
-        .and_then(Value::as_object_mut)
-        .ok_or_else(|| WriteError::Unsupported(format!("checkpoint has no {field}")))?
-        .insert(key.to_owned(), v);
-    Ok(())
-}
-
-/// `None`, `str`, `int`, `float`, `bool` stay inline in PostgreSQL's `channel_values`.
-fn primitive_json(v: &Mp) -> Option<Value> {
-    match v {
-        Mp::Nil => Some(Value::Null),
-        Mp::Boolean(b) => Some(Value::Bool(*b)),
-        Mp::Integer(i) => i
-            .as_i64()
-            .map(Value::from)
-            .or_else(|| i.as_u64().map(Value::from)),
-        Mp::F32(f) => serde_json::Number::from_f64(f64::from(*f)).map(Value::Number),
-        Mp::F64(f) => serde_json::Number::from_f64(*f).map(Value::Number),
-        Mp::String(s) => s.as_str().map(|s| Value::String(s.to_owned())),
-        _ => None,
-    }
-}
-
-/// Plain JSON as msgpack: maps, lists, strings, numbers, booleans, nil. No extension types, so
-/// nothing custody writes makes Python import anything (research §4, "Safety").
-pub fn json_to_mp(v: &Value) -> Mp {
-    match v {
-        Value::Null => Mp::Nil,
-        Value::Bool(b) => Mp::Boolean(*b),
-        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => Mp::from(i),
-            (None, Some(u), _) => Mp::from(u),
-            (_, _, f) => Mp::F64(f.unwrap_or_default()),
-        },
-        Value::String(s) => Mp::from(s.as_str()),
-        Value::Array(items) => Mp::Array(items.iter().map(json_to_mp).collect()),
-        Value::Object(m) => Mp::Map(
-            m.iter()
-                .map(|(k, v)| (Mp::from(k.as_str()), json_to_mp(v)))
-                .collect(),
-        ),
-    }
-}
-
-fn encode(v: &Mp) -> Vec<u8> {
-    let mut out = Vec::new();
-    rmpv::encode::write_value(&mut out, v).expect("writing to a Vec cannot fail");
-    out
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The SQL of audit settlement: claiming pending records and completing them, per backend.
+//! The SQL of audit settlement (table `custody_audit`): claiming pending records and
+//! completing them, per backend.
 //!
 //! Two sweepers at once never both settle one record:
 //! - **PostgreSQL**: a batch is claimed with `SELECT … FOR UPDATE SKIP LOCKED` and completed in
@@ -29,15 +30,57 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::Row;
 use sqlx::types::Json;
 
-use super::{Record, Status};
 use crate::checkpoint::writer::{Tx, WritePool};
+use crate::domain::audit::Status;
+
+/// One claimed pending record.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// `custody_audit.id`.
+    pub id: i64,
+    /// LangGraph thread id.
+    pub thread_id: String,
+    /// Checkpoint namespace of the call (the verdict still goes to the root graph).
+    pub checkpoint_ns: String,
+    /// The model's tool call id.
+    pub tool_call_id: String,
+    /// See [`crate::domain::audit::idempotency_key`].
+    pub idempotency_key: String,
+    /// MCPServer name.
+    pub server: String,
+    /// Write tool name.
+    pub tool: String,
+    /// The redacted arguments, as the agent stored them.
+    pub argument_summary: Value,
+    /// The user the call ran for.
+    pub principal: Option<String>,
+    /// Time since the agent wrote it (database clock).
+    pub age: Duration,
+}
+
+impl Record {
+    /// The record as the lookup template sees it (`{{record.<column>}}`).
+    pub fn as_json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "thread_id": self.thread_id,
+            "checkpoint_ns": self.checkpoint_ns,
+            "tool_call_id": self.tool_call_id,
+            "idempotency_key": self.idempotency_key,
+            "server": self.server,
+            "tool": self.tool,
+            "argument_summary": self.argument_summary,
+            "principal": self.principal,
+        })
+    }
+}
 
 /// A claimed batch.
-pub(super) enum Claim {
+pub(crate) enum Claim {
     /// The open transaction holding the rows' locks.
     Postgres(Tx),
     /// The lease stamped on the rows.
@@ -46,7 +89,7 @@ pub(super) enum Claim {
 
 /// A SQLite claim's token and the locked file that shows its holder is alive. Dropping it
 /// removes the file; the lock goes with the file handle (or with the process).
-pub(super) struct Lease {
+pub(crate) struct Lease {
     token: String,
     path: PathBuf,
     _file: File,
@@ -72,7 +115,7 @@ impl Lease {
     }
 
     /// The token stamped on the claimed rows.
-    pub(super) fn token(&self) -> &str {
+    pub(crate) fn token(&self) -> &str {
         &self.token
     }
 }
@@ -122,7 +165,7 @@ fn text(t: DateTime<Utc>) -> String {
 
 /// Claims up to `limit` records that are pending, were written at or before `cutoff`, and have
 /// an id above `after`, oldest first.
-pub(super) async fn claim(
+pub(crate) async fn claim(
     pool: &WritePool,
     now: DateTime<Utc>,
     cutoff: DateTime<Utc>,
@@ -249,7 +292,7 @@ where
 impl Claim {
     /// The transaction that completes the batch: PostgreSQL's claiming one, a new
     /// `BEGIN IMMEDIATE` one on SQLite with the lease, to be dropped after the commit.
-    pub(super) async fn completing(
+    pub(crate) async fn completing(
         self,
         pool: &WritePool,
     ) -> Result<(Tx, Option<Lease>), sqlx::Error> {
@@ -262,7 +305,7 @@ impl Claim {
 
 /// Settles one record in `tx`. `false` when it is no longer pending or no longer ours (the agent
 /// completed it, or another sweeper took over an expired SQLite lease): nothing changed.
-pub(super) async fn finish(
+pub(crate) async fn finish(
     tx: &mut Tx,
     token: Option<&str>,
     id: i64,
@@ -301,7 +344,7 @@ pub(super) async fn finish(
 
 /// Gives a record that stays pending back (SQLite: drops the lease so the next sweep need not
 /// wait for it to expire; PostgreSQL: the commit releases the lock).
-pub(super) async fn release(tx: &mut Tx, token: Option<&str>, id: i64) -> Result<(), sqlx::Error> {
+pub(crate) async fn release(tx: &mut Tx, token: Option<&str>, id: i64) -> Result<(), sqlx::Error> {
     if let Tx::Sqlite(tx) = tx {
         sqlx::query(
             "UPDATE custody_audit SET claimed_by = NULL, claimed_until = NULL

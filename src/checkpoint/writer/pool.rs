@@ -1,0 +1,251 @@
+//! custody's own writable pool on a checkpoint database, its transactions and the act lock that
+//! keeps two custody processes from acting on one store (or shard) at once.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::{Connection, Postgres, Sqlite, Transaction};
+
+use super::PG_WRITE_MIGRATION;
+use crate::checkpoint::{Backend, Shard, StoreError, redact_dsn};
+
+/// Session advisory lock key held while one custody process acts on a PostgreSQL store
+/// (`'custody'` as ASCII bytes). A lock, not `FOR UPDATE SKIP LOCKED` on ledger rows: ledger
+/// progress must commit step by step (a crash must not roll back "minted bsk_…"), and a row lock
+/// held by one connection would block those commits from another; a session lock is released by
+/// the server as soon as a killed process's connection drops.
+const PG_ACT_LOCK: i64 = 0x0063_7573_746f_6479;
+/// First key of a shard's advisory lock (`'cust'` as ASCII bytes); the two-key form never
+/// collides with the one-key [`PG_ACT_LOCK`].
+const PG_SHARD_LOCK: i32 = 0x6375_7374;
+
+/// Second key of a shard's advisory lock: count and index, both at most `MAX_SHARDS`.
+fn shard_key(shard: Shard) -> i32 {
+    i32::try_from(shard.count() << 16 | shard.index()).expect("shard count <= MAX_SHARDS")
+}
+
+/// A writable pool on a checkpoint database, opened only when a sweep acts.
+#[derive(Clone)]
+pub enum WritePool {
+    /// PostgresSaver tables.
+    Postgres(PgPool),
+    /// SqliteSaver tables (the file path is kept for the act lock).
+    Sqlite(SqlitePool, PathBuf),
+}
+
+/// An open transaction on a [`WritePool`]. SQLite transactions start with `BEGIN IMMEDIATE`, so
+/// the compare and the append happen under the database's write lock.
+pub enum Tx {
+    /// PostgreSQL.
+    Postgres(Transaction<'static, Postgres>),
+    /// SQLite.
+    Sqlite(Transaction<'static, Sqlite>),
+}
+
+impl Tx {
+    /// Commits.
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            Self::Postgres(tx) => tx.commit().await,
+            Self::Sqlite(tx) => tx.commit().await,
+        }
+    }
+}
+
+/// Held while this process acts on a store; released on drop, or by the OS / server when the
+/// process dies.
+pub enum ActLock {
+    /// A dedicated connection holding a session advisory lock.
+    Postgres(PgConnection),
+    /// Locks on files next to the SQLite file: `<database>-custody.lock` (exclusive for the
+    /// whole store, shared for a shard) and, for a shard, `<database>-custody-shard-I-of-N.lock`.
+    Sqlite(Vec<File>),
+}
+
+impl WritePool {
+    /// Opens a writable pool and checks that the schema is one custody writes to.
+    ///
+    /// # Errors
+    /// [`StoreError`] as for the reader; [`StoreError::Schema`] for a PostgresSaver schema older
+    /// than v9.
+    pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
+        let shown = redact_dsn(dsn);
+        match backend {
+            Backend::Postgres => {
+                let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
+                    backend: "postgres",
+                    dsn: shown.clone(),
+                    reason: e.to_string().replace(dsn, &shown),
+                })?;
+                let pool = PgPoolOptions::new()
+                    .max_connections(3)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect_with(options.application_name("custody"))
+                    .await
+                    .map_err(|source| StoreError::Connect {
+                        dsn: shown.clone(),
+                        source,
+                    })?;
+                let v: Option<i32> = sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
+                    .fetch_one(&pool)
+                    .await?;
+                if v.unwrap_or(-1) < PG_WRITE_MIGRATION {
+                    return Err(StoreError::Schema(format!(
+                        "{shown}: custody writes only to LangGraph checkpoint schema v{PG_WRITE_MIGRATION} or newer (found {v:?}); run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x"
+                    )));
+                }
+                Ok(Self::Postgres(pool))
+            }
+            Backend::Sqlite => {
+                let options = if dsn.starts_with("sqlite:") {
+                    SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
+                        backend: "sqlite",
+                        dsn: dsn.to_owned(),
+                        reason: e.to_string(),
+                    })?
+                } else {
+                    SqliteConnectOptions::new().filename(dsn)
+                }
+                .create_if_missing(false)
+                .busy_timeout(Duration::from_secs(10));
+                let path = options.get_filename().to_owned();
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(options)
+                    .await
+                    .map_err(|source| StoreError::Connect {
+                        dsn: dsn.to_owned(),
+                        source,
+                    })?;
+                Ok(Self::Sqlite(pool, path))
+            }
+        }
+    }
+
+    /// Takes the act lock of one shard of the store without waiting; `None` when another
+    /// process holds it.
+    ///
+    /// A lock per (store, shard), not per store: the shards of an Indexed Job act at the same
+    /// time on disjoint threads, so a per-store lock would let only one of them act. A sharded
+    /// sweep holds the store lock *shared* and its shard's lock exclusively; a whole-store sweep
+    /// (`Shard::ALL`) holds the store lock exclusively. So a whole-store sweep never runs beside
+    /// any shard, and two processes never act on the same shard. Shards of different counts
+    /// (`0/2` beside `0/3`) are not excluded by the lock: the controller never runs them at once
+    /// (one CronJob per store, `concurrencyPolicy: Forbid`).
+    ///
+    /// # Errors
+    /// The database (PostgreSQL) or a lock file (SQLite) cannot be reached.
+    pub async fn try_lock(&self, shard: Shard) -> Result<Option<ActLock>, StoreError> {
+        match self {
+            Self::Postgres(pool) => {
+                let mut conn = pool.acquire().await?.detach();
+                let got: bool = if shard.is_all() {
+                    sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                        .bind(PG_ACT_LOCK)
+                        .fetch_one(&mut conn)
+                        .await?
+                } else {
+                    sqlx::query_scalar(
+                        "SELECT pg_try_advisory_lock_shared($1) AND pg_try_advisory_lock($2, $3)",
+                    )
+                    .bind(PG_ACT_LOCK)
+                    .bind(PG_SHARD_LOCK)
+                    .bind(shard_key(shard))
+                    .fetch_one(&mut conn)
+                    .await?
+                };
+                if got {
+                    return Ok(Some(ActLock::Postgres(conn)));
+                }
+                // One of the two may have been granted: ending the session releases it.
+                let _ = conn.close().await;
+                Ok(None)
+            }
+            Self::Sqlite(_, path) => {
+                let open = |suffix: String| {
+                    let mut lock = path.clone().into_os_string();
+                    lock.push(suffix);
+                    File::options()
+                        .create(true)
+                        .truncate(false)
+                        .write(true)
+                        .open(&lock)
+                        .map_err(|e| {
+                            StoreError::Schema(format!(
+                                "cannot open the act lock {}: {e}",
+                                PathBuf::from(&lock).display()
+                            ))
+                        })
+                };
+                let store = open("-custody.lock".to_owned())?;
+                if shard.is_all() {
+                    return Ok(store
+                        .try_lock()
+                        .is_ok()
+                        .then(|| ActLock::Sqlite(vec![store])));
+                }
+                if store.try_lock_shared().is_err() {
+                    return Ok(None);
+                }
+                let own = open(format!(
+                    "-custody-shard-{}-of-{}.lock",
+                    shard.index(),
+                    shard.count()
+                ))?;
+                Ok(own
+                    .try_lock()
+                    .is_ok()
+                    .then(|| ActLock::Sqlite(vec![store, own])))
+            }
+        }
+    }
+
+    /// Begins a transaction (`BEGIN IMMEDIATE` on SQLite).
+    ///
+    /// # Errors
+    /// The driver's error.
+    pub async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        Ok(match self {
+            Self::Postgres(pool) => Tx::Postgres(pool.begin().await?),
+            Self::Sqlite(pool, _) => Tx::Sqlite(pool.begin_with("BEGIN IMMEDIATE").await?),
+        })
+    }
+}
+
+impl ActLock {
+    /// Checks that the lock is still held. A PostgreSQL session lock lives exactly as long as
+    /// its connection, so a server restart or a cut connection loses it silently, and another
+    /// process may then take it; a SQLite file lock lasts as long as this process.
+    ///
+    /// # Errors
+    /// Why the lock is gone (the connection's error).
+    pub async fn check(&mut self) -> Result<(), String> {
+        match self {
+            Self::Postgres(conn) => conn
+                .ping()
+                .await
+                .map_err(|e| format!("the database connection holding it failed: {e}")),
+            Self::Sqlite(_) => Ok(()),
+        }
+    }
+
+    /// Releases the lock.
+    pub async fn release(self) {
+        match self {
+            Self::Postgres(mut conn) => {
+                let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
+                    .execute(&mut conn)
+                    .await;
+                let _ = conn.close().await;
+            }
+            Self::Sqlite(files) => drop(files),
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! The compile step: resources (from files or the API server) into validated plans, once.
+//!
+//! A [`Resources`] set (MCPServers, HandleClasses, CheckpointStores, Secrets) is resolved —
+//! references followed, Secrets read, selectors evaluated — and every rule compiled (templates,
+//! gone rules, reconciliation lookups) into the [`Target`] a sweep takes. Nothing after this step
+//! parses a spec field again, and nothing before a sweep reaches I/O with an unvalidated value.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use secrecy::SecretString;
+
+use crate::checkpoint::Backend;
+use crate::crd::validate;
+use crate::crd::{
+    CheckpointStore, HandleClass, HandleClassSpec, MCPServer, MintSpec, OnGone, SecretKeyRef,
+    StoreMode,
+};
+use crate::domain::audit::LookupRule;
+use crate::domain::handle::RecordFields;
+use crate::domain::path::StatePath;
+use crate::domain::template::Template;
+use crate::domain::verdict::GoneRule;
+use crate::mcp::{DEFAULT_MAX_RESPONSE_BYTES, ServerConfig};
+
+/// Why local resources could not be used. Every message names the file (or resource) and field.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The directory or a file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// File or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A document is not valid YAML or does not match its kind's schema or rules.
+    #[error("{path}: document {document} ({kind}): {message}")]
+    Invalid {
+        /// File.
+        path: PathBuf,
+        /// 1-based index of the document in the file.
+        document: usize,
+        /// `Kind namespace/name`, as far as known.
+        kind: String,
+        /// The field and what is wrong with it.
+        message: String,
+    },
+    /// Resources are individually valid but do not fit together (a missing reference).
+    #[error("{resource}: {field}: {message}")]
+    Reference {
+        /// `Kind namespace/name`.
+        resource: String,
+        /// The referring field.
+        field: String,
+        /// What is missing.
+        message: String,
+    },
+}
+
+/// Resources read from a directory, each with the file it came from.
+#[derive(Default)]
+pub struct Resources {
+    /// MCPServers.
+    pub servers: Vec<MCPServer>,
+    /// HandleClasses.
+    pub classes: Vec<HandleClass>,
+    /// CheckpointStores.
+    pub stores: Vec<CheckpointStore>,
+    /// Secrets, for `headersFrom` and `dsnFrom`.
+    pub secrets: Vec<Secret>,
+}
+
+impl Resources {
+    /// Builds a sweep target for every CheckpointStore, resolving Secrets and references.
+    ///
+    /// # Errors
+    /// [`LoadError::Reference`] for a missing Secret, key, MCPServer, or an invalid selector.
+    pub fn targets(&self) -> Result<Vec<Target>, LoadError> {
+        self.stores.iter().map(|s| self.target(s)).collect()
+    }
+
+    fn target(&self, store: &CheckpointStore) -> Result<Target, LoadError> {
+        let ns = namespace(store);
+        let dsn = match (&store.spec.dsn, &store.spec.dsn_from) {
+            (Some(dsn), _) => SecretString::from(dsn.clone()),
+            (None, Some(r)) => self.secret(&label(store), "spec.dsnFrom", &ns, r)?,
+            (None, None) => {
+                return Err(LoadError::Reference {
+                    resource: label(store),
+                    field: "spec.dsn".into(),
+                    message: "set exactly one of dsn and dsnFrom".into(),
+                });
+            }
+        };
+        let mut classes = Vec::new();
+        for class in self.classes.iter().filter(|c| namespace(*c) == ns) {
+            if !selects(store.spec.handle_class_selector.as_ref(), class.labels()).map_err(
+                |message| LoadError::Reference {
+                    resource: label(store),
+                    field: "spec.handleClassSelector".into(),
+                    message,
+                },
+            )? {
+                continue;
+            }
+            classes.push(self.class_plan(class)?);
+        }
+        let audit = AuditPlan {
+            grace: Duration::from_secs(store.spec.audit.grace_seconds),
+            max_age: Duration::from_secs(store.spec.audit.max_age_seconds),
+            verdict_path: store.spec.audit.verdict_path.clone(),
+            servers: self.audit_servers(&ns)?,
+        };
+        Ok(Target {
+            store: format!("{ns}/{}", store.name_any()),
+            backend: store.spec.backend,
+            dsn,
+            principal_key: store.spec.principal_key.clone(),
+            min_parked: Duration::from_secs(store.spec.min_parked_seconds),
+            classes,
+            mode: store.spec.mode,
+            audit,
+        })
+    }
+
+    /// The MCPServers of `ns` that have reconciliation rules, compiled.
+    fn audit_servers(&self, ns: &str) -> Result<Vec<ServerRules>, LoadError> {
+        let mut out = Vec::new();
+        for server in self.servers.iter().filter(|s| namespace(*s) == ns) {
+            if server.spec.reconciliation.is_empty() {
+                continue;
+            }
+            // Files are validated when loaded; objects from the API server are validated here.
+            let rules =
+                validate::reconciliation(&server.spec).map_err(|e| LoadError::Reference {
+                    resource: label(server),
+                    field: e.field,
+                    message: e.message,
+                })?;
+            out.push(ServerRules {
+                server: self.server_config(server)?,
+                rules,
+            });
+        }
+        Ok(out)
+    }
+
+    fn class_plan(&self, class: &HandleClass) -> Result<ClassPlan, LoadError> {
+        let ns = namespace(class);
+        let server = self
+            .servers
+            .iter()
+            .find(|s| namespace(*s) == ns && s.name_any() == class.spec.server_ref)
+            .ok_or_else(|| LoadError::Reference {
+                resource: label(class),
+                field: "spec.serverRef".into(),
+                message: format!("no MCPServer {:?} in namespace {ns}", class.spec.server_ref),
+            })?;
+        // Files are validated when loaded; objects from the API server are validated here.
+        let (template, gone, replay) =
+            validate::handle_class(&class.spec).map_err(|e| LoadError::Reference {
+                resource: label(class),
+                field: e.field,
+                message: e.message,
+            })?;
+        Ok(ClassPlan {
+            name: class.name_any(),
+            state_path: StatePath::new(&class.spec.state_path),
+            fields: RecordFields::from(&class.spec.record),
+            server: self.server_config(server)?,
+            probe_tool: class.spec.probe.tool.clone(),
+            probe_arguments: template,
+            gone,
+            declared_ttl: class.spec.declared_ttl_seconds,
+            action: ClassAction::from_spec(&class.spec, replay),
+        })
+    }
+
+    /// Every MCPServer with its Secrets resolved, and its `toolAllowlist`, in file order.
+    ///
+    /// # Errors
+    /// [`LoadError::Reference`] for a missing Secret or key.
+    pub fn server_configs(&self) -> Result<Vec<(ServerConfig, Vec<String>)>, LoadError> {
+        self.servers
+            .iter()
+            .map(|s| Ok((self.server_config(s)?, s.spec.tool_allowlist.clone())))
+            .collect()
+    }
+
+    fn server_config(&self, server: &MCPServer) -> Result<ServerConfig, LoadError> {
+        let ns = namespace(server);
+        let mut headers: Vec<(String, SecretString)> = server
+            .spec
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), SecretString::from(v.clone())))
+            .collect();
+        for (i, h) in server.spec.headers_from.iter().enumerate() {
+            let value = self.secret(
+                &label(server),
+                &format!("spec.headersFrom[{i}].secretKeyRef"),
+                &ns,
+                &h.secret_key_ref,
+            )?;
+            headers.push((h.name.clone(), value));
+        }
+        Ok(ServerConfig {
+            name: server.name_any(),
+            url: server.spec.url.clone(),
+            headers,
+            timeout: Duration::from_secs(server.spec.timeout_seconds.into()),
+            mode: server.spec.mode,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+        })
+    }
+
+    fn secret(
+        &self,
+        resource: &str,
+        field: &str,
+        ns: &str,
+        r: &SecretKeyRef,
+    ) -> Result<SecretString, LoadError> {
+        let missing = |message: String| LoadError::Reference {
+            resource: resource.to_owned(),
+            field: field.to_owned(),
+            message,
+        };
+        let secret = self
+            .secrets
+            .iter()
+            .find(|s| namespace(*s) == ns && s.name_any() == r.name)
+            .ok_or_else(|| {
+                missing(format!(
+                    "no Secret {:?} in namespace {ns} (for its key {:?})",
+                    r.name, r.key
+                ))
+            })?;
+        if let Some(v) = secret.string_data.as_ref().and_then(|d| d.get(&r.key)) {
+            return Ok(SecretString::from(v.clone()));
+        }
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&r.key))
+            .ok_or_else(|| missing(format!("Secret {:?} has no key {:?}", r.name, r.key)))?;
+        String::from_utf8(bytes.0.clone())
+            .map(SecretString::from)
+            .map_err(|_| missing(format!("Secret {:?} key {:?} is not UTF-8", r.name, r.key)))
+    }
+}
+
+/// A checkpoint store, resolved and validated, ready to sweep.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// `namespace/name` of the CheckpointStore.
+    pub store: String,
+    /// Which saver's tables.
+    pub backend: Backend,
+    /// Connection string (a secret: it may hold a password).
+    pub dsn: SecretString,
+    /// Metadata key of the thread's current principal.
+    pub principal_key: String,
+    /// Threads parked for less than this are left alone (a run may still be in flight).
+    pub min_parked: Duration,
+    /// Handle classes that apply to this store.
+    pub classes: Vec<ClassPlan>,
+    /// Whether sweeps may act (`spec.mode`).
+    pub mode: StoreMode,
+    /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
+    pub audit: AuditPlan,
+}
+
+/// A HandleClass, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct ClassPlan {
+    /// HandleClass name.
+    pub name: String,
+    /// Where the record lives in state.
+    pub state_path: StatePath,
+    /// Record field names.
+    pub fields: RecordFields,
+    /// The server that answers for these handles.
+    pub server: ServerConfig,
+    /// Probe tool.
+    pub probe_tool: String,
+    /// Probe argument template.
+    pub probe_arguments: Template,
+    /// What counts as gone.
+    pub gone: GoneRule,
+    /// Declared lifetime in seconds.
+    pub declared_ttl: Option<u64>,
+    /// What custody may do about gone and absent handles.
+    pub action: ClassAction,
+}
+
+/// What a HandleClass says custody may do, compiled.
+#[derive(Clone, Debug)]
+pub struct ClassAction {
+    /// The class's policy for gone handles.
+    pub on_gone: OnGone,
+    /// The minting tool.
+    pub mint: Option<MintSpec>,
+    /// Where state keeps the recorded mint arguments.
+    pub mint_inputs_path: Option<StatePath>,
+    /// The replay, compiled.
+    pub replay: Option<Replay>,
+    /// Where custody writes its verdict record.
+    pub verdict_path: Option<StatePath>,
+}
+
+/// `spec.replay`, compiled.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    /// Tool name.
+    pub tool: String,
+    /// Where state keeps the recorded items.
+    pub items_path: StatePath,
+    /// Argument template per item.
+    pub arguments: Template,
+}
+
+impl ClassAction {
+    /// The action fields of a HandleClass spec, with its replay template as
+    /// [`validate::handle_class`] compiled it.
+    fn from_spec(spec: &HandleClassSpec, replay: Option<Template>) -> Self {
+        let replay = spec
+            .replay
+            .as_ref()
+            .zip(replay)
+            .map(|(r, arguments)| Replay {
+                tool: r.tool.clone(),
+                items_path: StatePath::new(&r.items_path),
+                arguments,
+            });
+        Self {
+            on_gone: spec.on_gone,
+            mint: spec.mint.clone(),
+            mint_inputs_path: spec.mint_inputs_path.as_deref().map(StatePath::new),
+            replay,
+            verdict_path: spec.verdict_path.as_deref().map(StatePath::new),
+        }
+    }
+
+    /// The state channels acting reads, besides the handle's own.
+    pub fn channels(&self) -> impl Iterator<Item = &str> {
+        [
+            self.mint_inputs_path.as_ref(),
+            self.replay.as_ref().map(|r| &r.items_path),
+            self.verdict_path.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(StatePath::channel)
+    }
+}
+
+/// A CheckpointStore's audit settings and the reconciliation rules of its namespace's
+/// MCPServers, resolved and validated.
+#[derive(Clone, Debug)]
+pub struct AuditPlan {
+    /// `audit.graceSeconds`.
+    pub grace: Duration,
+    /// `audit.maxAgeSeconds`.
+    pub max_age: Duration,
+    /// `audit.verdictPath`.
+    pub verdict_path: Option<String>,
+    /// Every MCPServer of the store's namespace that has reconciliation rules.
+    pub servers: Vec<ServerRules>,
+}
+
+/// One MCPServer's connection settings and its compiled reconciliation rules.
+#[derive(Clone, Debug)]
+pub struct ServerRules {
+    /// How to reach it (its name is the audit record's `server`).
+    pub server: ServerConfig,
+    /// One per write tool.
+    pub rules: Vec<LookupRule>,
+}
+
+pub(crate) fn namespace<K: ResourceExt>(r: &K) -> String {
+    r.namespace().unwrap_or_else(|| "default".into())
+}
+
+pub(crate) fn label<K: kube::Resource<DynamicType = ()> + ResourceExt>(r: &K) -> String {
+    format!("{} {}/{}", K::kind(&()), namespace(r), r.name_any())
+}
+
+/// Evaluates a Kubernetes label selector (`matchLabels` and `matchExpressions` with `In`,
+/// `NotIn`, `Exists`, `DoesNotExist`). No selector, or an empty one, selects everything.
+///
+/// # Errors
+/// An unknown operator, or `In`/`NotIn` without values.
+pub fn selects(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, String> {
+    let Some(selector) = selector else {
+        return Ok(true);
+    };
+    for (k, v) in selector.match_labels.iter().flatten() {
+        if labels.get(k) != Some(v) {
+            return Ok(false);
+        }
+    }
+    for e in selector.match_expressions.iter().flatten() {
+        let values = e.values.as_deref().unwrap_or_default();
+        let have = labels.get(&e.key);
+        let ok = match e.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => {
+                return Err(format!("operator {} on {} needs values", e.operator, e.key));
+            }
+            "In" => have.is_some_and(|h| values.contains(h)),
+            "NotIn" => have.is_none_or(|h| !values.contains(h)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            other => return Err(format!("unknown operator {other:?}")),
+        };
+        if !ok {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn label_selectors() {
+        let labels: BTreeMap<String, String> = [("team".to_owned(), "orders".to_owned())].into();
+        let sel = |ml: Option<(&str, &str)>, expr: Option<(&str, &str, Vec<&str>)>| LabelSelector {
+            match_labels: ml.map(|(k, v)| [(k.to_owned(), v.to_owned())].into()),
+            match_expressions: expr.map(|(k, op, vals)| {
+                vec![LabelSelectorRequirement {
+                    key: k.into(),
+                    operator: op.into(),
+                    values: Some(vals.into_iter().map(str::to_owned).collect()),
+                }]
+            }),
+        };
+        assert!(selects(None, &labels).unwrap());
+        assert!(selects(Some(&LabelSelector::default()), &labels).unwrap());
+        assert!(selects(Some(&sel(Some(("team", "orders")), None)), &labels).unwrap());
+        assert!(!selects(Some(&sel(Some(("team", "billing")), None)), &labels).unwrap());
+        assert!(
+            selects(
+                Some(&sel(None, Some(("team", "In", vec!["orders", "x"])))),
+                &labels
+            )
+            .unwrap()
+        );
+        assert!(
+            !selects(
+                Some(&sel(None, Some(("team", "NotIn", vec!["orders"])))),
+                &labels
+            )
+            .unwrap()
+        );
+        assert!(
+            selects(
+                Some(&sel(None, Some(("tier", "DoesNotExist", vec![])))),
+                &labels
+            )
+            .unwrap()
+        );
+        assert!(selects(Some(&sel(None, Some(("team", "Matches", vec![])))), &labels).is_err());
+    }
+}

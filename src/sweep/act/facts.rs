@@ -1,0 +1,75 @@
+//! What acting needs of a row's thread, gathered while the scan has it in hand.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::checkpoint::Channel;
+use crate::domain::handle::HandleRecord;
+use crate::domain::path::StatePath;
+use crate::domain::policy::{self, Case, Plan};
+use crate::domain::verdict::Verdict;
+use crate::plan::ClassPlan;
+
+/// What the scan saw of a row's thread that acting needs.
+#[derive(Clone, Debug, Default)]
+pub struct Facts {
+    /// The checkpoint had a pending interrupt (else it was parked by an edit).
+    pub expect_interrupt: bool,
+    /// The handle record, when there is one.
+    pub record: Option<HandleRecord>,
+    /// The principal the thread now runs for.
+    pub thread_principal: Option<String>,
+    /// The value at `mintInputsPath`.
+    pub mint_inputs: Option<Value>,
+    /// The value at `replay.itemsPath`.
+    pub items: Option<Value>,
+    /// The value at `verdictPath`.
+    pub verdict_record: Option<Value>,
+}
+
+impl Facts {
+    /// Reads what `class` needs from a thread's decoded channels.
+    pub fn gather(
+        channels: &BTreeMap<String, Channel>,
+        class: &ClassPlan,
+        expect_interrupt: bool,
+        record: Option<HandleRecord>,
+        thread_principal: Option<String>,
+    ) -> Self {
+        let at = |path: Option<&StatePath>| path.and_then(|p| state_value(channels, p)).cloned();
+        Self {
+            expect_interrupt,
+            record,
+            thread_principal,
+            mint_inputs: at(class.action.mint_inputs_path.as_ref()),
+            items: at(class.action.replay.as_ref().map(|r| &r.items_path)),
+            verdict_record: at(class.action.verdict_path.as_ref()),
+        }
+    }
+}
+
+fn state_value<'a>(channels: &'a BTreeMap<String, Channel>, path: &StatePath) -> Option<&'a Value> {
+    let Some(Channel::Value(v)) = channels.get(path.channel()) else {
+        return None;
+    };
+    path.get_in(v)
+}
+
+/// The plan for a row: [`policy::decide`] on what the row, its class and its facts say.
+pub fn decide(
+    verdict: Verdict,
+    class: &ClassPlan,
+    facts: &Facts,
+) -> Option<(Plan, Option<String>)> {
+    let record = facts.record.as_ref();
+    policy::decide(&Case {
+        verdict,
+        on_gone: class.action.on_gone,
+        class: &class.name,
+        handle: record.map(|r| r.value.as_str()),
+        minted_for: record.and_then(|r| r.principal.as_deref()),
+        thread_principal: facts.thread_principal.as_deref(),
+        written: facts.verdict_record.as_ref(),
+    })
+}

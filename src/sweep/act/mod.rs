@@ -1,0 +1,819 @@
+//! Acting on verdicts: re-mint and replay, escalate, fail — crash-safe through the ledger.
+//!
+//! What is acted on, and why, is [`crate::domain::policy`]; where each step of a re-mint leads
+//! after a crash or a failure is [`crate::domain::recovery`]. This module carries them out.
+//!
+//! Each action is a small state machine recorded in the [ledger](crate::ledger): `intent` is
+//! written before any side effect; a re-mint then records the handle (`minted`), each replay
+//! call before and after it is sent, and `replayed`; the entry becomes `done` in the transaction
+//! that appends the thread's checkpoint. [`Actor::settle`] drives unfinished entries from where
+//! they stopped, so a `kill -9` anywhere neither loses the thread nor mints twice:
+//! - killed before the mint was recorded: the mint is repeated with the same idempotency key,
+//!   which returns the same handle (a class without `idempotencyKeyArgument` is escalated
+//!   instead, since a second mint would be a second handle);
+//! - killed between a replay call and its record: that call's effect is unknown, so the thread is
+//!   escalated with the reason rather than the item replayed twice;
+//! - killed around the append: the ledger and the checkpoint commit together, so the entry is
+//!   done exactly when the checkpoint exists.
+
+mod facts;
+mod outcome;
+mod patch;
+mod stored;
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+
+pub use facts::{Facts, decide};
+pub use outcome::{Outcome, RowAction, SettledEntry};
+pub use stored::idempotency_key;
+
+use super::Row;
+use super::failpoint::stop_at;
+pub use super::sink::{ActionEvent, ActionSink, LogSink};
+use crate::checkpoint::writer::{
+    self, ActLock, AppendRequest, Appended, InterruptCarry, Patch, WriteError, WritePool,
+};
+use crate::checkpoint::{Shard, StoreError};
+pub use crate::domain::policy::Plan;
+use crate::domain::policy::Written;
+use crate::domain::recovery::{self, MintCall, MintTool, Next};
+use crate::domain::verdict::first_line;
+use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Settled, State};
+use crate::mcp::{Connection, ToolResult};
+use crate::plan::{ClassPlan, Replay, Target};
+use stored::{LedgerPlan, ledger_plan, ledger_plan_base, replay_calls};
+
+/// A store this process may act on: its writable pool, ledger and act lock.
+pub struct Actor<'a> {
+    target: &'a Target,
+    pool: WritePool,
+    ledger: Ledger,
+    lock: Option<tokio::sync::Mutex<ActLock>>,
+    /// The shard this process acts on; unfinished ledger entries of other shards' threads are
+    /// theirs to settle.
+    shard: Shard,
+    sink: &'a dyn ActionSink,
+}
+
+/// Why acting could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    /// The database could not be opened for writing.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// custody's tables could not be migrated or read.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The database refuses writes: `default_transaction_read_only`, a hot standby, or a role
+    /// without write privileges (SQLSTATE 25006 or 42501). Observing sweeps still work.
+    #[error(
+        "the checkpoint database refuses writes ({0}): custody cannot act on it and wrote nothing; an observing sweep still works"
+    )]
+    ReadOnly(String),
+}
+
+/// The database's message when `e` is a refused write (SQLSTATE 25006
+/// `read_only_sql_transaction`, 42501 `insufficient_privilege`), anywhere in its causes.
+fn refused_write(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(db) = c
+            .downcast_ref::<sqlx::Error>()
+            .and_then(sqlx::Error::as_database_error)
+            && matches!(db.code().as_deref(), Some("25006" | "42501"))
+        {
+            return Some(db.message().to_owned());
+        }
+        cause = c.source();
+    }
+    None
+}
+
+impl<'a> Actor<'a> {
+    /// Opens the writable pool, migrates the ledger and tries to take the act lock of `shard`
+    /// ([`WritePool::try_lock`]).
+    ///
+    /// # Errors
+    /// [`ActError`]; [`ActError::ReadOnly`] when the database refuses custody's tables.
+    pub async fn open(
+        target: &'a Target,
+        dsn: &str,
+        shard: Shard,
+        sink: &'a dyn ActionSink,
+    ) -> Result<Self, ActError> {
+        let pool = WritePool::connect(target.backend, dsn).await?;
+        let ledger = Ledger::open(pool.clone())
+            .await
+            .map_err(|e| refused_write(&e).map_or(ActError::Ledger(e), ActError::ReadOnly))?;
+        let lock = pool.try_lock(shard).await?;
+        if lock.is_none() {
+            tracing::warn!(store = %target.store, "another custody process is acting on this store; planning only");
+        }
+        Ok(Self {
+            target,
+            pool,
+            ledger,
+            lock: lock.map(tokio::sync::Mutex::new),
+            shard,
+            sink,
+        })
+    }
+
+    /// Releases the act lock.
+    pub async fn close(self) {
+        if let Some(lock) = self.lock {
+            lock.into_inner().release().await;
+        }
+    }
+
+    /// Before each side effect: an error outcome when the act lock was lost (PostgreSQL
+    /// restarted, the connection was cut). Another process may hold it now and be driving the
+    /// same ledger entries, so this one must not continue from what it has in memory; the entry
+    /// stays unfinished and the next sweep that holds the lock settles it from the ledger.
+    async fn lock_lost(&self) -> Option<Outcome> {
+        let lock = self.lock.as_ref()?;
+        let why = lock.lock().await.check().await.err()?;
+        tracing::warn!(store = %self.target.store, why = %why, "act lock lost; not acting further");
+        Some(error(format!(
+            "stopped acting: the act lock was lost ({why}); the next sweep finishes this action"
+        )))
+    }
+
+    /// The writable pool (audit settlement uses it without the act lock: its records are
+    /// claimed row by row, see [`crate::sweep::audit`]).
+    pub fn pool(&self) -> &WritePool {
+        &self.pool
+    }
+
+    /// Whether this process holds the act lock.
+    pub fn holds_lock(&self) -> bool {
+        self.lock.is_some()
+    }
+
+    /// Drives every unfinished ledger entry to an end.
+    ///
+    /// # Errors
+    /// The ledger cannot be read.
+    pub async fn settle(&self) -> Result<Vec<SettledEntry>, LedgerError> {
+        if !self.holds_lock() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for entry in self.ledger.unsettled().await? {
+            if !self.shard.contains(&entry.thread_id) {
+                continue;
+            }
+            let plan = match entry.action {
+                Action::Remint => Plan::Remint,
+                Action::Escalate => Plan::Escalate,
+                Action::Fail => Plan::Fail,
+            };
+            let (thread_id, class) = (entry.thread_id.clone(), entry.handle_class.clone());
+            tracing::info!(thread_id = %thread_id, handle_class = %class, key = %entry.key, "settling an unfinished ledger entry");
+            let outcome = self.drive(entry, true).await;
+            let action = RowAction { plan, outcome };
+            self.sink.record(&ActionEvent {
+                store: &self.target.store,
+                thread_id: &thread_id,
+                handle_class: &class,
+                action: &action,
+                reason: "settled after an interrupted sweep",
+            });
+            out.push(SettledEntry {
+                thread_id,
+                handle_class: class,
+                action,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Carries out `plan` for one row.
+    pub async fn act(&self, row: &Row, class: &ClassPlan, facts: &Facts, plan: Plan) -> Outcome {
+        if !self.holds_lock() {
+            return Outcome::Skipped {
+                reason: "another custody process is acting on this store".into(),
+            };
+        }
+        if class.action.verdict_path.is_none() && plan != Plan::Remint {
+            return Outcome::Skipped {
+                reason: "the handle class has no verdictPath to write the verdict to".into(),
+            };
+        }
+        let key = idempotency_key(
+            &row.thread_id,
+            &row.checkpoint_ns,
+            &row.checkpoint_id,
+            &class.name,
+        );
+        let ledger_plan = match ledger_plan(row, class, facts, plan, &key) {
+            Ok(p) => p,
+            // Inputs a re-mint needs are missing: escalate (with nothing minted) instead.
+            Err(why) => {
+                let mut p = ledger_plan_base(row, class, facts);
+                p.mint_arguments = None;
+                return self
+                    .start(row, class, Plan::Escalate, &key, p, Some(why))
+                    .await;
+            }
+        };
+        self.start(row, class, plan, &key, ledger_plan, None).await
+    }
+
+    async fn start(
+        &self,
+        row: &Row,
+        class: &ClassPlan,
+        plan: Plan,
+        key: &str,
+        ledger_plan: LedgerPlan,
+        instead_of_remint: Option<String>,
+    ) -> Outcome {
+        if plan == Plan::Escalate && ledger_plan.verdict_path.is_none() {
+            return Outcome::Skipped {
+                reason: format!(
+                    "cannot re-mint ({}) and the handle class has no verdictPath to escalate to",
+                    instead_of_remint.unwrap_or_default()
+                ),
+            };
+        }
+        let plan_json = json!({"plan": ledger_plan, "instead_of_remint": instead_of_remint});
+        let new = NewEntry {
+            key,
+            thread_id: &row.thread_id,
+            checkpoint_ns: &row.checkpoint_ns,
+            checkpoint_id: &row.checkpoint_id,
+            handle_class: &class.name,
+            action: ledger_action(plan),
+            plan: &plan_json,
+        };
+        let entry = match self.ledger.record_intent(&new).await {
+            Ok(None) => match self.ledger.get(key).await {
+                Ok(Some(e)) => e,
+                Ok(None) => return error("the ledger entry vanished after it was written"),
+                Err(e) => return error(e),
+            },
+            Ok(Some(existing)) if existing.state == State::Done => {
+                return Outcome::Skipped {
+                    reason: format!(
+                        "already handled for this checkpoint ({})",
+                        existing.outcome.as_deref().unwrap_or("done")
+                    ),
+                };
+            }
+            // An unfinished entry for the same checkpoint: finish it rather than start anew.
+            Ok(Some(existing)) => return self.drive(existing, true).await,
+            Err(e) => return error(e),
+        };
+        failpoint("after-intent");
+        self.drive(entry, false).await
+    }
+
+    /// Runs an entry's state machine from where it stands. `resumed`: the entry was found
+    /// unfinished (a crash or an earlier error), not just written by this process.
+    async fn drive(&self, mut entry: Entry, resumed: bool) -> Outcome {
+        if let Some(lost) = self.lock_lost().await {
+            return lost;
+        }
+        let (plan, instead): (LedgerPlan, Option<String>) = match (
+            entry.plan.get("plan").cloned().map(serde_json::from_value),
+            entry.plan.get("instead_of_remint").and_then(Value::as_str),
+        ) {
+            (Some(Ok(p)), why) => (p, why.map(str::to_owned)),
+            _ => {
+                return self
+                    .abandon(&entry.key, "the ledger entry's plan is unreadable")
+                    .await;
+            }
+        };
+        let Some(class) = self
+            .target
+            .classes
+            .iter()
+            .find(|c| c.name == entry.handle_class)
+        else {
+            return self
+                .abandon(
+                    &entry.key,
+                    "its HandleClass no longer applies to this store",
+                )
+                .await;
+        };
+        match entry.action {
+            Action::Escalate => {
+                self.write_verdict(
+                    &entry,
+                    &plan,
+                    Written::Escalated,
+                    instead.clone(),
+                    Settled::Escalated,
+                )
+                .await
+            }
+            Action::Fail => {
+                self.write_verdict(&entry, &plan, Written::Failed, None, Settled::Failed)
+                    .await
+            }
+            Action::Remint => {
+                if entry.state == State::Intent {
+                    match self.mint(&entry, &plan, class, resumed).await {
+                        Ok(e) => entry = e,
+                        Err(next) => return self.follow(&entry, &plan, next).await,
+                    }
+                }
+                if entry.state == State::Minted
+                    && let Some(lost) = self.lock_lost().await
+                {
+                    return lost;
+                }
+                if entry.state == State::Minted
+                    && let Err(next) = self.replay(&mut entry, class).await
+                {
+                    return self.follow(&entry, &plan, next).await;
+                }
+                self.write_handle(&entry, &plan).await
+            }
+        }
+    }
+
+    async fn mint(
+        &self,
+        entry: &Entry,
+        plan: &LedgerPlan,
+        class: &ClassPlan,
+        resumed: bool,
+    ) -> Result<Entry, Next> {
+        let tool = class.action.mint.as_ref().zip(plan.mint_arguments.as_ref());
+        let (mint, arguments) = recovery::before_mint(
+            tool.map(|(m, arguments)| {
+                let tool = MintTool {
+                    tool: &m.tool,
+                    handle_field: &m.handle_field,
+                    idempotent: m.idempotency_key_argument.is_some(),
+                };
+                (tool, arguments)
+            }),
+            resumed,
+        )?;
+        let handle = match Connection::connect(&class.server).await {
+            Err(e) => recovery::after_mint(mint, MintCall::NotSent(&e.to_string())),
+            Ok(conn) => {
+                let answer = conn.call_tool(mint.tool, arguments.clone()).await;
+                conn.close().await;
+                failpoint("after-mint");
+                match &answer {
+                    Ok(ToolResult {
+                        is_error: false,
+                        structured,
+                        ..
+                    }) => recovery::after_mint(
+                        mint,
+                        MintCall::Answered(
+                            structured
+                                .as_ref()
+                                .and_then(|s| s.get(mint.handle_field))
+                                .and_then(Value::as_str),
+                        ),
+                    ),
+                    Ok(ToolResult { text, .. }) => {
+                        recovery::after_mint(mint, MintCall::AnsweredError(text))
+                    }
+                    Err(e) => recovery::after_mint(mint, MintCall::Failed(&e.to_string())),
+                }
+            }
+        }?;
+        let calls =
+            replay_calls(class, plan, &handle, &entry.thread_id).map_err(Next::EscalateInstead)?;
+        self.ledger
+            .set_minted(&entry.key, &handle, &calls)
+            .await
+            .map_err(|e| Next::RetryNextRun(e.to_string()))?;
+        let mut e = entry.clone();
+        e.state = State::Minted;
+        e.new_handle = Some(handle);
+        e.replay_calls = calls;
+        Ok(e)
+    }
+
+    /// Carries out what the recovery rules say when a re-mint does not continue.
+    async fn follow(&self, entry: &Entry, plan: &LedgerPlan, next: Next) -> Outcome {
+        match next {
+            Next::RetryNextRun(why) => error(why),
+            Next::ForgetIntent(why) => match self.ledger.forget_intent(&entry.key).await {
+                Ok(()) => error(why),
+                Err(le) => error(format!("{why}; {le}")),
+            },
+            Next::EscalateInstead(why) => {
+                match recovery::escalate_instead(why, plan.verdict_path.is_some()) {
+                    Ok(why) => {
+                        self.write_verdict(
+                            entry,
+                            plan,
+                            Written::Escalated,
+                            Some(why),
+                            Settled::Escalated,
+                        )
+                        .await
+                    }
+                    Err(abandoned) => self.abandon(&entry.key, &abandoned).await,
+                }
+            }
+        }
+    }
+
+    async fn replay(&self, entry: &mut Entry, class: &ClassPlan) -> Result<(), Next> {
+        let handle = entry.new_handle.as_deref().unwrap_or("the new handle");
+        recovery::before_replay(
+            entry.replay_started,
+            entry.replay_done,
+            entry.replay_calls.len(),
+            handle,
+        )?;
+        let first = entry.replay_done as usize;
+        if first < entry.replay_calls.len() {
+            let Some(replay) = &class.action.replay else {
+                return Err(Next::EscalateInstead(
+                    "the handle class no longer has a replay".into(),
+                ));
+            };
+            let conn = Connection::connect(&class.server)
+                .await
+                .map_err(|e| Next::EscalateInstead(format!("replay not attempted: {e}")))?;
+            let result = self.replay_from(entry, replay, &conn, first).await;
+            conn.close().await;
+            result.map_err(Next::EscalateInstead)?;
+        }
+        self.ledger
+            .set_replayed(&entry.key)
+            .await
+            .map_err(|e| Next::EscalateInstead(e.to_string()))?;
+        entry.state = State::Replayed;
+        failpoint("after-replay");
+        Ok(())
+    }
+
+    async fn replay_from(
+        &self,
+        entry: &mut Entry,
+        replay: &Replay,
+        conn: &Connection,
+        first: usize,
+    ) -> Result<(), String> {
+        for (i, call) in entry.replay_calls.iter().enumerate().skip(first) {
+            let index = u32::try_from(i).map_err(|_| "too many replay items".to_owned())?;
+            self.ledger
+                .replay_started(&entry.key, index)
+                .await
+                .map_err(|e| e.to_string())?;
+            let arguments = call.as_object().cloned().unwrap_or_default();
+            let answer = conn.call_tool(&replay.tool, arguments).await;
+            failpoint("mid-replay");
+            match answer {
+                Ok(ToolResult {
+                    is_error: false, ..
+                }) => {}
+                Ok(ToolResult { text, .. }) => {
+                    return Err(format!(
+                        "replay {} of item {} answered isError: {}",
+                        replay.tool,
+                        i + 1,
+                        first_line(&text)
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "replay {} of item {} failed: {e}",
+                        replay.tool,
+                        i + 1
+                    ));
+                }
+            }
+            self.ledger
+                .replay_done(&entry.key, index)
+                .await
+                .map_err(|e| e.to_string())?;
+            entry.replay_started = index + 1;
+            entry.replay_done = index + 1;
+        }
+        Ok(())
+    }
+
+    async fn write_handle(&self, entry: &Entry, plan: &LedgerPlan) -> Outcome {
+        let Some(handle) = entry.new_handle.clone() else {
+            return self
+                .abandon(&entry.key, "re-mint reached the append without a handle")
+                .await;
+        };
+        let now = Utc::now();
+        let mut patches = vec![patch::handle(plan, &handle, now)];
+        patches.extend(patch::verdict(
+            entry,
+            plan,
+            Written::Reminted,
+            &plan.reason,
+            Some(&handle),
+            now,
+        ));
+        let replayed = u32::try_from(entry.replay_calls.len()).unwrap_or(u32::MAX);
+        self.append(
+            entry,
+            plan,
+            &patches,
+            Settled::Reminted,
+            now,
+            Outcome::Reminted { handle, replayed },
+        )
+        .await
+    }
+
+    async fn write_verdict(
+        &self,
+        entry: &Entry,
+        plan: &LedgerPlan,
+        verdict: Written,
+        instead_of_remint: Option<String>,
+        settled: Settled,
+    ) -> Outcome {
+        let now = Utc::now();
+        let reason = match &instead_of_remint {
+            Some(why) => format!("{}; re-mint not possible: {why}", plan.reason),
+            None => plan.reason.clone(),
+        };
+        let patches = patch::verdict(entry, plan, verdict, &reason, plan.handle.as_deref(), now);
+        if patches.is_empty() {
+            return self
+                .abandon(&entry.key, "no verdictPath to write the verdict to")
+                .await;
+        }
+        let done = match settled {
+            Settled::Failed => Outcome::Failed,
+            _ => Outcome::Escalated { instead_of_remint },
+        };
+        self.append(entry, plan, &patches, settled, now, done).await
+    }
+
+    async fn append(
+        &self,
+        entry: &Entry,
+        plan: &LedgerPlan,
+        patches: &[Patch],
+        settled: Settled,
+        now: DateTime<Utc>,
+        done: Outcome,
+    ) -> Outcome {
+        failpoint("before-append");
+        if let Some(lost) = self.lock_lost().await {
+            return lost;
+        }
+        let mut tags = Map::new();
+        tags.insert("custody_action".into(), Value::from(entry.action.as_str()));
+        tags.insert("custody_key".into(), Value::from(entry.key.as_str()));
+        let req = AppendRequest {
+            thread_id: &entry.thread_id,
+            expected_checkpoint_id: &entry.checkpoint_id,
+            expected_interrupt: plan.expect_interrupt,
+            patches,
+            tags,
+            now,
+        };
+        let mut tx = match self.pool.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return error(format!("append: {e}")),
+        };
+        let (settle_as, detail, new_id, outcome) = match writer::append(&mut tx, &req).await {
+            Ok(Appended::Written {
+                checkpoint_id,
+                interrupt,
+            }) => {
+                let note = match interrupt {
+                    InterruptCarry::Recreated => "interrupt re-created".to_owned(),
+                    InterruptCarry::NonePending => "no interrupt was pending".to_owned(),
+                    InterruptCarry::NotReproduced(why) => {
+                        tracing::warn!(thread_id = %entry.thread_id, why = %why, "pending interrupt not re-created; the thread reads as edited");
+                        format!("interrupt not re-created: {why}")
+                    }
+                };
+                (settled, note, Some(checkpoint_id), done)
+            }
+            Ok(Appended::Moved(why)) => (
+                Settled::Moved,
+                why.clone(),
+                None,
+                Outcome::Skipped {
+                    reason: format!("thread moved ({why})"),
+                },
+            ),
+            Err(WriteError::Unsupported(why)) => (
+                Settled::Abandoned,
+                why.clone(),
+                None,
+                Outcome::Skipped {
+                    reason: format!("cannot write to this thread: {why}"),
+                },
+            ),
+            Err(e @ WriteError::Query(_)) => return error(format!("append: {e}")),
+        };
+        if let Err(e) =
+            Ledger::finish_in(&mut tx, &entry.key, settle_as, &detail, new_id.as_deref()).await
+        {
+            return error(e);
+        }
+        failpoint("append-uncommitted");
+        if let Err(e) = tx.commit().await {
+            return error(format!("append: {e}"));
+        }
+        failpoint("after-append");
+        outcome
+    }
+
+    async fn abandon(&self, key: &str, why: &str) -> Outcome {
+        match self.ledger.finish(key, Settled::Abandoned, why).await {
+            Ok(()) => Outcome::Skipped {
+                reason: why.to_owned(),
+            },
+            Err(e) => error(e),
+        }
+    }
+}
+
+/// The ledger's name for a plan.
+fn ledger_action(plan: Plan) -> Action {
+    match plan {
+        Plan::Remint => Action::Remint,
+        Plan::Escalate => Action::Escalate,
+        Plan::Fail => Action::Fail,
+    }
+}
+
+fn error(e: impl fmt::Display) -> Outcome {
+    Outcome::Error {
+        reason: e.to_string(),
+    }
+}
+
+/// Stops the process at a named step of an action (`act::<name>`), see [`stop_at`].
+fn failpoint(name: &str) {
+    stop_at(&format!("act::{name}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::handle::{HandleRecord, RecordFields};
+    use crate::domain::path::StatePath;
+    use crate::domain::policy::OnGone;
+    use crate::domain::template::Template;
+    use crate::domain::verdict::GoneRule;
+    use crate::domain::verdict::Verdict;
+    use crate::plan::ClassAction;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    fn class(on_gone: OnGone) -> ClassPlan {
+        ClassPlan {
+            name: "basket".into(),
+            state_path: StatePath::new("basket"),
+            fields: RecordFields::default(),
+            server: crate::mcp::ServerConfig {
+                name: "basket".into(),
+                url: "http://127.0.0.1:1/mcp".into(),
+                headers: vec![],
+                timeout: Duration::from_secs(1),
+                mode: crate::crd::ProtocolMode::Auto,
+                max_response_bytes: 1024,
+            },
+            probe_tool: "get_basket".into(),
+            probe_arguments: Template::parse(&BTreeMap::new()).unwrap(),
+            gone: GoneRule::new(&Default::default()).unwrap(),
+            declared_ttl: None,
+            action: ClassAction {
+                on_gone,
+                mint: None,
+                mint_inputs_path: None,
+                replay: None,
+                verdict_path: Some(StatePath::new("custody")),
+            },
+        }
+    }
+
+    fn facts(record_principal: Option<&str>, thread_principal: Option<&str>) -> Facts {
+        Facts {
+            record: Some(HandleRecord {
+                value: "bsk_1".into(),
+                principal: record_principal.map(str::to_owned),
+                minted_at: None,
+                assumed_ttl_seconds: None,
+                raw: json!({"value": "bsk_1"}),
+            }),
+            thread_principal: thread_principal.map(str::to_owned),
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        use Verdict::*;
+        let f = facts(Some("u1"), Some("u1"));
+        let cases = [
+            ("ok is left alone", Ok, OnGone::Remint, &f, None),
+            ("unknown is never acted on", Unknown, OnGone::Fail, &f, None),
+            (
+                "gone follows onGone",
+                Gone,
+                OnGone::Remint,
+                &f,
+                Some(Plan::Remint),
+            ),
+            (
+                "gone follows onGone",
+                Gone,
+                OnGone::Fail,
+                &f,
+                Some(Plan::Fail),
+            ),
+            (
+                "absent escalates",
+                Absent,
+                OnGone::Remint,
+                &f,
+                Some(Plan::Escalate),
+            ),
+        ];
+        for (name, verdict, on_gone, facts, want) in cases {
+            let got = decide(verdict, &class(on_gone), facts).map(|(p, skip)| {
+                assert!(skip.is_none());
+                p
+            });
+            assert_eq!(got, want, "{name}");
+        }
+        let other = facts_other();
+        assert_eq!(
+            decide(Gone, &class(OnGone::Remint), &other),
+            Some((Plan::Escalate, None)),
+            "another principal is escalated, not reminted"
+        );
+    }
+
+    fn facts_other() -> Facts {
+        facts(Some("u1"), Some("u2"))
+    }
+
+    #[test]
+    fn an_escalated_thread_is_not_escalated_again() {
+        let mut f = facts(None, None);
+        f.verdict_record =
+            Some(json!({"verdict": "escalated", "handle_class": "basket", "handle": "bsk_1"}));
+        assert_eq!(
+            decide(Verdict::Gone, &class(OnGone::Escalate), &f),
+            Some((Plan::Escalate, Some("already escalated".into())))
+        );
+        // A different handle since (someone fixed it, and the new one died too): act again.
+        f.verdict_record =
+            Some(json!({"verdict": "escalated", "handle_class": "basket", "handle": "bsk_0"}));
+        assert_eq!(
+            decide(Verdict::Gone, &class(OnGone::Escalate), &f),
+            Some((Plan::Escalate, None))
+        );
+    }
+
+    #[test]
+    fn keys_are_stable_and_distinct() {
+        let a = idempotency_key("t", "", "c1", "basket");
+        assert_eq!(a, idempotency_key("t", "", "c1", "basket"));
+        assert_ne!(a, idempotency_key("t", "", "c2", "basket"));
+        assert_ne!(a, idempotency_key("t", "", "c1", "ticket"));
+        assert_ne!(
+            idempotency_key("ab", "", "c", "x"),
+            idempotency_key("a", "b", "c", "x")
+        );
+        assert_eq!(a.len(), "custody-".len() + 32);
+    }
+
+    #[test]
+    fn action_text() {
+        let r = |plan, outcome| RowAction { plan, outcome }.to_string();
+        assert_eq!(r(Plan::Remint, Outcome::Planned), "planned: remint");
+        assert_eq!(
+            r(
+                Plan::Remint,
+                Outcome::Reminted {
+                    handle: "bsk_2".into(),
+                    replayed: 2
+                }
+            ),
+            "reminted bsk_2 (2 replayed)"
+        );
+        assert_eq!(
+            r(
+                Plan::Escalate,
+                Outcome::Skipped {
+                    reason: "thread moved (x)".into()
+                }
+            ),
+            "skipped: thread moved (x)"
+        );
+    }
+}

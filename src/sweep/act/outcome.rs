@@ -1,0 +1,107 @@
+//! The report vocabulary of acting: how an action ended, as a report row, an Event and a
+//! metric label show it.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::domain::policy::Plan;
+
+/// How acting on a row (or settling a ledger entry) ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Not acting (dry run, `mode: observe`, or no `--apply`): what would be done.
+    Planned,
+    /// A new handle is in the thread, the recorded items replayed onto it.
+    Reminted {
+        /// The new handle.
+        handle: String,
+        /// Replay calls made.
+        replayed: u32,
+    },
+    /// Verdict `escalated` is in the thread.
+    Escalated {
+        /// Why a planned re-mint became an escalation, when it did.
+        instead_of_remint: Option<String>,
+    },
+    /// Verdict `failed` is in the thread.
+    Failed,
+    /// Nothing was written; the reason says why (thread moved, already escalated, …).
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// The action could not be completed now; the ledger entry stays open for the next sweep.
+    Error {
+        /// What failed.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// A bounded name for metric labels and Event reasons.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Planned => "planned",
+            Self::Reminted { .. } => "reminted",
+            Self::Escalated { .. } => "escalated",
+            Self::Failed => "failed",
+            Self::Skipped { .. } => "skipped",
+            Self::Error { .. } => "error",
+        }
+    }
+
+    /// Whether a person should look (a Warning rather than a Normal Event).
+    pub fn is_warning(&self) -> bool {
+        matches!(self, Self::Failed | Self::Error { .. })
+            || matches!(
+                self,
+                Self::Escalated {
+                    instead_of_remint: Some(_)
+                }
+            )
+    }
+}
+
+/// The action column of a report row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RowAction {
+    /// What custody does (or would do) about the row.
+    pub plan: Plan,
+    /// How it went.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for RowAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.outcome {
+            Outcome::Planned => write!(f, "planned: {}", self.plan.as_str()),
+            Outcome::Reminted { handle, replayed } => {
+                write!(f, "reminted {handle} ({replayed} replayed)")
+            }
+            Outcome::Escalated {
+                instead_of_remint: None,
+            } => f.write_str("escalated"),
+            Outcome::Escalated {
+                instead_of_remint: Some(why),
+            } => write!(f, "escalated: {why}"),
+            Outcome::Failed => f.write_str("failed"),
+            Outcome::Skipped { reason } => write!(f, "skipped: {reason}"),
+            Outcome::Error { reason } => write!(f, "error: {reason}"),
+        }
+    }
+}
+
+/// A ledger entry a sweep settled before scanning.
+#[derive(Clone, Debug, Serialize)]
+pub struct SettledEntry {
+    /// LangGraph thread id.
+    pub thread_id: String,
+    /// HandleClass name.
+    pub handle_class: String,
+    /// The action and how it ended.
+    #[serde(flatten)]
+    pub action: RowAction,
+}
