@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use serde::Deserialize;
 use serde_json::Value;
 
 /// The archive unpacked into a fresh directory: `<dir>/archive` (manifest.json, the config, the
@@ -277,4 +278,37 @@ fn the_mcp_client_needs_and_finds_the_ca_bundle() {
         without.contains("HTTP client: builder error") && !without.contains("connect failed"),
         "{without}"
     );
+}
+
+/// deploy/examples/registry moves both places that name the image, the controller's `image:`
+/// and its `--image=` argument (the sweep CronJobs' image), and nothing else still names the
+/// default one.
+#[test]
+fn the_registry_overlay_renames_the_image_everywhere() {
+    let kubectl = Path::new(&support::var("CUSTODY_TEST_K8S_BIN")).join("kubectl");
+    let out = run_ok(
+        Command::new(kubectl)
+            .args(["kustomize", "deploy/examples/registry"])
+            .current_dir(env!("CARGO_MANIFEST_DIR")),
+    );
+    let rendered = String::from_utf8_lossy(&out.stdout);
+    let deployment = serde_yaml::Deserializer::from_str(&rendered)
+        .map(|doc| {
+            serde_yaml::from_value::<Value>(serde_yaml::Value::deserialize(doc).unwrap()).unwrap()
+        })
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the overlay renders the controller's Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example.com/custody:0.1.0");
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&"--image=registry.example.com/custody:0.1.0"),
+        "{args:?}"
+    );
+    assert!(!rendered.contains("=custody:0.1.0") && !rendered.contains("image: custody:"));
 }
