@@ -7,6 +7,9 @@
 # 3b. a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and
 #    kubectl + helm, built once from Go modules (tests/cluster/build.sh, ~12 min, cached), on
 #    127.0.0.1, stopped on exit                                  (tests/cluster/up.sh, down.sh)
+# 3c. custody's container image, built once (deploy/build-image.sh: a static musl release build,
+#    then buildah; the first build takes ~25 min on 2 cores, later ones seconds), written as a
+#    docker-archive for the tests that import it
 # 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets --features failpoints
 # 5. every cargo-fuzz target for 20 s (tests/fuzz.sh: a pinned nightly and cargo-fuzz, installed
 #    once into rustup and ${CUSTODY_CACHE})
@@ -22,6 +25,9 @@
 #   CUSTODY_TEST_ORDER_GRAPH   tests/py/order_graph.py (absolute)
 #   CUSTODY_TEST_KUBECONFIG    admin kubeconfig of the test control plane
 #   CUSTODY_TEST_K8S_BIN       directory with kubectl and helm (and the control plane's binaries)
+#   CUSTODY_TEST_IMAGE         the image reference deploy/build-image.sh printed (the chart's
+#                              default, custody:0.1.0)
+#   CUSTODY_TEST_IMAGE_ARCHIVE that image as a docker-archive tar (ctr -n k8s.io images import)
 # Caches live in ${CUSTODY_CACHE:-$HOME/.cache/custody}.
 set -euo pipefail
 
@@ -83,6 +89,13 @@ cluster_dir="$(mktemp -d -t custody-k8s.XXXXXX)"
 kubeconfig="$(tests/cluster/up.sh "$cluster_dir")"
 echo "$kubeconfig"
 
+step "container image (deploy/build-image.sh: first build ~25 min, then seconds)"
+image_archive="$CUSTODY_CACHE/image/custody.tar"
+image="$(bash deploy/build-image.sh --archive "$image_archive")"
+echo "$image $image_archive"
+
+export CUSTODY_TEST_IMAGE="$image"
+export CUSTODY_TEST_IMAGE_ARCHIVE="$image_archive"
 export CUSTODY_TEST_PYTHON="$venv/bin/python"
 export CUSTODY_TEST_PG_URL="$pg_url"
 export CUSTODY_TEST_EVERYTHING="$everything"
