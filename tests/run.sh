@@ -7,9 +7,12 @@
 # 3b. a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and
 #    kubectl + helm, built once from Go modules (tests/cluster/build.sh, ~12 min, cached), on
 #    127.0.0.1, stopped on exit                                  (tests/cluster/up.sh, down.sh)
-# 3c. custody's container image, built once (deploy/build-image.sh: a static musl release build,
-#    then buildah; the first build takes ~25 min on 2 cores, later ones seconds), written as a
-#    docker-archive for the tests that import it
+# 3c. one real node (kube-scheduler, kubelet, containerd, runc, CNI) in namespaces of its own,
+#    and custody's image built from this tree and imported into it, stopped on exit with a
+#    check that no process, mount or cgroup is left  (tests/cluster/node.sh; deploy/build-image.sh)
+#    Missing Debian packages it needs are installed (as root, apt-get).
+#    The image is a static musl release build, then buildah (deploy/build-image.sh; the first
+#    build takes long on 2 cores, later ones seconds), kept as a docker-archive for tests/image.rs.
 # 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets --features failpoints
 # 5. every cargo-fuzz target for 20 s (tests/fuzz.sh: a pinned nightly and cargo-fuzz, installed
 #    once into rustup and ${CUSTODY_CACHE})
@@ -25,8 +28,11 @@
 #   CUSTODY_TEST_ORDER_GRAPH   tests/py/order_graph.py (absolute)
 #   CUSTODY_TEST_KUBECONFIG    admin kubeconfig of the test control plane
 #   CUSTODY_TEST_K8S_BIN       directory with kubectl and helm (and the control plane's binaries)
-#   CUSTODY_TEST_IMAGE         the image reference deploy/build-image.sh printed (the chart's
-#                              default, custody:0.1.0)
+#   CUSTODY_TEST_NODE          1: the cluster has a node (tests/pods.rs runs real Pods)
+#   CUSTODY_TEST_NODE_SH       tests/cluster/node.sh (absolute): `expose DIR PORT` makes a host
+#                              loopback port reachable from Pods
+#   CUSTODY_TEST_CLUSTER_DIR   the DIR of tests/cluster/up.sh and node.sh
+#   CUSTODY_TEST_IMAGE         custody's image, built in this run and imported into the node
 #   CUSTODY_TEST_IMAGE_ARCHIVE that image as a docker-archive tar (ctr -n k8s.io images import)
 # Caches live in ${CUSTODY_CACHE:-$HOME/.cache/custody}.
 set -euo pipefail
@@ -75,10 +81,17 @@ cleanup() {
     tests/harness/pg.sh stop "$pg_dir" || true
     rm -rf "$pg_dir"
     if [[ -n "$cluster_dir" ]]; then
+        # node.sh down fails when a process, mount or cgroup of the node is left behind
+        tests/cluster/node.sh down "$cluster_dir" || leftover=1
         tests/cluster/down.sh "$cluster_dir" || true
         rm -rf "$cluster_dir"
     fi
+    if ((leftover)); then
+        echo "run.sh: the test node left something behind (above)" >&2
+        exit 1
+    fi
 }
+leftover=0
 trap cleanup EXIT
 pg_url="$(tests/harness/pg.sh start "$pg_dir")"
 echo "$pg_url"
@@ -89,11 +102,32 @@ cluster_dir="$(mktemp -d -t custody-k8s.XXXXXX)"
 kubeconfig="$(tests/cluster/up.sh "$cluster_dir")"
 echo "$kubeconfig"
 
-step "container image (deploy/build-image.sh: first build ~25 min, then seconds)"
+step "test node: kube-scheduler, kubelet, containerd (tests/cluster/node.sh) and custody's image"
+node_packages=()
+for need in containerd:containerd runc:runc /usr/lib/cni/bridge:containernetworking-plugins \
+    socat:socat buildah:buildah musl-gcc:musl-tools; do
+    tool=${need%%:*}
+    if [[ $tool == /* ]]; then [[ -x $tool ]] && continue; else command -v "$tool" >/dev/null && continue; fi
+    node_packages+=("${need#*:}")
+done
+if ((${#node_packages[@]})); then
+    [[ $EUID -eq 0 ]] || { echo "run.sh: the test node needs Debian packages ${node_packages[*]} (apt-get install them as root)" >&2; exit 1; }
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${node_packages[@]}"
+fi
+node_started=$SECONDS
+tests/cluster/node.sh up "$cluster_dir"
+echo "node Ready after $((SECONDS - node_started))s"
+[[ -f deploy/build-image.sh ]] || { echo "run.sh: deploy/build-image.sh is missing (tests/pods.rs runs its image)" >&2; exit 1; }
+image_started=$SECONDS
 image_archive="$CUSTODY_CACHE/image/custody.tar"
 image="$(bash deploy/build-image.sh --archive "$image_archive")"
-echo "$image $image_archive"
+tests/cluster/node.sh import "$cluster_dir" "$image_archive"
+echo "$image built and imported in $((SECONDS - image_started))s"
 
+export CUSTODY_TEST_NODE=1
+export CUSTODY_TEST_NODE_SH="$root/tests/cluster/node.sh"
+export CUSTODY_TEST_CLUSTER_DIR="$cluster_dir"
 export CUSTODY_TEST_IMAGE="$image"
 export CUSTODY_TEST_IMAGE_ARCHIVE="$image_archive"
 export CUSTODY_TEST_PYTHON="$venv/bin/python"

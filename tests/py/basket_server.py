@@ -29,6 +29,9 @@ Environment:
   BASKET_ID_PREFIX         prefix of minted basket ids; any text, e.g. template syntax (bsk_)
   BASKET_REQUIRE_BEARER    non-empty: every HTTP request must carry
                            `Authorization: Bearer <this>`, else 401                      (unset)
+  BASKET_ALLOWED_HOSTS     comma-separated Host headers accepted besides loopback's, e.g.
+                           `10.99.0.1:*` for Pods reaching it through a relay; the SDK's
+                           DNS-rebinding protection answers others 421               (unset)
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.caching import CacheHint
 from mcp.server.mcpserver import MCPServer
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult, ListToolsResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -383,6 +387,15 @@ def main() -> None:
         LIST_TTL_MS,
         LIST_CACHE_SCOPE,
     )
+    security = None
+    extra_hosts = [h for h in os.environ.get("BASKET_ALLOWED_HOSTS", "").split(",") if h]
+    if extra_hosts:
+        # The SDK's own loopback defaults, plus the relayed names.
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", *extra_hosts],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+        )
     if not REQUIRE_BEARER:
         server.run(
             transport="streamable-http",
@@ -390,11 +403,14 @@ def main() -> None:
             port=PORT,
             streamable_http_path=PATH,
             json_response=JSON_RESPONSE,
+            transport_security=security,
         )
         return
     import uvicorn
 
-    app = server.streamable_http_app(streamable_http_path=PATH, json_response=JSON_RESPONSE, host=HOST)
+    app = server.streamable_http_app(
+        streamable_http_path=PATH, json_response=JSON_RESPONSE, host=HOST, transport_security=security
+    )
     uvicorn.run(_require_bearer(app, REQUIRE_BEARER), host=HOST, port=PORT, log_level="warning")
 
 
