@@ -910,6 +910,8 @@ fn helm_install_grants_least_privilege() {
         ),
         (&controller, "patch", lease, Some(ns)),
         (&controller, "get", lease, Some(ns)),
+        (&controller, "list", lease, Some(ns)),
+        (&controller, "watch", lease, Some(ns)),
         // the sweep, in its namespace
         (&sweep, "get", "checkpointstores.custody.dev", Some(ns)),
         (
@@ -938,6 +940,7 @@ fn helm_install_grants_least_privilege() {
         (&controller, "delete", "cronjobs.batch", Some(other)),
         (&controller, "get", "handleclasses.custody.dev", None),
         (&controller, "update", lease, Some(ns)),
+        (&controller, "watch", "leases.coordination.k8s.io", Some(ns)),
         (&sweep, "get", "mcpservers.custody.dev", Some(ns)),
         (&controller, "create", "serviceaccounts", Some(other)),
         (

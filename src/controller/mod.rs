@@ -28,7 +28,7 @@ use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::registry::Registry;
 use tokio::sync::RwLock;
@@ -319,17 +319,29 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     ensure_crds(&client).await?;
     ready.store(true, Ordering::SeqCst);
 
-    let lease = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
-        .with_namespace(&opts.lease_namespace)
-        .with_identity(&identity)
-        .with_duration(opts.lease_seconds)
-        .with_grace(opts.lease_seconds.div_ceil(3).max(1))
-        .build()
-        .await?;
-    let (mut leader, lease_task) = lease.watch().await;
+    let (mut leader, mut lease_task) = lease_manager(&client, &opts, &identity).await?;
     // How long to wait before asking the Lease again when the lease manager says this replica
     // leads but the Lease says otherwise (the manager catches up at its next renewal).
     let recheck = Duration::from_secs(opts.lease_seconds.div_ceil(5).max(1));
+    // A standby's lease manager sleeps until the holder's lease would expire and reads the Lease
+    // only then (its cached expiry gates every re-read), so a Lease released on SIGTERM would
+    // wait up to --lease-seconds for it, and the leader's replacement Pod, starting with a fresh
+    // read, would take it first. A watch of the Lease sees the release at once; a new manager
+    // reads the Lease and locks it while it is free.
+    let released = watcher(
+        Api::<Lease>::namespaced(client.clone(), &opts.lease_namespace),
+        watcher::Config::default().fields(&format!("metadata.name={}", opts.lease_name)),
+    )
+    .default_backoff()
+    .applied_objects()
+    .filter_map(|lease| {
+        let free = lease
+            .ok()
+            .and_then(|l| l.spec)
+            .is_some_and(|s| s.holder_identity.is_none_or(|h| h.is_empty()));
+        std::future::ready(free.then_some(()))
+    });
+    tokio::pin!(released);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
@@ -337,6 +349,16 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         while !*leader.borrow_and_update() {
             tokio::select! {
                 changed = leader.changed() => if changed.is_err() { anyhow::bail!("leader election stopped") },
+                Some(()) = released.next() => {
+                    tracing::info!(%identity, "the Lease was released: trying to take it");
+                    // Aborted, not closed: on a closed channel the old manager would release,
+                    // and a release after it read the Lease free clears the lock another
+                    // replica took meanwhile. It holds nothing to release.
+                    lease_task.abort();
+                    drop(leader);
+                    let _ = lease_task.await;
+                    (leader, lease_task) = lease_manager(&client, &opts, &identity).await?;
+                }
                 () = &mut shutdown => return finish(leader, lease_task, server).await,
             }
         }
@@ -369,6 +391,25 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         }
         ctx.metrics.leader.set(0);
     }
+}
+
+/// A kube-lease-manager on the Lease for `identity`, watching: its leadership channel and task.
+async fn lease_manager(
+    client: &Client,
+    opts: &Options,
+    identity: &str,
+) -> anyhow::Result<(
+    tokio::sync::watch::Receiver<bool>,
+    tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+)> {
+    let lease = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &opts.lease_name)
+        .with_namespace(&opts.lease_namespace)
+        .with_identity(identity)
+        .with_duration(opts.lease_seconds)
+        .with_grace(opts.lease_seconds.div_ceil(3).max(1))
+        .build()
+        .await?;
+    Ok(lease.watch().await)
 }
 
 async fn finish(
