@@ -423,6 +423,74 @@ fn controller_pods_are_ready_hold_the_lease_and_serve_metrics() {
     }
 }
 
+/// Deleting the leader's Pod: on SIGTERM it releases the Lease, the other replica (watching the
+/// Lease) takes it before the Deployment's replacement Pod has started, and reconciles: an
+/// MCPServer applied after the deletion is discovered. Alone: the release's leader changes.
+#[test]
+fn deleting_the_leader_pod_hands_the_lease_to_the_other_replica() {
+    let _alone = ISOLATION.write().unwrap_or_else(|e| e.into_inner());
+    let ns = release_ns();
+    let (leader, follower) = eventually(|| {
+        let pods = controller_pods(ns);
+        let names: Vec<String> = pods
+            .iter()
+            .filter(|p| ready(p))
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        let h = lease_holder(ns);
+        match names.iter().find(|n| **n != h) {
+            Some(f) if names.len() == 2 && names.contains(&h) => Ok((h, f.clone())),
+            _ => Err(format!("Lease holder {h:?}, Ready pods {names:?}")),
+        }
+    });
+    let test_ns = TestNs::new("failover");
+    let server = BasketServer::start(&[node::BASKET_FOR_PODS]);
+    let started = Instant::now();
+    c().kubectl(&["delete", "pod", "-n", ns, &leader, "--wait=false"], None)
+        .ok();
+    let holder = eventually(|| {
+        let h = lease_holder(ns);
+        if h.is_empty() || h == leader {
+            Err(format!("Lease holder {h:?}\n{}", pods_summary(ns)))
+        } else {
+            Ok(h)
+        }
+    });
+    let takeover = started.elapsed();
+    assert_eq!(
+        holder, follower,
+        "the replacement Pod, not the standby, took the Lease"
+    );
+    apply(
+        &test_ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+                "metadata": {"name": "basket"},
+                "spec": {"url": node::from_pods(&server.url()), "timeoutSeconds": 5}}),
+    );
+    eventually(|| {
+        let o = get(&test_ns, "mcpserver/basket");
+        match condition(&o, "Discovered") {
+            Some(c) if c["status"] == "True" => Ok(()),
+            _ => Err(o["status"].to_string()),
+        }
+    });
+    eprintln!(
+        "failover: {follower} held the Lease {takeover:?} after the leader's Pod was deleted, \
+         reconciled a new MCPServer {:?} after",
+        started.elapsed()
+    );
+    assert_eq!(lease_holder(ns), follower);
+    // The Deployment is whole again for the other tests: two Ready replicas, none terminating.
+    eventually(|| {
+        let pods = controller_pods(ns);
+        if pods.len() == 2 && pods.iter().all(ready) {
+            Ok(())
+        } else {
+            Err(pods_summary(ns))
+        }
+    });
+}
+
 /// The basket example (deploy/examples/basket, as `kubectl apply -k` renders it, pointed at a
 /// basket server and a PostgreSQL database on the host): the controller Pod discovers the
 /// MCPServer, reaches the database and renders the AgentAssignment's ConfigMap.
