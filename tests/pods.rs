@@ -2,7 +2,7 @@
 //! imported into the test cluster's real node, tests/cluster/node.sh): `helm install --wait` of
 //! the chart, the controller's readiness, Lease and failover, `/metrics` scraped from a Pod, the
 //! sweep CronJob's Job Pods writing `status.lastSweep` for real LangGraph threads (scheduled,
-//! sharded, acting), and `helm uninstall`.
+//! sharded, acting, failing and recovering), and `helm uninstall`.
 //!
 //! One release (`custody` in its own namespace) serves the file, as in a cluster: its controller
 //! watches every namespace. Each test works in its own namespace, in parallel, under a shared
@@ -253,8 +253,17 @@ impl World {
     /// The fixture threads (all, or `only` these) and the resources in `ns`; `class` is the
     /// HandleClass to apply.
     fn new(ns: &str, db: &str, only: Option<&str>, class: Value) -> Self {
+        Self::on(
+            ns,
+            runtime().block_on(support::fresh_pg_database(db)),
+            only,
+            class,
+        )
+    }
+
+    /// [`Self::new`] on the database at `dsn`.
+    fn on(ns: &str, dsn: String, only: Option<&str>, class: Value) -> Self {
         let server = BasketServer::start(&[node::BASKET_FOR_PODS]);
-        let dsn = runtime().block_on(support::fresh_pg_database(db));
         let manifest = support::write_some_fixtures(&server.url(), Db::Postgres(&dsn), only, "");
         apply(
             ns,
@@ -842,6 +851,100 @@ spec:
         )
         .ok();
     assert!(events.contains("HandleReminted"), "{events}");
+}
+
+/// A store whose database is stopped: the scheduled sweep Job's Pod fails (`backoffLimit: 0`),
+/// the store shows `LastSweepSucceeded=False` with the Job's reason and a Warning Event; once
+/// the database is back, the next scheduled run succeeds (`LastSweepSucceeded=True`, a new
+/// `lastSweep`). The CronJob names each Job by its scheduled minute, so `@every 10s` runs at
+/// most once a minute: each wait is up to a minute.
+#[test]
+fn failing_sweep_pod_shows_and_the_next_run_recovers() {
+    let _shared = ISOLATION.read().unwrap_or_else(|e| e.into_inner());
+    release_ns();
+    let ns = TestNs::new("failing");
+    let pg = support::OwnPostgres::start();
+    let world = World::on(&ns, pg.admin.clone(), Some("t-live"), example_class());
+    store(&ns, json!({"schedule": "@every 10s"}));
+    eventually(|| {
+        let o = get(&ns, "checkpointstore/orders");
+        let cron = c().kubectl(&["get", "-n", &ns, "cronjob/orders-sweep"], None);
+        match condition(&o, "Reachable") {
+            Some(r) if r["status"] == "True" && cron.success => Ok(()),
+            _ => Err(format!("{}\n{}", o["status"], cron.stderr)),
+        }
+    });
+    pg.stop();
+    let stopped = Instant::now();
+    let failed = eventually(|| {
+        let o = get(&ns, "checkpointstore/orders");
+        match condition(&o, "LastSweepSucceeded") {
+            Some(l) if l["status"] == "False" => Ok(o),
+            _ => Err(format!("{}\n{}", o["status"], pods_summary(&ns))),
+        }
+    });
+    eprintln!(
+        "failing sweep: LastSweepSucceeded=False {:?} after the database stopped",
+        stopped.elapsed()
+    );
+    let cond = condition(&failed, "LastSweepSucceeded").unwrap();
+    assert_eq!(cond["reason"], "BackoffLimitExceeded", "{cond}");
+    assert!(
+        cond["message"].as_str().unwrap().contains("orders-sweep-"),
+        "{cond}"
+    );
+    assert_eq!(
+        condition(&failed, "Ready").unwrap()["status"],
+        "False",
+        "{}",
+        failed["status"]
+    );
+    let failed_pods = get(&ns, "pods")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Failed")
+        .count();
+    assert!(failed_pods > 0, "{}", pods_summary(&ns));
+    eventually(|| {
+        let events = c().get_json(&["-n", &ns, "events.events.k8s.io"]);
+        let warned = events["items"].as_array().unwrap().iter().any(|e| {
+            e["type"] == "Warning"
+                && e["reason"] == "BackoffLimitExceeded"
+                && e["regarding"]["kind"] == "CheckpointStore"
+                && e["regarding"]["name"] == "orders"
+        });
+        if warned {
+            Ok(())
+        } else {
+            Err(format!("no Warning BackoffLimitExceeded: {events}"))
+        }
+    });
+    let before = failed["status"]["lastSweep"]["finishedAt"].clone();
+
+    pg.restart();
+    let back = Instant::now();
+    let recovered = eventually(|| {
+        let o = get(&ns, "checkpointstore/orders");
+        let fresh = o["status"]["lastSweep"]["finishedAt"] != before;
+        match condition(&o, "LastSweepSucceeded") {
+            Some(l) if l["status"] == "True" && fresh => Ok(o),
+            _ => Err(format!("{}\n{}", o["status"], pods_summary(&ns))),
+        }
+    });
+    eprintln!(
+        "failing sweep: recovered (LastSweepSucceeded=True, new lastSweep) {:?} after the database \
+         came back",
+        back.elapsed()
+    );
+    assert_eq!(
+        condition(&recovered, "LastSweepSucceeded").unwrap()["reason"],
+        "JobComplete"
+    );
+    let last = &recovered["status"]["lastSweep"];
+    let (parked, ok) = world.expected("ok");
+    assert_eq!(last["parkedThreads"], parked, "{last}");
+    assert_eq!(last["ok"], ok, "{last}");
 }
 
 /// Deletes a basket on the host's basket server (its handle then reads as gone).

@@ -492,6 +492,12 @@ impl OwnPostgres {
         self.dir.path().join("data")
     }
 
+    /// Stops it (fast: open sessions are terminated); [`Self::restart`] starts it again on the
+    /// same port.
+    pub fn stop(&self) {
+        pg_sh("stop", self.dir.path());
+    }
+
     /// A fast restart on the same port: every open session is terminated.
     pub fn restart(&self) {
         pg_sh("restart", self.dir.path());
