@@ -42,8 +42,7 @@ fn c() -> &'static Cluster {
 
 /// The shared release's namespace, installed once per test process.
 fn release_ns() -> &'static str {
-    static NS: OnceLock<String> = OnceLock::new();
-    NS.get_or_init(|| {
+    RELEASE_NS.get_or_init(|| {
         let ns = format!("custody-pods-{}", std::process::id());
         // A release of an earlier run of this file against the same cluster (its cluster-scoped
         // RBAC would collide with this one's) goes first.
@@ -68,9 +67,32 @@ fn release_ns() -> &'static str {
             "helm install --wait: both replicas Ready after {:?}",
             started.elapsed()
         );
+        // The chart's controller reconciles every namespace: left running, it would fight the
+        // controllers that later test binaries start over the same objects. The test harness
+        // has no teardown hook, so the release goes when this process exits.
+        // SAFETY: `uninstall_release` is an `extern "C" fn()` with no arguments, as atexit needs.
+        unsafe { libc::atexit(uninstall_release) };
         ns
     })
 }
+
+/// Removes the shared release at process exit (registered by [`release_ns`]).
+extern "C" fn uninstall_release() {
+    // No panic here (it would abort the process): a failure is printed, and the next run of
+    // this file removes a release left behind before it installs its own.
+    if let Some(ns) = RELEASE_NS.get() {
+        let run = c().helm(
+            &["uninstall", RELEASE, "-n", ns, "--wait", "--timeout=120s"],
+            None,
+        );
+        if !run.success {
+            eprintln!("`{}` failed at exit: {}", run.what, run.stderr);
+        }
+        c().kubectl(&["delete", "namespace", ns, "--wait=false"], None);
+    }
+}
+
+static RELEASE_NS: OnceLock<String> = OnceLock::new();
 
 /// `helm install --wait` of charts/custody with its defaults and this run's image.
 fn install(release: &str, ns: &str, extra: &[&str]) {

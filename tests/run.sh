@@ -121,7 +121,9 @@ echo "node Ready after $((SECONDS - node_started))s"
 [[ -f deploy/build-image.sh ]] || { echo "run.sh: deploy/build-image.sh is missing (tests/pods.rs runs its image)" >&2; exit 1; }
 image_started=$SECONDS
 image_archive="$CUSTODY_CACHE/image/custody.tar"
-image="$(bash deploy/build-image.sh --archive "$image_archive")"
+# The image's static release build keeps its own target dir in the cache: a fresh clone (CI) then
+# rebuilds only what changed instead of every dependency for the musl target.
+image="$(CARGO_TARGET_DIR="$CUSTODY_CACHE/target-image" bash deploy/build-image.sh --archive "$image_archive")"
 tests/cluster/node.sh import "$cluster_dir" "$image_archive"
 echo "$image built and imported in $((SECONDS - image_started))s"
 
