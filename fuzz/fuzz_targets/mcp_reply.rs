@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
-use custody::audit::LookupRule;
-use custody::crd::{FoundSpec, GoneWhen, LookupSpec, StructuredMatch};
+use custody::crd::{GoneWhen, StructuredMatch};
+use custody::domain::audit::LookupRule;
 use custody::domain::template::Template;
 use custody::domain::verdict::{GoneRule, ProbeOutcome, judge};
 use custody::mcp::ToolResult;
@@ -32,21 +32,19 @@ static RULES: LazyLock<Vec<GoneRule>> = LazyLock::new(|| {
     };
     [GoneWhen::default(), prefixes, regex, structured]
         .iter()
-        .map(|w| GoneRule::new(w).expect("the rules above compile"))
+        .map(|w| GoneRule::new(&w.into()).expect("the rules above compile"))
         .collect()
 });
 
 static LOOKUP: LazyLock<LookupRule> = LazyLock::new(|| {
-    let spec = LookupSpec {
-        tool: "find_ticket".into(),
-        arguments: BTreeMap::new(),
-        found: FoundSpec {
-            path: Some("ticket".into()),
-            not_found_error_prefixes: vec!["TICKET_NOT_FOUND".into()],
-        },
-        id_field: "ticket.id".into(),
-    };
-    LookupRule::new("create_ticket", &spec, Template::parse(&BTreeMap::new()).expect("empty"))
+    LookupRule::new(
+        "create_ticket",
+        "find_ticket",
+        Template::parse(&BTreeMap::new()).expect("empty"),
+        Some("ticket"),
+        vec!["TICKET_NOT_FOUND".into()],
+        "ticket.id",
+    )
 });
 
 fn read(result: CallToolResult) {
