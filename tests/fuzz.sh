@@ -43,6 +43,11 @@ fi
 export PATH="$fuzz_root/bin:$PATH"
 # The sanitizer flags differ from a normal build's: never share the main build's target dir.
 export CARGO_TARGET_DIR="${CUSTODY_FUZZ_TARGET_DIR:-$PWD/fuzz/target}"
+# Line tables are all a crash report needs (file:line in libFuzzer's stack); full debug info made
+# each of the five sanitizer binaries ~400 MB, and the incremental cache 0.8 GB more, which filled
+# CI's disk. Neither changes what is fuzzed.
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
+export CARGO_INCREMENTAL=0
 
 cargo "+$toolchain" fuzz build "${profile[@]}"
 for target in "${targets[@]}"; do
