@@ -18,6 +18,8 @@
 //! | `bad-metadata` | metadata is a JSON array | skipped `decode` | same |
 //! | `bad-utf8` | the handle string in `basket` is `bsk\xff…` (invalid UTF-8) | skipped `decode`, channel `basket` (never probed as `bsk\u{fffd}…`) | same |
 //! | `bad-utf8-key` | the `channel_values` key `basket` is `b\xffsket` | skipped `decode` (not read as a missing channel) | — (JSONB is UTF-8) |
+//! | `null-values` | LangGraph's `SqliteSaver.put` wrote the latest checkpoint with `channel_values` None (issue 17, item 3) | skipped `decode` (not an absent handle) | — (`PostgresSaver.put` refuses it) |
+//! | `null-versions` | the saver's `put` wrote it with `channel_versions` None | skipped `decode` | skipped `decode` (was dropped: no row, no skip) |
 //! | `old-v1` | format `v: 1` with `pending_sends` (and, PostgreSQL, a legacy `json` blob) | verdict `ok` | verdict `ok` |
 //! | `old-json` | the latest document stored with serializer type `json` (legacy; SqliteSaver reads it) | verdict `ok` | — (the `json` blob of `old-v1`) |
 //! | `other-ext` | ext code 42 in a channel no HandleClass reads | verdict `ok` | — (unread blobs are never fetched) |
@@ -406,6 +408,38 @@ conn.commit()
     );
 }
 
+/// Has LangGraph's own saver (`SqliteSaver.put`, `PostgresSaver.put` of LangGraph 1.2.24) write
+/// the latest checkpoint of `thread` again, same id, with `field` set to None (issue 17, item 3).
+/// The savers store that as a null; LangGraph itself then cannot load the checkpoint.
+fn langgraph_put_null(db: Db<'_>, thread: &str, field: &str) {
+    let script = r#"
+import sys
+kind, target, thread, field = sys.argv[1:5]
+if kind == "sqlite":
+    from langgraph.checkpoint.sqlite import SqliteSaver as Saver
+else:
+    from langgraph.checkpoint.postgres import PostgresSaver as Saver
+with Saver.from_conn_string(target) as saver:
+    latest = saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+    checkpoint = dict(latest.checkpoint)
+    checkpoint[field] = None
+    saver.put(latest.parent_config, checkpoint, latest.metadata, {})
+"#;
+    let (kind, target) = match db {
+        Db::Sqlite(p) => ("sqlite", p.to_str().unwrap().to_owned()),
+        Db::Postgres(url) => ("postgres", url.to_owned()),
+    };
+    let out = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args(["-c", script, kind, &target, thread, field])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 async fn sqlite_exec(conn: &mut sqlx::SqliteConnection, sql: &str, thread: &str) {
     sqlx::query(AssertSqlSafe(sql.to_owned()))
         .bind(thread)
@@ -454,6 +488,8 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         "bad-utf8",
         "bad-utf8-key",
         "old-json",
+        "null-values",
+        "null-versions",
     ] {
         sqlite_copy_thread(&mut conn, "t-live", copy).await;
     }
@@ -546,11 +582,13 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
     .await;
     conn.close().await.unwrap();
     sqlite_make_huge(&db, "bad-huge");
+    langgraph_put_null(Db::Sqlite(&db), "null-values", "channel_values");
+    langgraph_put_null(Db::Sqlite(&db), "null-versions", "channel_versions");
 
     let dsn = format!("sqlite://{}", db.display());
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "sqlite", &dsn, "escalate");
-    let expect: [Expect; 9] = [
+    let expect: [Expect; 11] = [
         (
             "bad-ext",
             "decode",
@@ -599,6 +637,18 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             "decode",
             None,
             "a msgpack string is not valid UTF-8 (invalid byte at offset 1 of 6)",
+        ),
+        (
+            "null-values",
+            "decode",
+            None,
+            "channel_values is null (LangGraph cannot load such a checkpoint)",
+        ),
+        (
+            "null-versions",
+            "decode",
+            None,
+            "channel_versions is null (LangGraph cannot load such a checkpoint)",
         ),
     ];
     let good = [
@@ -691,6 +741,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-ts",
         "bad-utf8",
         "old-v1",
+        "null-versions",
     ] {
         pg_copy_thread(&mut conn, "t-live", copy).await;
     }
@@ -784,10 +835,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
     .await
     .unwrap();
     conn.close().await.unwrap();
+    // PostgresSaver.put refuses a null channel_values (it copies the map), so only this one.
+    langgraph_put_null(Db::Postgres(&dsn), "null-versions", "channel_versions");
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 11] = [
+    let expect: [Expect; 12] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -843,6 +896,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "decode",
             None,
             "channel_versions is not a map of versions",
+        ),
+        (
+            "null-versions",
+            "decode",
+            None,
+            "channel_versions is null (LangGraph cannot load such a checkpoint)",
         ),
     ];
     let good = [

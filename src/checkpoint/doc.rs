@@ -29,6 +29,13 @@ pub struct CheckpointDoc {
 
 const TRIGGER_PREFIX: &str = "branch:to:";
 
+/// Why a checkpoint whose `channel_versions` is null is skipped (see [`CheckpointDoc::from_json`]).
+pub(super) const NULL_VERSIONS: &str =
+    "checkpoint channel_versions is null (LangGraph cannot load such a checkpoint)";
+/// Why a checkpoint whose `channel_values` is null is skipped (see [`CheckpointDoc::from_json`]).
+pub(super) const NULL_VALUES: &str =
+    "checkpoint channel_values is null (LangGraph cannot load such a checkpoint)";
+
 /// The newest checkpoint format custody reads (`LATEST_VERSION` in
 /// `langgraph/pregel/_checkpoint.py`, LangGraph 1.2).
 pub const LATEST_FORMAT: u64 = 4;
@@ -62,9 +69,13 @@ impl CheckpointDoc {
     /// [`DecodeKind::UnsupportedFormat`] for a format newer than [`LATEST_FORMAT`];
     /// [`DecodeKind::Decode`] when the document is not an object, lacks a string `id`, or a field
     /// the format fixes has another type (`ts` not a string, `channel_versions` not a map of
-    /// versions, `versions_seen` not a map of such maps, `channel_values` not a map). Lenient
-    /// here would be wrong: a thread whose versions silently read as empty looks as if it held
-    /// no handle.
+    /// versions, `versions_seen` not a map of such maps, `channel_values` not a map), and when
+    /// `channel_versions` or `channel_values` is null. Lenient here would be wrong: a thread
+    /// whose versions silently read as empty looks as if it held no handle. LangGraph 1.2.24's
+    /// savers store a None there as null (`SqliteSaver.put` either field, `PostgresSaver.put`
+    /// `channel_versions`) and then cannot load the checkpoint (`channels_from_checkpoint`
+    /// calls `.get` on the values, the loop `.values()` on the versions; PostgresSaver's query
+    /// fails with "cannot call jsonb_each_text on a non-object"), so custody skips it too.
     pub fn from_json(doc: &Value) -> Result<Self, DecodeError> {
         let obj = doc
             .as_object()
@@ -80,6 +91,9 @@ impl CheckpointDoc {
             Some(Value::String(ts)) => parse_ts(ts),
             Some(_) => return Err(DecodeError::malformed("checkpoint ts is not a string")),
         };
+        if obj.get("channel_versions") == Some(&Value::Null) {
+            return Err(DecodeError::malformed(NULL_VERSIONS));
+        }
         let channel_versions = versions(obj.get("channel_versions"), "channel_versions")?;
         let versions_seen = match obj.get("versions_seen") {
             None | Some(Value::Null) => BTreeMap::new(),
@@ -94,7 +108,8 @@ impl CheckpointDoc {
             }
         };
         let triggers = match obj.get("channel_values") {
-            None | Some(Value::Null) => Vec::new(),
+            None => Vec::new(),
+            Some(Value::Null) => return Err(DecodeError::malformed(NULL_VALUES)),
             Some(Value::Object(m)) => m
                 .keys()
                 .filter(|k| k.starts_with(TRIGGER_PREFIX))
@@ -136,9 +151,12 @@ impl CheckpointDoc {
                 .map(|(_, v)| v)
         };
         let small = |name: &str| field(name).map(to_data).transpose();
+        // Null is refused here, not read as "no values": a handle that is there for custody
+        // would read as absent ([`Self::from_json`] says why LangGraph refuses it too).
         let values = match field("channel_values") {
             Some(Mp::Map(values)) => values.as_slice(),
-            None | Some(Mp::Nil) => &[],
+            None => &[],
+            Some(Mp::Nil) => return Err(DecodeError::malformed(NULL_VALUES)),
             Some(_) => {
                 return Err(DecodeError::malformed(
                     "checkpoint channel_values is not a map",
@@ -156,7 +174,8 @@ impl CheckpointDoc {
             "v": small("v")?,
             "id": small("id")?,
             "ts": small("ts")?,
-            "channel_versions": small("channel_versions")?,
+            // Missing reads as empty, a nil as null (refused by `from_json`).
+            "channel_versions": small("channel_versions")?.unwrap_or_else(|| Value::Object(Default::default())),
             "versions_seen": small("versions_seen")?,
             "channel_values": values
                 .iter()
@@ -351,6 +370,8 @@ mod tests {
                 json!({"id": "x", "channel_values": [1]}),
                 "checkpoint channel_values is not a map",
             ),
+            (json!({"id": "x", "channel_versions": null}), NULL_VERSIONS),
+            (json!({"id": "x", "channel_values": null}), NULL_VALUES),
         ] {
             let e = CheckpointDoc::from_json(&doc).unwrap_err();
             assert_eq!(

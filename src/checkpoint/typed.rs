@@ -177,6 +177,7 @@ impl<'de> Visitor<'de> for DocSeed<'_> {
                         requested: self.requested,
                         out: &mut view.versions,
                         wrong: "checkpoint channel_versions is not a map of versions",
+                        null: Some(super::doc::NULL_VERSIONS),
                     })?;
                 }
                 "versions_seen" => map.next_value_seed(Seen(&mut view.seen))?,
@@ -260,13 +261,22 @@ impl<'de> Visitor<'de> for TextSeed {
     }
 }
 
-/// The parts of a document that must be objects: null reads as empty, anything else is the
-/// error `$wrong`, as [`super::CheckpointDoc::from_json`] reads them.
+/// The parts of a document that must be objects: null reads as empty (or is the error `$null`),
+/// anything else is the error `$wrong`, as [`super::CheckpointDoc::from_json`] reads them.
 macro_rules! not_an_object_is_an_error {
     ($wrong:expr) => {
         fn visit_unit<E>(self) -> Result<(), E> {
             Ok(())
         }
+        not_an_object_is_an_error!(@rest $wrong);
+    };
+    ($wrong:expr, null: $null:expr) => {
+        fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+            Err(E::custom($null))
+        }
+        not_an_object_is_an_error!(@rest $wrong);
+    };
+    (@rest $wrong:expr) => {
         fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
             Err(E::custom($wrong))
         }
@@ -298,6 +308,8 @@ struct Versions<'v, 'r, 'de> {
     requested: &'r [String],
     out: &'v mut Vec<(Cow<'de, str>, Cow<'de, str>)>,
     wrong: &'static str,
+    /// The error for a null map; `None` reads it as empty.
+    null: Option<&'static str>,
 }
 
 impl<'de> DeserializeSeed<'de> for Versions<'_, '_, 'de> {
@@ -332,8 +344,8 @@ impl<'de> Visitor<'de> for Versions<'_, '_, 'de> {
         Ok(())
     }
 
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.null.map_or(Ok(()), |null| Err(E::custom(null)))
     }
     fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
         Err(E::custom(self.wrong))
@@ -379,6 +391,7 @@ impl<'de> Visitor<'de> for Seen<'_, 'de> {
                 requested: &[],
                 out: &mut seen,
                 wrong: "checkpoint versions_seen is not a map of versions",
+                null: None,
             })?;
             self.0
                 .extend(seen.into_iter().map(|(t, v)| (node.clone(), t, v)));
@@ -424,7 +437,10 @@ impl<'de> Visitor<'de> for Values<'_, '_, 'de> {
         Ok(())
     }
 
-    not_an_object_is_an_error!("checkpoint channel_values is not a map");
+    not_an_object_is_an_error!(
+        "checkpoint channel_values is not a map",
+        null: super::doc::NULL_VALUES
+    );
 }
 
 #[cfg(test)]
@@ -520,6 +536,14 @@ mod tests {
             ),
             (json!({"id": 7}), "id is not a string"),
             (json!({"id": "x", "ts": 5}), "ts is not a string"),
+            (
+                json!({"id": "x", "channel_versions": null}),
+                "channel_versions is null (LangGraph cannot load such a checkpoint)",
+            ),
+            (
+                json!({"id": "x", "channel_values": null}),
+                "channel_values is null (LangGraph cannot load such a checkpoint)",
+            ),
         ] {
             let text = serde_json::to_vec(&doc).unwrap();
             let typed = decode(&text, &[]).expect_err(&doc.to_string());
