@@ -226,6 +226,9 @@ pub fn merge_shards(shards: &[ShardSweep], count: u32, run: Option<&str>) -> Opt
         for (kind, n) in &t.audit {
             *total.audit.entry(kind.clone()).or_default() += n;
         }
+        for (reason, n) in &t.not_applicable {
+            *total.not_applicable.entry(reason.clone()).or_default() += n;
+        }
         total.duration_ms = total.duration_ms.max(t.duration_ms);
         // RFC 3339 in UTC with whole seconds (`Z`): text order is time order.
         if t.finished_at > total.finished_at {

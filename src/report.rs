@@ -371,7 +371,7 @@ fn write_end(out: &mut dyn Write, r: &Finished, rows: u64) -> std::io::Result<()
     let s = &r.summary;
     writeln!(
         out,
-        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}, {} parked too recently; {} ms",
+        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}{}, {} parked too recently; {} ms",
         s.parked_threads,
         rows,
         s.ok,
@@ -382,9 +382,20 @@ fn write_end(out: &mut dyn Write, r: &Finished, rows: u64) -> std::io::Result<()
         by_reason(&s.probe_errors, "failed"),
         s.skipped_threads,
         by_reason(&s.skipped_by_reason, ""),
+        not_applicable(&s.not_applicable),
         r.too_recent,
         s.duration_ms
     )
+}
+
+/// `, 2 not applicable (1 metadata, 1 no_channel)`: the (thread, HandleClass) pairs a class
+/// does not apply to, so the handle count adds up; nothing when there are none.
+fn not_applicable(counts: &std::collections::BTreeMap<String, u64>) -> String {
+    if counts.is_empty() {
+        return String::new();
+    }
+    let total: u64 = counts.values().sum();
+    format!(", {total} not applicable{}", by_reason(counts, ""))
 }
 
 /// ` (2 failed: 1 protocol, 1 timeout)`, or nothing when there are no counts.

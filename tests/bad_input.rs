@@ -1199,3 +1199,135 @@ async fn bad_discovery_replies_are_named_errors() {
         assert!(error.contains(fragment), "{case}: {error}");
     }
 }
+
+// ------------------------------------------------------------------------ threads without the channel
+
+/// Two parked threads of a second real LangGraph graph whose state declares `basket` but never
+/// wrote it (the graph parks before minting): `early` run with `graph_id: orders`, `notes`
+/// with `graph_id: notes` (LangGraph copies scalar `configurable` entries into the checkpoint
+/// metadata).
+fn write_threads_without_basket(db: &Path) {
+    let script = r#"
+import sys
+from typing import TypedDict
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import START, StateGraph
+from langgraph.types import interrupt
+
+class State(TypedDict, total=False):
+    basket: dict | None
+    text: str
+
+def ask(state: State) -> State:
+    interrupt("which basket?")
+    return {}
+
+with SqliteSaver.from_conn_string(sys.argv[1]) as saver:
+    builder = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    graph = builder.compile(checkpointer=saver)
+    for thread, graph_id in (("early", "orders"), ("notes", "notes")):
+        graph.invoke({"text": "hi"}, {"configurable": {"thread_id": thread, "graph_id": graph_id}})
+"#;
+    let out = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args(["-c", script])
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 17, item 3: a parked thread whose state never had the HandleClass's channel is never
+/// dropped silently. Without `appliesTo` it is counted as `notApplicable: no_channel` (JSON and
+/// table); with `appliesTo.everyParkedThread` it is `absent`; with `appliesTo.metadata` it is
+/// `absent` when the metadata matches and counted as `metadata` when not.
+#[test]
+fn threads_without_the_channel_are_counted_or_absent() {
+    use support::fixtures::{merged, object, observing_basket_class, write_resources};
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&server.url(), Db::Sqlite(&db), Some("t-live"), "");
+    write_threads_without_basket(&db);
+    let res = tempfile::tempdir().unwrap();
+    let dsn = format!("sqlite://{}", db.display());
+    support::basket_resources(res.path(), &server.url(), "auto", "sqlite", &dsn);
+
+    let sweep = |applies_to: Option<Value>| {
+        let mut class = observing_basket_class();
+        if let Some(applies_to) = applies_to {
+            class = merged(class, json!({"appliesTo": applies_to}));
+        }
+        write_resources(
+            res.path(),
+            "class.yaml",
+            &[object("HandleClass", "basket", class)],
+        );
+        let report = support::sweep_json(res.path());
+        let summary = report["stores"][0]["summary"].clone();
+        (support::verdicts(&report), summary)
+    };
+    let verdict = |v: &BTreeMap<String, (String, String)>, t: &str| v.get(t).map(|r| r.0.clone());
+
+    let (v, summary) = sweep(None);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(verdict(&v, "t-live").as_deref(), Some("ok"));
+    assert_eq!(summary["parkedThreads"], 3, "{summary}");
+    assert_eq!(
+        summary["notApplicable"],
+        json!({"no_channel": 2}),
+        "{summary}"
+    );
+    let out = support::custody(&sweep_args(res.path(), &["--dry-run"]));
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("3 parked threads, 1 handles: 1 ok")
+            && text.contains(", 2 not applicable (2 no_channel),"),
+        "{text}"
+    );
+
+    let (v, summary) = sweep(Some(json!({"everyParkedThread": true})));
+    assert_eq!(verdict(&v, "t-live").as_deref(), Some("ok"));
+    assert_eq!(verdict(&v, "early").as_deref(), Some("absent"));
+    assert_eq!(verdict(&v, "notes").as_deref(), Some("absent"));
+    assert_eq!(summary["absent"], 2, "{summary}");
+    assert!(summary.get("notApplicable").is_none(), "{summary}");
+
+    let (v, summary) = sweep(Some(json!({"metadata": {"graph_id": "orders"}})));
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(verdict(&v, "early").as_deref(), Some("absent"));
+    // t-live carries no graph_id, notes another one.
+    assert_eq!(
+        summary["notApplicable"],
+        json!({"metadata": 2}),
+        "{summary}"
+    );
+
+    // Both fields, or neither, is refused before a sweep, naming the field.
+    write_resources(
+        res.path(),
+        "class.yaml",
+        &[object(
+            "HandleClass",
+            "basket",
+            merged(
+                observing_basket_class(),
+                json!({"appliesTo": {"everyParkedThread": true, "metadata": {"graph_id": "orders"}}}),
+            ),
+        )],
+    );
+    let out = support::custody(&sweep_args(res.path(), &["--dry-run"]));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.appliesTo")
+            && stderr.contains("exactly one of everyParkedThread: true or a non-empty metadata"),
+        "{stderr}"
+    );
+}

@@ -478,12 +478,43 @@ fn validation_rules_reject_bad_resources_with_their_messages() {
     for good in [GOOD_SERVER, GOOD_STORE, GOOD_CLASS] {
         dry_run_create(ns, good).ok();
     }
+    // A colon elsewhere than after the host is no empty port; a class may say where it applies.
+    for good in [
+        GOOD_SERVER.replace("basket.agents.svc:8080/mcp", "[::1]/mcp?at=a:"),
+        GOOD_SERVER.replace("http://", "http://user:pw@"),
+        format!("{GOOD_CLASS}  appliesTo: {{metadata: {{graph_id: orders}}}}\n"),
+        format!("{GOOD_CLASS}  appliesTo: {{everyParkedThread: true}}\n"),
+    ] {
+        dry_run_create(ns, &good).ok();
+    }
 
     let cases: &[(&str, String, &str)] = &[
         (
             "url with another scheme",
             GOOD_SERVER.replace("http://basket", "ftp://basket"),
             "url must start with http:// or https://",
+        ),
+        (
+            "url with an empty port",
+            GOOD_SERVER.replace("svc:8080/mcp", "svc:/mcp"),
+            "url has an empty port",
+        ),
+        (
+            "url ending in an empty port",
+            GOOD_SERVER.replace("svc:8080/mcp", "svc:"),
+            "url has an empty port",
+        ),
+        (
+            "appliesTo with both fields",
+            format!(
+                "{GOOD_CLASS}  appliesTo: {{everyParkedThread: true, metadata: {{graph_id: orders}}}}\n"
+            ),
+            "appliesTo needs exactly one of everyParkedThread: true or a non-empty metadata",
+        ),
+        (
+            "appliesTo with neither",
+            format!("{GOOD_CLASS}  appliesTo: {{metadata: {{}}}}\n"),
+            "appliesTo needs exactly one of everyParkedThread: true or a non-empty metadata",
         ),
         (
             "timeoutSeconds 0",

@@ -247,6 +247,12 @@ pub struct SweepSummary {
     /// `unsupported_format` (pickle, encrypted, a checkpoint format newer than v4).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub skipped_by_reason: std::collections::BTreeMap<String, u64>,
+    /// (parked thread, HandleClass) pairs left out because the class does not apply to the
+    /// thread (HandleClass `spec.appliesTo`), by reason: `no_channel` (no `appliesTo`, and the
+    /// thread's state has no channel at `statePath`), `metadata` (`appliesTo.metadata` does
+    /// not match).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub not_applicable: std::collections::BTreeMap<String, u64>,
     /// Probe calls that could not be completed (their handles are `unknown`), by reason:
     /// `timeout`, `connect`, `transport`, `protocol`, `too_large`, `rpc_error`, `config`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

@@ -48,6 +48,14 @@ pub struct HandleClassSpec {
     #[x_kube(validation = Rule::new("self.matches('^[^.]+(\\\\.[^.]+)*$')").message("statePath must be dot-separated non-empty keys, e.g. basket or order.basket"))]
     pub state_path: String,
 
+    /// Which parked threads this class applies to. Without it: the threads whose state has
+    /// the `statePath` channel; the others are counted in the sweep summary's `notApplicable`
+    /// (`no_channel`), never dropped silently. With it, a thread it applies to whose state has
+    /// no such channel is `absent` (it needs the handle and holds none), and a thread it does
+    /// not apply to is counted there as `metadata`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applies_to: Option<AppliesTo>,
+
     /// Field names of the handle record, when they differ from the defaults.
     #[serde(default)]
     pub record: RecordFields,
@@ -89,6 +97,36 @@ pub struct HandleClassSpec {
     /// (`absent`), or one minted for another principal, is escalated whatever this says.
     #[serde(default)]
     pub on_gone: OnGone,
+}
+
+/// `spec.appliesTo`: exactly one of its two fields.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.everyParkedThread) && self.everyParkedThread) != (has(self.metadata) && size(self.metadata) > 0)").message(APPLIES_TO_MESSAGE))]
+pub struct AppliesTo {
+    /// Every parked thread of the store.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub every_parked_thread: bool,
+    /// Checkpoint metadata entries a thread must carry, every one of them, e.g.
+    /// `graph_id: orders` (LangGraph copies a run's scalar `configurable` entries into the
+    /// checkpoint metadata). A metadata value that is not a string matches the entry read as
+    /// JSON (`7`, `true`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Why an `appliesTo` is refused (the CEL rule and local validation say the same).
+pub const APPLIES_TO_MESSAGE: &str =
+    "appliesTo needs exactly one of everyParkedThread: true or a non-empty metadata";
+
+impl From<&AppliesTo> for crate::domain::handle::AppliesTo {
+    fn from(a: &AppliesTo) -> Self {
+        if a.every_parked_thread {
+            Self::Every
+        } else {
+            Self::Metadata(a.metadata.clone().into_iter().collect())
+        }
+    }
 }
 
 /// Field names inside the handle record. Defaults follow the handle-custody `HandleRecord`.

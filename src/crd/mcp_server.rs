@@ -35,7 +35,10 @@ pub use crate::mcp::ProtocolMode;
 pub struct MCPServerSpec {
     /// Streamable HTTP endpoint, e.g. `http://billing.agents.svc:8080/mcp`. Only `http` and
     /// `https` are accepted (the MCP transport spec defines no other scheme for this transport).
+    /// A colon after the host with no port (`http://127.0.0.1:/mcp`) is refused: URL parsers
+    /// read it as the scheme's default port (issue 17, item 12).
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("url must start with http:// or https://"))]
+    #[x_kube(validation = Rule::new("!self.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*:([/?#].*)?$')").message("url has an empty port (a colon after the host with no number); write the port, or leave out the colon"))]
     pub url: String,
 
     /// Literal request headers. Prefer `headersFrom` for anything secret.

@@ -217,6 +217,14 @@ pub fn handle_class(
             "must be dot-separated non-empty keys, e.g. basket or order.basket",
         ));
     }
+    if let Some(applies) = &spec.applies_to
+        && applies.every_parked_thread != applies.metadata.is_empty()
+    {
+        return Err(err(
+            "spec.appliesTo",
+            super::handle_class::APPLIES_TO_MESSAGE,
+        ));
+    }
     if spec.probe.tool.is_empty() {
         return Err(err("spec.probe.tool", "must name a read-only tool"));
     }
@@ -503,6 +511,7 @@ mod tests {
         let mut spec = HandleClassSpec {
             server_ref: "basket".into(),
             state_path: "basket".into(),
+            applies_to: None,
             record: Default::default(),
             mint: None,
             probe: ProbeSpec {
@@ -533,6 +542,25 @@ mod tests {
         spec.state_path = "order..basket".into();
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.statePath");
         spec.state_path = "basket".into();
+        for (every, metadata, ok) in [
+            (true, vec![], true),
+            (false, vec![("graph_id", "orders")], true),
+            (false, vec![], false),
+            (true, vec![("graph_id", "orders")], false),
+        ] {
+            spec.applies_to = Some(crate::crd::AppliesTo {
+                every_parked_thread: every,
+                metadata: metadata
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            });
+            match handle_class(&spec) {
+                Ok(_) => assert!(ok, "{:?}", spec.applies_to),
+                Err(e) => assert_eq!((ok, e.field.as_str()), (false, "spec.appliesTo")),
+            }
+        }
+        spec.applies_to = None;
         spec.on_gone = OnGone::Remint;
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.mint");
         spec.mint = Some(crate::crd::MintSpec {

@@ -72,6 +72,73 @@ pub enum Holding {
     Malformed(String),
 }
 
+/// Which parked threads a HandleClass applies to (HandleClass `spec.appliesTo`, compiled). A
+/// thread a class applies to that has no channel at its `statePath` is `absent`: the user said
+/// it needs the handle (issue 17, item 3).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum AppliesTo {
+    /// The threads whose state has the class's channel (no `appliesTo`).
+    #[default]
+    HavingChannel,
+    /// Every parked thread of the store.
+    Every,
+    /// The threads whose checkpoint metadata has each of these `(key, value)` entries; a
+    /// metadata value that is not a JSON string matches the entry's value read as JSON (`7`,
+    /// `true`).
+    Metadata(Vec<(String, String)>),
+}
+
+/// Why a HandleClass does not apply to a thread; counted in the sweep's summary by
+/// [`NotApplicable::as_str`], never dropped silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotApplicable {
+    /// No `appliesTo`, and the thread's state has no channel at `statePath`.
+    NoChannel,
+    /// The thread's metadata does not match `appliesTo.metadata`.
+    Metadata,
+}
+
+impl NotApplicable {
+    /// The summary's key: `no_channel` or `metadata`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoChannel => "no_channel",
+            Self::Metadata => "metadata",
+        }
+    }
+}
+
+impl AppliesTo {
+    /// Whether the class applies to a thread with this checkpoint `metadata` and, per
+    /// `has_channel`, the class's channel.
+    ///
+    /// # Errors
+    /// Why it does not.
+    pub fn check(
+        &self,
+        metadata: &serde_json::Map<String, Value>,
+        has_channel: bool,
+    ) -> Result<(), NotApplicable> {
+        match self {
+            Self::HavingChannel if has_channel => Ok(()),
+            Self::HavingChannel => Err(NotApplicable::NoChannel),
+            Self::Every => Ok(()),
+            Self::Metadata(entries) => {
+                let matches = |(key, want): &(String, String)| match metadata.get(key) {
+                    Some(Value::String(s)) => s == want,
+                    Some(other) => serde_json::from_str::<Value>(want).is_ok_and(|w| w == *other),
+                    None => false,
+                };
+                if entries.iter().all(matches) {
+                    Ok(())
+                } else {
+                    Err(NotApplicable::Metadata)
+                }
+            }
+        }
+    }
+}
+
 /// Looks up `path` given its channel (`None`: the thread has no such channel).
 pub fn extract(channel: Option<Slot<'_>>, path: &StatePath, fields: &RecordFields) -> Holding {
     let value = match channel {
@@ -155,6 +222,33 @@ fn kind(v: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn applies_to_reads_the_channel_or_the_metadata() {
+        let metadata = serde_json::json!({"graph_id": "orders", "step": 7})
+            .as_object()
+            .cloned()
+            .unwrap();
+        assert_eq!(AppliesTo::HavingChannel.check(&metadata, true), Ok(()));
+        assert_eq!(
+            AppliesTo::HavingChannel.check(&metadata, false),
+            Err(NotApplicable::NoChannel)
+        );
+        assert_eq!(AppliesTo::Every.check(&metadata, false), Ok(()));
+        let orders = |step: &str| {
+            AppliesTo::Metadata(vec![
+                ("graph_id".into(), "orders".into()),
+                ("step".into(), step.into()),
+            ])
+        };
+        assert_eq!(orders("7").check(&metadata, false), Ok(()));
+        assert_eq!(
+            orders("8").check(&metadata, true),
+            Err(NotApplicable::Metadata)
+        );
+        let missing = AppliesTo::Metadata(vec![("assistant_id".into(), "a".into())]);
+        assert_eq!(missing.check(&metadata, true), Err(NotApplicable::Metadata));
+    }
     use serde_json::json;
 
     fn run(slot: Option<Slot<'_>>, path: &str, f: &RecordFields) -> Holding {

@@ -21,7 +21,7 @@ use crate::crd::{
     StoreMode,
 };
 use crate::domain::audit::LookupRule;
-use crate::domain::handle::RecordFields;
+use crate::domain::handle::{AppliesTo, RecordFields};
 use crate::domain::path::StatePath;
 use crate::domain::template::Template;
 use crate::domain::verdict::GoneRule;
@@ -172,6 +172,12 @@ impl Resources {
         Ok(ClassPlan {
             name: class.name_any(),
             state_path: StatePath::new(&class.spec.state_path),
+            applies_to: class
+                .spec
+                .applies_to
+                .as_ref()
+                .map(AppliesTo::from)
+                .unwrap_or_default(),
             fields: RecordFields::from(&class.spec.record),
             server: self.server_config(server)?,
             probe_tool: class.spec.probe.tool.clone(),
@@ -284,6 +290,8 @@ pub struct ClassPlan {
     pub name: String,
     /// Where the record lives in state.
     pub state_path: StatePath,
+    /// Which parked threads the class applies to.
+    pub applies_to: AppliesTo,
     /// Record field names.
     pub fields: RecordFields,
     /// The server that answers for these handles.

@@ -495,14 +495,18 @@ impl Sweep<'_> {
             .map(str::to_owned);
         self.principals_seen += u64::from(principal.is_some());
         for (class_index, class) in target.classes.iter().enumerate() {
-            let holding = handle::extract(
-                thread.slot(class.state_path.channel()),
-                &class.state_path,
-                &class.fields,
-            );
-            if holding == Holding::NotApplicable {
+            let slot = thread.slot(class.state_path.channel());
+            // A thread the class does not apply to is counted by reason, never dropped
+            // silently; one it applies to without the channel reads as `absent` (`precheck`).
+            if let Err(reason) = class.applies_to.check(&thread.metadata, slot.is_some()) {
+                *self
+                    .summary
+                    .not_applicable
+                    .entry(reason.as_str().to_owned())
+                    .or_insert(0) += 1;
                 continue;
             }
+            let holding = handle::extract(slot, &class.state_path, &class.fields);
             self.classes_seen[class_index] += 1;
             let record = match &holding {
                 Holding::Record(r) => Some(r),

@@ -676,6 +676,7 @@ mod tests {
         ClassPlan {
             name: "basket".into(),
             state_path: StatePath::new("basket"),
+            applies_to: Default::default(),
             fields: RecordFields::default(),
             server: crate::mcp::ServerConfig {
                 name: "basket".into(),
