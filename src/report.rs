@@ -540,6 +540,12 @@ pub fn write_discovery(
                     "  cache hints {hints}; next discovery in {}s",
                     d.schedule.next(c.ttl_ms).as_secs()
                 )?;
+                for t in &c.left_out {
+                    writeln!(out, "  left out {:?}: {}", t.name, t.reason)?;
+                }
+                if let Some(why) = &c.incomplete {
+                    writeln!(out, "  catalog incomplete: {why}")?;
+                }
                 let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
                 writeln!(
                     tw,

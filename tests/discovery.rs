@@ -130,10 +130,92 @@ async fn allowlist_and_catalog_digest() {
         ProtocolMode::Auto,
         Duration::from_secs(10),
     );
-    let err = discovery::discover(&long, &[], DEFAULT_PAGE_CAP)
+    // Every exposed name too long: the server is kept with no tools, each one left out by name
+    // (issue 17, item 11), not a failed discovery naming only the first.
+    let none = discovery::discover(&long, &[], DEFAULT_PAGE_CAP)
         .await
-        .unwrap_err();
-    assert_eq!(err.category(), "tool_name", "{err}");
+        .unwrap();
+    assert!(none.tools.is_empty());
+    let left: Vec<&str> = none.left_out.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(left, BASKET_TOOLS, "{:?}", none.left_out);
+    assert!(
+        none.left_out[0]
+            .reason
+            .ends_with("which is not 1-64 letters, digits, _ or -"),
+        "{:?}",
+        none.left_out[0]
+    );
+}
+
+/// Issue 17, item 11: tools whose names cannot be exposed are left out, every one named with
+/// why, and the server keeps its good tools; `custody discover` prints them in both formats.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_tool_names_are_left_out_and_the_server_kept() {
+    let peer = Peer::misbehaving("bad_tool_names");
+    let cfg = config(
+        "basket",
+        &peer.url(),
+        ProtocolMode::Auto,
+        Duration::from_secs(10),
+    );
+    let catalog = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap();
+    let exposed: Vec<&str> = catalog
+        .tools
+        .iter()
+        .map(|t| t.exposed_name.as_str())
+        .collect();
+    assert_eq!(exposed, ["basket_create_basket", "basket_get_basket"]);
+    let long = format!("{}…", "x".repeat(64));
+    let left: Vec<(&str, &str)> = catalog
+        .left_out
+        .iter()
+        .map(|t| (t.name.as_str(), t.reason.as_str()))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            (
+                "basket.peek",
+                "exposed as \"basket_basket.peek\", which is not 1-64 letters, digits, _ or -"
+            ),
+            (
+                "baskets/list",
+                "exposed as \"basket_baskets/list\", which is not 1-64 letters, digits, _ or -"
+            ),
+            (
+                long.as_str(),
+                &*format!(
+                    "exposed as \"basket_{}…\", which is not 1-64 letters, digits, _ or -",
+                    "x".repeat(57)
+                )
+            ),
+        ]
+    );
+    assert_eq!(catalog.incomplete, None);
+
+    let dir = tempfile::tempdir().unwrap();
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: {}\n",
+            peer.url()
+        ),
+    );
+    for (format, expect) in [
+        ("table", "  left out \"baskets/list\": exposed as"),
+        ("json", "\"name\": \"baskets/list\","),
+    ] {
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap(), "-o", format]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(
+            stdout.contains(expect) && stdout.contains("basket_get_basket"),
+            "{format}: {stdout}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -261,7 +343,8 @@ async fn misbehaving_servers_fail_cleanly() {
         ("hang_after_init", Err("timeout"), "timed out"),
         ("invalid_json", Err("protocol"), "reply body not shown"),
         ("huge_event", Err("transport"), "closed without a response"),
-        ("cursor_loop", Err("pagination"), "again after"),
+        // The tools of the pages read are kept, the catalog flagged (checked below).
+        ("cursor_loop", Ok(()), ""),
         ("jsonrpc_error", Err("rpc_error"), "internal error"),
         ("http_500", Err("transport"), "500"),
         ("drop_mid_stream", Err("timeout"), "timed out"),
@@ -344,4 +427,30 @@ async fn misbehaving_servers_fail_cleanly() {
     }
     let text = report.join("\n");
     assert!(!text.contains("FAIL"), "\n{text}");
+}
+
+/// Issue 17, item 11: a `tools/list` cursor repeated keeps the tools listed so far, stops (no
+/// loop: two pages read), and says the catalog is incomplete.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_cursor_keeps_the_tools_listed_and_flags_the_catalog() {
+    let peer = Peer::misbehaving("cursor_loop");
+    let cfg = config(
+        "basket",
+        &peer.url(),
+        ProtocolMode::Auto,
+        Duration::from_secs(10),
+    );
+    let catalog = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+        .await
+        .unwrap();
+    let names: Vec<&str> = catalog.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["get_basket"]);
+    assert_eq!(catalog.pages, 2);
+    assert_eq!(
+        catalog.incomplete.as_deref(),
+        Some(
+            "tools/list returned cursor b2ZmOjE= again after 2 pages; listing stopped, tools of \
+             later pages (if any) are missing"
+        )
+    );
 }

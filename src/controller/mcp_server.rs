@@ -257,12 +257,12 @@ fn status(
         }
         (None, Some(c)) => Cond::yes(
             "Discovered",
-            "CatalogListed",
-            format!(
-                "{} tools via {}",
-                c.tools.len(),
-                c.protocol_version.as_deref().unwrap_or("?")
-            ),
+            if c.incomplete.is_some() {
+                "CatalogIncomplete"
+            } else {
+                "CatalogListed"
+            },
+            catalog_message(c),
         ),
         (None, None) => Cond::unknown("Discovered", "Pending", "not discovered yet"),
     };
@@ -333,6 +333,32 @@ fn status(
     }
 }
 
+/// `N tools via V`, then the tools left out (named unless the catalog is private, whose names
+/// are never published) and why the catalog is incomplete, so neither goes unnoticed.
+fn catalog_message(c: &crate::mcp::discovery::Catalog) -> String {
+    let mut message = format!(
+        "{} tools via {}",
+        c.tools.len(),
+        c.protocol_version.as_deref().unwrap_or("?")
+    );
+    if !c.left_out.is_empty() {
+        if c.cache_scope == Some(CacheScope::Private) {
+            message += &format!("; {} tools left out (invalid names)", c.left_out.len());
+        } else {
+            let each: Vec<String> = c
+                .left_out
+                .iter()
+                .map(|t| format!("{:?}: {}", t.name, t.reason))
+                .collect();
+            message += &format!("; {} tools left out: {}", c.left_out.len(), each.join("; "));
+        }
+    }
+    if let Some(why) = &c.incomplete {
+        message += &format!("; catalog incomplete: {why}");
+    }
+    message
+}
+
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
@@ -344,7 +370,6 @@ fn reason_of(category: &str) -> &'static str {
         "rpc_error" => "JsonRpcError",
         "pagination" => "PaginationFailed",
         "allowlist" => "AllowlistNotOffered",
-        "tool_name" => "InvalidToolName",
         "config" => "InvalidConfig",
         _ => "DiscoveryFailed",
     }
@@ -418,6 +443,42 @@ mod tests {
     use super::*;
     use crate::controller::fixtures::{context, expect, expect_lease};
     use serde_json::json;
+
+    /// Issue 17, item 11: left-out tools and an incomplete catalog show in the `Discovered`
+    /// message; a private catalog's left-out names do not.
+    #[test]
+    fn the_discovered_message_names_what_the_catalog_lacks() {
+        let mut c = crate::mcp::discovery::Catalog {
+            server: "basket".into(),
+            protocol_version: Some("2025-11-25".into()),
+            server_name: None,
+            server_version: None,
+            tools: Vec::new(),
+            ttl_ms: None,
+            cache_scope: None,
+            left_out: vec![crate::mcp::discovery::LeftOut {
+                name: "a.b".into(),
+                reason: "exposed as \"basket_a.b\", which is not 1-64 letters, digits, _ or -"
+                    .into(),
+            }],
+            incomplete: Some("tools/list returned cursor c again after 2 pages".into()),
+            digest: String::new(),
+            pages: 2,
+            latency_ms: 1,
+        };
+        assert_eq!(
+            catalog_message(&c),
+            "0 tools via 2025-11-25; 1 tools left out: \"a.b\": exposed as \"basket_a.b\", which is \
+             not 1-64 letters, digits, _ or -; catalog incomplete: tools/list returned cursor c \
+             again after 2 pages"
+        );
+        c.cache_scope = Some(CacheScope::Private);
+        c.incomplete = None;
+        assert_eq!(
+            catalog_message(&c),
+            "0 tools via 2025-11-25; 1 tools left out (invalid names)"
+        );
+    }
 
     #[tokio::test]
     async fn a_missing_secret_is_named_in_conditions_and_never_discovered() {

@@ -72,6 +72,13 @@ pub struct Catalog {
     pub ttl_ms: Option<u64>,
     /// `private` if any page was private; absent in the handshake era.
     pub cache_scope: Option<CacheScope>,
+    /// Tools the server offers (and the allowlist, if any, names) whose exposed name breaks the
+    /// naming rules ([`exposed_name`]), sorted by name, each with why. The server and its other
+    /// tools are kept (issue 17, item 11).
+    pub left_out: Vec<LeftOut>,
+    /// Why the catalog may lack tools the server has, when it may: `tools/list` repeated a
+    /// cursor already followed, so listing stopped with the tools of the pages read.
+    pub incomplete: Option<String>,
     /// SHA-256 (hex, first 16 chars) over every tool's name, schemas and annotations: changes
     /// when any of them changes.
     pub digest: String,
@@ -79,6 +86,16 @@ pub struct Catalog {
     pub pages: usize,
     /// Connect, negotiation and listing, in milliseconds.
     pub latency_ms: u64,
+}
+
+/// A tool the catalog leaves out, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftOut {
+    /// Name on the server, cut to 64 characters with `…` (server data, shown in status).
+    pub name: String,
+    /// Why, e.g. `exposed as "basket_basket.peek", which is not 1-64 letters, digits, _ or -`.
+    pub reason: String,
 }
 
 /// Why discovery failed.
@@ -94,18 +111,6 @@ pub enum DiscoveryError {
         server: String,
         /// The timeout.
         after: Duration,
-    },
-    /// `nextCursor` repeated a cursor already followed.
-    #[error(
-        "server {server}: tools/list returned cursor {cursor:?} again after {pages} pages; stopping"
-    )]
-    CursorLoop {
-        /// Server name.
-        server: String,
-        /// The repeated cursor (server data, bounded in length).
-        cursor: String,
-        /// Pages read.
-        pages: usize,
     },
     /// More pages than the cap.
     #[error("server {server}: tools/list has more than {cap} pages; stopping")]
@@ -123,18 +128,6 @@ pub enum DiscoveryError {
         /// The missing tool.
         tool: String,
     },
-    /// A tool's exposed name breaks the naming rules.
-    #[error(
-        "server {server}: tool {tool:?} would be exposed as {exposed:?}, which is not 1-64 letters, digits, _ or -"
-    )]
-    ToolName {
-        /// Server name.
-        server: String,
-        /// The tool's name on the server.
-        tool: String,
-        /// `<server>_<tool>`.
-        exposed: String,
-    },
 }
 
 impl DiscoveryError {
@@ -143,9 +136,8 @@ impl DiscoveryError {
         match self {
             Self::Mcp(e) => e.category(),
             Self::Timeout { .. } => "timeout",
-            Self::CursorLoop { .. } | Self::TooManyPages { .. } => "pagination",
+            Self::TooManyPages { .. } => "pagination",
             Self::NotOffered { .. } => "allowlist",
-            Self::ToolName { .. } => "tool_name",
         }
     }
 }
@@ -164,10 +156,10 @@ pub async fn discover(
         server: cfg.name.clone(),
         after: cfg.timeout,
     };
-    let (conn, tools, pages, ttl_ms, scope) = tokio::time::timeout(cfg.timeout, async {
+    let (conn, listed) = tokio::time::timeout(cfg.timeout, async {
         let conn = Connection::connect(cfg).await?;
-        let (tools, pages, ttl_ms, scope) = list_all(&conn, cfg, page_cap).await?;
-        Ok::<_, DiscoveryError>((conn, tools, pages, ttl_ms, scope))
+        let listed = list_all(&conn, cfg, page_cap).await?;
+        Ok::<_, DiscoveryError>((conn, listed))
     })
     .await
     .map_err(|_| timeout())??;
@@ -175,20 +167,18 @@ pub async fn discover(
     let protocol_version = conn.protocol_version();
     let info = conn.server_info();
     conn.close().await;
-    catalog(
-        cfg,
-        allowlist,
-        tools,
-        pages,
-        ttl_ms,
-        scope,
-        protocol_version,
-        info,
-        latency_ms,
-    )
+    catalog(cfg, allowlist, listed, protocol_version, info, latency_ms)
 }
 
-type Pages = (Vec<Tool>, usize, Option<u64>, Option<CacheScope>);
+/// What listing gathered: the tools, pages read, smallest `ttlMs`, cache scope, and why the
+/// listing stopped early (a repeated cursor), if it did.
+struct Pages {
+    tools: Vec<Tool>,
+    pages: usize,
+    ttl_ms: Option<u64>,
+    scope: Option<CacheScope>,
+    incomplete: Option<String>,
+}
 
 async fn list_all(
     conn: &Connection,
@@ -222,37 +212,45 @@ async fn list_all(
             (s, Some(_)) => Some(s.unwrap_or(CacheScope::Public)),
         };
         tools.extend(page.tools);
+        let mut done = |incomplete| Pages {
+            tools: std::mem::take(&mut tools),
+            pages,
+            ttl_ms,
+            scope,
+            incomplete,
+        };
         match page.next_cursor {
-            None => return Ok((tools, pages, ttl_ms, scope)),
+            None => return Ok(done(None)),
+            // A cursor already followed would list the same pages forever: stop, and keep what
+            // the pages read listed, flagged.
+            Some(next) if seen.contains(&next) => {
+                return Ok(done(Some(format!(
+                    "tools/list returned cursor {} again after {pages} pages; listing stopped, \
+                     tools of later pages (if any) are missing",
+                    shown(&next)
+                ))));
+            }
             Some(next) => {
-                if !seen.insert(next.clone()) {
-                    let shown: String = next.chars().take(64).collect();
-                    return Err(DiscoveryError::CursorLoop {
-                        server: cfg.name.clone(),
-                        cursor: shown,
-                        pages,
-                    });
-                }
+                seen.insert(next.clone());
                 cursor = Some(next);
             }
         }
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename the arguments
 fn catalog(
     cfg: &ServerConfig,
     allowlist: &[String],
-    tools: Vec<Tool>,
-    pages: usize,
-    ttl_ms: Option<u64>,
-    cache_scope: Option<CacheScope>,
+    listed: Pages,
     protocol_version: Option<String>,
     info: Option<(String, String)>,
     latency_ms: u64,
 ) -> Result<Catalog, DiscoveryError> {
-    let offered: BTreeMap<String, Tool> =
-        tools.into_iter().map(|t| (t.name.to_string(), t)).collect();
+    let offered: BTreeMap<String, Tool> = listed
+        .tools
+        .into_iter()
+        .map(|t| (t.name.to_string(), t))
+        .collect();
     for name in allowlist {
         if !offered.contains_key(name) {
             return Err(DiscoveryError::NotOffered {
@@ -262,16 +260,21 @@ fn catalog(
         }
     }
     let mut out = Vec::new();
+    let mut left_out = Vec::new();
     for (name, tool) in offered {
         if !allowlist.is_empty() && !allowlist.contains(&name) {
             continue;
         }
-        let exposed = exposed_name(&cfg.name, &name).ok_or_else(|| DiscoveryError::ToolName {
-            server: cfg.name.clone(),
-            tool: name.clone(),
-            exposed: format!("{}_{name}", cfg.name),
-        })?;
-        out.push(tool_info(&tool, exposed));
+        match exposed_name(&cfg.name, &name) {
+            Some(exposed) => out.push(tool_info(&tool, exposed)),
+            None => left_out.push(LeftOut {
+                name: shown(&name),
+                reason: format!(
+                    "exposed as {:?}, which is not 1-{MAX_EXPOSED_NAME} letters, digits, _ or -",
+                    shown(&format!("{}_{name}", cfg.name))
+                ),
+            }),
+        }
     }
     let digest = catalog_digest(&out);
     let (server_name, server_version) = info.unzip();
@@ -281,12 +284,25 @@ fn catalog(
         server_name,
         server_version,
         tools: out,
-        ttl_ms,
-        cache_scope,
+        ttl_ms: listed.ttl_ms,
+        cache_scope: listed.scope,
+        left_out,
+        incomplete: listed.incomplete,
         digest,
-        pages,
+        pages: listed.pages,
         latency_ms,
     })
+}
+
+/// Server-given text bounded for messages and status: at most 64 characters, then `…`.
+fn shown(text: &str) -> String {
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(64).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
+    } else {
+        head
+    }
 }
 
 /// `<server>_<tool>` when it is 1–64 characters of letters, digits, `_` and `-` (the agent

@@ -56,6 +56,9 @@ MISBEHAVE_CASE (one per process):
   unterminated_event   tools/list and tools/call -> SSE whose one event (the right answer) lacks
                        its closing blank line, then the stream ends
   unterminated_init    initialize -> the same
+  bad_tool_names       tools/list -> the two good tools plus three whose exposed name
+                       <server>_<tool> breaks the rules: `basket.peek` (a dot), `baskets/list`
+                       (a slash), `x` * 70 (too long)
   refuse_eras          initialize -> 400 {"id": <the id>, "error": {-32600 "Unsupported protocol
                        version"}} (server/discover gets the usual 400 -32000): both eras refused
 
@@ -131,6 +134,7 @@ CASES = (
     "unterminated_event",
     "unterminated_init",
     "refuse_eras",
+    "bad_tool_names",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -875,6 +879,14 @@ async def tools_list(conn: Conn, what: str, sid: str, session: Session, rid: Any
         body = dumps(response).encode().replace(marker.encode(), b"caf\xe9 \xff\xfe \xc3\x28")
         log(f"{what} -> 200 application/json, {len(body)} bytes with invalid UTF-8 in a string")
         await conn.send(200, py_json_headers() + [("mcp-session-id", sid)], body)
+        return
+
+    if CASE == "bad_tool_names":
+        bad = [_tool(name, name, "A tool whose name cannot be exposed.", {"type": "object", "properties": {}},
+                     {"type": "object"}, read_only=True) for name in ("basket.peek", "baskets/list", "x" * 70)]
+        response["result"] = {**page, "tools": page["tools"] + bad}
+        log(f"{what} -> 200 SSE, {len(response['result']['tools'])} tools, 3 with names that cannot be exposed")
+        await send_sse(conn, sid, response)
         return
 
     if CASE == "jsonrpc_error":
