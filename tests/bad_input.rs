@@ -10,6 +10,7 @@
 //! | `bad-ext` | `basket` holds msgpack ext code 42 | skipped `decode`, channel `basket` | same |
 //! | `bad-trunc` | truncated to half | skipped `decode` (the checkpoint document) | same, channel `basket` (the blob) |
 //! | `bad-huge` | 64 MiB more: in the `basket` record (PostgreSQL), in the document (SQLite) | skipped `too_large`, not fetched | same, channel `basket` |
+//! | `bad-huge-meta` | metadata of 64 MiB (valid JSON; issue 17, item 6) | skipped `too_large`, not fetched | same (its size as text measured only past 32 KiB stored) |
 //! | `bad-types` | `channel_versions` is a string | skipped `decode` | same |
 //! | `bad-version`, `bad-ts` | `channel_versions.basket` is `[1]`, `ts` a number (read from projected columns on PostgreSQL) | — | skipped `decode` |
 //! | `bad-pickle` | serializer type `pickle` | skipped `unsupported_format` | same, channel `basket` |
@@ -440,6 +441,32 @@ with Saver.from_conn_string(target) as saver:
     );
 }
 
+/// Metadata of [`HUGE`] bytes, valid JSON text, for every checkpoint of `thread` (issue 17,
+/// item 6); made by the venv's Python so the huge value never enters the test process (whose
+/// size a spawned sweep's peak RSS could otherwise inherit), as in [`sqlite_make_huge`].
+fn sqlite_make_huge_metadata(db: &Path, thread: &str) {
+    let script = r#"
+import sqlite3, sys
+db, thread, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+conn = sqlite3.connect(db)
+conn.execute(
+    "UPDATE checkpoints SET metadata = CAST('{\"source\": \"loop\", \"pad\": \"' || hex(zeroblob(?)) || '\"}' AS BLOB)"
+    " WHERE thread_id = ?", (size // 2, thread))
+conn.commit()
+"#;
+    let out = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args(["-c", script])
+        .arg(db)
+        .args([thread, &HUGE.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 async fn sqlite_exec(conn: &mut sqlx::SqliteConnection, sql: &str, thread: &str) {
     sqlx::query(AssertSqlSafe(sql.to_owned()))
         .bind(thread)
@@ -479,6 +506,7 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
         "bad-ext",
         "bad-trunc",
         "bad-huge",
+        "bad-huge-meta",
         "bad-types",
         "bad-pickle",
         "bad-future",
@@ -582,13 +610,14 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
     .await;
     conn.close().await.unwrap();
     sqlite_make_huge(&db, "bad-huge");
+    sqlite_make_huge_metadata(&db, "bad-huge-meta");
     langgraph_put_null(Db::Sqlite(&db), "null-values", "channel_values");
     langgraph_put_null(Db::Sqlite(&db), "null-versions", "channel_versions");
 
     let dsn = format!("sqlite://{}", db.display());
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "sqlite", &dsn, "escalate");
-    let expect: [Expect; 11] = [
+    let expect: [Expect; 12] = [
         (
             "bad-ext",
             "decode",
@@ -606,6 +635,12 @@ async fn sqlite_bad_rows_are_skipped_and_named() {
             "too_large",
             None,
             "over custody's limit of 16777216 bytes",
+        ),
+        (
+            "bad-huge-meta",
+            "too_large",
+            None,
+            "the checkpoint metadata is 67108893 bytes, over custody's limit",
         ),
         (
             "bad-metadata",
@@ -732,6 +767,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-ext",
         "bad-trunc",
         "bad-huge",
+        "bad-huge-meta",
         "bad-types",
         "bad-pickle",
         "bad-aes",
@@ -772,6 +808,16 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-types",
     )
     .await;
+    // Metadata of HUGE bytes (issue 17, item 6); TOAST compresses it to far less on disk.
+    sqlx::query(
+        "UPDATE checkpoints SET metadata = jsonb_build_object('source', 'loop', 'pad', repeat('x', $2)) \
+         WHERE thread_id = $1",
+    )
+    .bind("bad-huge-meta")
+    .bind(i32::try_from(HUGE).unwrap())
+    .execute(&mut conn)
+    .await
+    .unwrap();
     // Well-shaped documents with one bad field the sweep reads: the reader takes these from
     // projected columns, not from the document, and must still refuse them.
     pg_exec(
@@ -840,7 +886,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 12] = [
+    let expect: [Expect; 13] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -864,6 +910,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "too_large",
             Some("basket"),
             "over custody's limit of 16777216 bytes",
+        ),
+        (
+            "bad-huge-meta",
+            "too_large",
+            None,
+            "the checkpoint metadata is 67108893 bytes, over custody's limit",
         ),
         (
             "bad-metadata",

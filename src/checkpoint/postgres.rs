@@ -79,7 +79,13 @@ WITH latest AS (
 SELECT l.thread_id, l.checkpoint_id,
        CASE WHEN p.task_id IS NULL OR NOT coalesce(c.checkpoint @> '{plain}', false)
             THEN coalesce(c.checkpoint, 'null') END,
-       c.checkpoint -> 'ts', c.metadata, (p.task_id IS NOT NULL){columns}
+       c.checkpoint -> 'ts',
+       -- Metadata over $4 bytes of JSON text is not fetched, only its size. The text length is
+       -- computed only past 32 KiB stored (compressed at most ~255x, so under $4 as text).
+       CASE WHEN pg_column_size(c.metadata) <= 32768 OR octet_length(c.metadata::text) <= $4
+            THEN c.metadata END,
+       (p.task_id IS NOT NULL),
+       CASE WHEN pg_column_size(c.metadata) > 32768 THEN octet_length(c.metadata::text) END{columns}
 FROM latest l
 CROSS JOIN LATERAL (
     SELECT x.checkpoint, x.metadata FROM checkpoints x
@@ -113,12 +119,15 @@ enum Col {
     Checkpoint,
     /// `checkpoint.ts` (JSON).
     Ts,
+    /// NULL when SQL NULL or over the limit (then [`Col::MetadataSize`] is set).
     Metadata,
     PendingInterrupt,
+    /// The metadata's size as JSON text, computed only for metadata stored in over 32 KiB.
+    MetadataSize,
 }
 
 /// Number of [`Col`] columns; requested channels' columns follow.
-const COLS: usize = Col::PendingInterrupt as usize + 1;
+const COLS: usize = Col::MetadataSize as usize + 1;
 
 /// The five columns of requested channel `k` (0-based) in [`parked_sql`]'s output.
 struct ChannelCols(usize);
@@ -312,6 +321,13 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
             Err(e) => return skip(e),
         },
     };
+    let metadata_size: Option<i32> = row.try_get(Col::MetadataSize as usize)?;
+    if let (None, Some(size)) = (metadata, metadata_size) {
+        return skip(DecodeError::too_large(
+            "the checkpoint metadata",
+            usize::try_from(size).unwrap_or(usize::MAX),
+        ));
+    }
     let metadata = match parse_metadata(metadata) {
         Ok(m) => m,
         Err(e) => return skip(e),

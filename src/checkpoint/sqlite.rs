@@ -17,11 +17,16 @@ use super::{
 /// wrote it. Metadata is JSON text stored as a BLOB; the `CASE` keeps a malformed row from
 /// failing the whole statement (it is returned and reported instead).
 const PARKED_SQL: &str = r#"
-SELECT * FROM (
+SELECT t.thread_id, t.checkpoint_id, t.type, t.checkpoint, t.size, t.metadata, t.metadata_size,
+       t.pending_interrupt
+FROM (
     -- A document over ?1 bytes is not fetched, only its size.
     SELECT c.thread_id, c.checkpoint_id, c.type,
            CASE WHEN length(c.checkpoint) <= ?1 THEN c.checkpoint END AS checkpoint,
-           length(c.checkpoint) AS size, c.metadata,
+           length(c.checkpoint) AS size,
+           -- Metadata is bounded the same way (a 40 MB document would be fetched whole).
+           CASE WHEN length(c.metadata) <= ?1 THEN c.metadata END AS metadata,
+           length(c.metadata) AS metadata_size, c.metadata AS whole_metadata,
            EXISTS (
                SELECT 1 FROM writes w
                WHERE w.thread_id = c.thread_id AND w.checkpoint_ns = '' AND w.checkpoint_id = c.checkpoint_id
@@ -37,10 +42,12 @@ SELECT * FROM (
     JOIN checkpoints c
       ON c.thread_id = l.thread_id AND c.checkpoint_ns = '' AND c.checkpoint_id = l.checkpoint_id
 ) t
-WHERE t.pending_interrupt
-   OR NOT json_valid(CAST(t.metadata AS TEXT))
-   OR CASE WHEN json_valid(CAST(t.metadata AS TEXT))
-           THEN json_extract(CAST(t.metadata AS TEXT), '$.source') = 'update' END
+-- CASE, not OR: its branches run in order, so metadata over ?1 bytes is never parsed here (the
+-- JSON functions run in custody's process; 64 MiB of metadata peaked at 300 MiB). Such a
+-- thread is kept and reported as too large: whether an edit wrote it cannot be read.
+WHERE CASE WHEN t.pending_interrupt OR t.metadata_size > ?1 THEN 1
+           WHEN NOT json_valid(CAST(t.whole_metadata AS TEXT)) THEN 1
+           ELSE json_extract(CAST(t.whole_metadata AS TEXT), '$.source') = 'update' END
 ORDER BY t.thread_id
 "#;
 
@@ -114,6 +121,7 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
     let checkpoint: Option<Vec<u8>> = row.try_get("checkpoint")?;
     let size: Option<i64> = row.try_get("size")?;
     let metadata: Option<Vec<u8>> = row.try_get("metadata")?;
+    let metadata_size: Option<i64> = row.try_get("metadata_size")?;
     let pending: bool = row.try_get("pending_interrupt")?;
 
     let skip = |error: DecodeError| {
@@ -124,6 +132,12 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
             error,
         ))))
     };
+    if let (None, Some(size)) = (&metadata, metadata_size) {
+        return skip(DecodeError::too_large(
+            "the checkpoint metadata",
+            usize::try_from(size).unwrap_or(usize::MAX),
+        ));
+    }
     let metadata = match parse_metadata(metadata.as_deref()) {
         Ok(m) => m,
         Err(e) => return skip(e),
