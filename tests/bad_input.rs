@@ -10,6 +10,7 @@
 //! | `bad-ext` | `basket` holds msgpack ext code 42 | skipped `decode`, channel `basket` | same |
 //! | `bad-trunc` | truncated to half | skipped `decode` (the checkpoint document) | same, channel `basket` (the blob) |
 //! | `bad-huge` | 64 MiB more: in the `basket` record (PostgreSQL), in the document (SQLite) | skipped `too_large`, not fetched | same, channel `basket` |
+//! | `bad-huge-inline` | `basket` inline in the document as a string of 64 MiB (issue 17, item 6) | — (the document is bounded whole: `bad-huge`) | skipped `too_large` (the document; no part of it fetched) |
 //! | `bad-huge-meta` | metadata of 64 MiB (valid JSON; issue 17, item 6) | skipped `too_large`, not fetched | same (its size as text measured only past 32 KiB stored) |
 //! | `bad-types` | `channel_versions` is a string | skipped `decode` | same |
 //! | `bad-version`, `bad-ts` | `channel_versions.basket` is `[1]`, `ts` a number (read from projected columns on PostgreSQL) | — | skipped `decode` |
@@ -767,6 +768,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-ext",
         "bad-trunc",
         "bad-huge",
+        "bad-huge-inline",
         "bad-huge-meta",
         "bad-types",
         "bad-pickle",
@@ -808,6 +810,16 @@ async fn postgres_bad_rows_are_skipped_and_named() {
         "bad-types",
     )
     .await;
+    // The handle channel's value inline in the document, HUGE bytes (issue 17, item 6).
+    sqlx::query(
+        "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{channel_values,basket}', to_jsonb(repeat('x', $2))) \
+         WHERE thread_id = $1",
+    )
+    .bind("bad-huge-inline")
+    .bind(i32::try_from(HUGE).unwrap())
+    .execute(&mut conn)
+    .await
+    .unwrap();
     // Metadata of HUGE bytes (issue 17, item 6); TOAST compresses it to far less on disk.
     sqlx::query(
         "UPDATE checkpoints SET metadata = jsonb_build_object('source', 'loop', 'pad', repeat('x', $2)) \
@@ -886,7 +898,7 @@ async fn postgres_bad_rows_are_skipped_and_named() {
 
     let res = tempfile::tempdir().unwrap();
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "escalate");
-    let expect: [Expect; 13] = [
+    let expect: [Expect; 14] = [
         (
             "bad-aes",
             "unsupported_format",
@@ -910,6 +922,12 @@ async fn postgres_bad_rows_are_skipped_and_named() {
             "too_large",
             Some("basket"),
             "over custody's limit of 16777216 bytes",
+        ),
+        (
+            "bad-huge-inline",
+            "too_large",
+            None,
+            "the checkpoint document is 671",
         ),
         (
             "bad-huge-meta",

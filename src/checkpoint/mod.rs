@@ -283,8 +283,8 @@ fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
 
 /// The statement a scan of a PostgresSaver database runs for `channels` requested channels, for
 /// a DBA's `EXPLAIN` and for the benchmark. Parameters: `$1` the channel names (`text[]`), `$2`
-/// and `$3` the shard count and index (`1`, `0` for the whole store), `$4` the largest blob
-/// fetched, in bytes ([`MAX_VALUE_BYTES`]).
+/// and `$3` the shard count and index (`1`, `0` for the whole store), `$4` the largest blob,
+/// checkpoint document or metadata fetched, in bytes ([`MAX_VALUE_BYTES`]).
 pub fn postgres_scan_statement(channels: usize) -> String {
     postgres::parked_sql(channels)
 }

@@ -28,7 +28,9 @@ const REQUIRED_MIGRATION: i32 = 3;
 /// quadratically (BENCHMARKS.md, "The query").
 ///
 /// Parameters: `$1` the requested channel names (`text[]`; channel k reads `$1[k+1]`), `$2`/`$3`
-/// the shard count and index, `$4` the largest blob fetched (bytes). Columns: [`Col`] in order,
+/// the shard count and index, `$4` the largest blob, document or metadata fetched (bytes; over
+/// it, only the size as JSON text, and a thread whose document is over it is skipped whole, as
+/// on SQLite). Columns: [`Col`] in order,
 /// then five per requested channel ([`ChannelCols`]).
 ///
 /// The checkpoint document itself is returned only when the sweep needs more of it than the
@@ -46,7 +48,7 @@ pub(super) fn parked_sql(channels: usize) -> String {
         let name = format!("($1::text[])[{k}]");
         let _ = write!(
             columns,
-            ",\n       c.checkpoint #> ARRAY['channel_versions', {name}], c.checkpoint #> ARRAY['channel_values', {name}],\n       b{k}.type, b{k}.blob, b{k}.size"
+            ",\n       CASE WHEN c.fits THEN c.checkpoint #> ARRAY['channel_versions', {name}] END,\n       CASE WHEN c.fits THEN c.checkpoint #> ARRAY['channel_values', {name}] END,\n       b{k}.type, b{k}.blob, b{k}.size"
         );
         let _ = write!(
             blobs,
@@ -77,24 +79,31 @@ WITH latest AS (
     GROUP BY thread_id
 )
 SELECT l.thread_id, l.checkpoint_id,
-       CASE WHEN p.task_id IS NULL OR NOT coalesce(c.checkpoint @> '{plain}', false)
+       CASE WHEN c.fits AND (p.task_id IS NULL OR NOT coalesce(c.checkpoint @> '{plain}', false))
             THEN coalesce(c.checkpoint, 'null') END,
-       c.checkpoint -> 'ts',
-       -- Metadata over $4 bytes of JSON text is not fetched, only its size. The text length is
-       -- computed only past 32 KiB stored (compressed at most ~255x, so under $4 as text).
-       CASE WHEN pg_column_size(c.metadata) <= 32768 OR octet_length(c.metadata::text) <= $4
-            THEN c.metadata END,
+       CASE WHEN c.fits THEN c.checkpoint -> 'ts' END,
+       CASE WHEN coalesce(c.metadata_size, 0) <= $4 THEN c.metadata END,
        (p.task_id IS NOT NULL),
-       CASE WHEN pg_column_size(c.metadata) > 32768 THEN octet_length(c.metadata::text) END{columns}
+       CASE WHEN c.metadata_size > $4 THEN c.metadata_size END,
+       CASE WHEN NOT c.fits THEN c.size END{columns}
 FROM latest l
 CROSS JOIN LATERAL (
-    SELECT x.checkpoint, x.metadata FROM checkpoints x
-    WHERE x.thread_id = l.thread_id AND x.checkpoint_ns = '' AND x.checkpoint_id = l.checkpoint_id
+    -- A document or metadata over $4 bytes of JSON text is not fetched, nor is any part of
+    -- the document (an inline value can be most of it), only the size. The text length is
+    -- computed only past 32 KiB stored (compression shrinks JSON at most ~255x, so anything
+    -- smaller is under $4 as text).
+    SELECT y.*, coalesce(y.size, 0) <= $4 AS fits FROM (
+        SELECT x.checkpoint, x.metadata,
+               CASE WHEN pg_column_size(x.checkpoint) > 32768 THEN octet_length(x.checkpoint::text) END AS size,
+               CASE WHEN pg_column_size(x.metadata) > 32768 THEN octet_length(x.metadata::text) END AS metadata_size
+        FROM checkpoints x
+        WHERE x.thread_id = l.thread_id AND x.checkpoint_ns = '' AND x.checkpoint_id = l.checkpoint_id
     -- OFFSET 0 keeps this a primary-key lookup per thread, in thread order. Without it the
     -- planner underestimates `latest` ~50x, turns this into a hash join over a scan of all of
     -- checkpoints and sorts the wide rows on disk (no first row for 28 s at 1M threads;
     -- BENCHMARKS.md, "The query").
-    OFFSET 0
+        OFFSET 0
+    ) y
 ) c
 LEFT JOIN LATERAL (
     SELECT w.task_id FROM checkpoint_writes w
@@ -122,12 +131,15 @@ enum Col {
     /// NULL when SQL NULL or over the limit (then [`Col::MetadataSize`] is set).
     Metadata,
     PendingInterrupt,
-    /// The metadata's size as JSON text, computed only for metadata stored in over 32 KiB.
+    /// The metadata's size as JSON text when over the limit, else NULL.
     MetadataSize,
+    /// The document's size as JSON text when over the limit, else NULL; then no part of the
+    /// document is fetched.
+    DocSize,
 }
 
 /// Number of [`Col`] columns; requested channels' columns follow.
-const COLS: usize = Col::MetadataSize as usize + 1;
+const COLS: usize = Col::DocSize as usize + 1;
 
 /// The five columns of requested channel `k` (0-based) in [`parked_sql`]'s output.
 struct ChannelCols(usize);
@@ -310,6 +322,12 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
             error,
         ))))
     };
+    if let Some(size) = row.try_get::<Option<i32>, _>(Col::DocSize as usize)? {
+        return skip(DecodeError::too_large(
+            "the checkpoint document",
+            usize::try_from(size).unwrap_or(usize::MAX),
+        ));
+    }
     let doc = match json_bytes(row, Col::Checkpoint as usize)? {
         // Typed straight from the row's bytes: no `Value` tree of the whole document (typed.rs).
         Some(checkpoint) => match typed::decode(checkpoint, requested) {
