@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
-use super::metrics::{ActionLabels, KindLabels, SweepLabels};
+use super::metrics::KindLabels;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
@@ -145,45 +145,7 @@ pub(super) async fn reconcile(
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote (pure)
     if let Some(s) = &current.last_sweep {
-        for (verdict, n) in [
-            ("ok", s.ok),
-            ("gone", s.gone),
-            ("absent", s.absent),
-            ("unknown", s.unknown),
-        ] {
-            let labels = SweepLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                verdict,
-            };
-            ctx.metrics
-                .sweep_handles
-                .get_or_create(&labels)
-                .set(n as i64);
-        }
-        // Only known outcome kinds become labels: the status is written by another process.
-        for action in ["reminted", "escalated", "failed", "skipped", "error"] {
-            let n = s.actions.get(action).copied().unwrap_or(0);
-            let labels = ActionLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                action,
-            };
-            ctx.metrics
-                .sweep_actions
-                .get_or_create(&labels)
-                .set(n as i64);
-        }
-        for outcome in ["committed", "not_committed", "unknown", "error", "skipped"] {
-            let n = s.audit.get(outcome).copied().unwrap_or(0);
-            let labels = ActionLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                action: outcome,
-            };
-            ctx.metrics.sweep_audit.get_or_create(&labels).set(n as i64);
-        }
-        ctx.metrics.set_sweep_reasons(&ns, &store.name_any(), s);
+        ctx.metrics.set_sweep(&ns, &store.name_any(), s);
     }
     // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
     //    field managers.

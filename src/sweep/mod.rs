@@ -646,10 +646,10 @@ impl Sweep<'_> {
                 Verdict::Absent => &mut s.absent,
                 Verdict::Unknown => &mut s.unknown,
             } += 1;
-            if let Some(kind) = row.action.as_ref().map(|a| a.outcome.kind())
-                && kind != "planned"
+            if let Some(a) = &row.action
+                && act::OutcomeKind::from(&a.outcome) != act::OutcomeKind::Planned
             {
-                *s.actions.entry(kind.to_owned()).or_insert(0) += 1;
+                *s.actions.entry(a.outcome.kind().to_owned()).or_insert(0) += 1;
             }
         }
         sink.rows(rows);
