@@ -59,21 +59,24 @@ pub(super) async fn reconcile(
         Ok(()) => check(store, &ctx).await?,
         Err(message) => (
             Cond::no(
-                "Reachable",
+                conditions::REACHABLE,
                 conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
                 message.clone(),
             ),
             Cond::unknown(
-                "SchemaCompatible",
-                "NotChecked",
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::NOT_CHECKED,
                 "not checked: the backend is not supported in a cluster",
             ),
         ),
     };
-    if reachable.status == "False" {
+    if reachable.status == conditions::FALSE {
         ctx.count_unusable("CheckpointStore", reachable.reason);
-        let was = current.conditions.iter().find(|c| c.type_ == "Reachable");
-        if was.is_none_or(|c| c.status != "False" || c.reason != reachable.reason) {
+        let was = current
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::REACHABLE);
+        if was.is_none_or(|c| c.status != conditions::FALSE || c.reason != reachable.reason) {
             ctx.event(
                 store,
                 EventType::Warning,
@@ -88,14 +91,14 @@ pub(super) async fn reconcile(
     // fault: retrying cannot help, so it becomes a condition instead of an endless error.
     let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
         Err(message) => Cond::no(
-            "Scheduled",
+            conditions::SCHEDULED,
             conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
             message,
         ),
         Ok(applied) => match applied.await {
             Ok(()) => Cond::yes(
-                "Scheduled",
-                "CronJobApplied",
+                conditions::SCHEDULED,
+                conditions::CRON_JOB_APPLIED,
                 format!(
                     "CronJob {}-sweep on {}",
                     store.name_any(),
@@ -103,15 +106,15 @@ pub(super) async fn reconcile(
                 ),
             ),
             Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
-                ctx.count_unusable("CheckpointStore", "CronJobRefused");
+                ctx.count_unusable("CheckpointStore", conditions::CRON_JOB_REFUSED);
                 let field = if refused.message.contains("spec.schedule") {
                     "spec.schedule: "
                 } else {
                     ""
                 };
                 Cond::no(
-                    "Scheduled",
-                    "CronJobRefused",
+                    conditions::SCHEDULED,
+                    conditions::CRON_JOB_REFUSED,
                     format!(
                         "{field}the API server refuses CronJob {}-sweep: {}",
                         store.name_any(),
@@ -131,8 +134,8 @@ pub(super) async fn reconcile(
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::LAST_SWEEP_SUCCEEDED);
-    if last_run.status == "False"
-        && was.is_none_or(|c| c.status != "False" || c.message != last_run.message)
+    if last_run.status == conditions::FALSE
+        && was.is_none_or(|c| c.status != conditions::FALSE || c.message != last_run.message)
     {
         ctx.event(
             store,
@@ -179,13 +182,17 @@ pub(super) async fn reconcile(
 /// (`LastSweepSucceeded=Unknown`, no sweep finished yet, does not count against it).
 fn ready(others: &[&Cond]) -> Cond {
     match others.iter().find(|c| {
-        c.status == "False"
-            || (c.status == "Unknown" && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
+        c.status == conditions::FALSE
+            || (c.status == conditions::UNKNOWN && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
     }) {
-        Some(c) => Cond::no("Ready", c.reason, format!("{}: {}", c.type_, c.message)),
+        Some(c) => Cond::no(
+            conditions::READY,
+            c.reason,
+            format!("{}: {}", c.type_, c.message),
+        ),
         None => Cond::yes(
-            "Ready",
-            "Swept",
+            conditions::READY,
+            conditions::SWEPT,
             "the database answers and the sweep CronJob is scheduled",
         ),
     }
@@ -212,7 +219,9 @@ fn last_sweep(jobs: &[Job]) -> Cond {
         let conds = j.status.as_ref().and_then(|s| s.conditions.as_ref());
         conds.and_then(|cs| {
             cs.iter()
-                .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .find(|c| {
+                    (c.type_ == "Complete" || c.type_ == "Failed") && c.status == conditions::TRUE
+                })
                 .cloned()
         })
     };
@@ -262,14 +271,18 @@ fn last_sweep(jobs: &[Job]) -> Cond {
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
     let not_checked = |why: &str| {
         Cond::unknown(
-            "SchemaCompatible",
-            "NotChecked",
+            conditions::SCHEMA_COMPATIBLE,
+            conditions::NOT_CHECKED,
             format!("not checked: {why}"),
         )
     };
     if let Err(e) = validate::checkpoint_store(&store.spec) {
         return Ok((
-            Cond::no("Reachable", "InvalidSpec", e.to_string()),
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::INVALID_SPEC,
+                e.to_string(),
+            ),
             not_checked("the spec is invalid"),
         ));
     }
@@ -284,7 +297,11 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
         Ok(mut t) => t.remove(0),
         Err(e) => {
             return Ok((
-                Cond::no("Reachable", "SecretNotResolved", e.to_string()),
+                Cond::no(
+                    conditions::REACHABLE,
+                    conditions::SECRET_NOT_RESOLVED,
+                    e.to_string(),
+                ),
                 not_checked("no DSN"),
             ));
         }
@@ -292,19 +309,35 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
     Ok(
         match Store::connect(target.backend, target.dsn.expose_secret()).await {
             Ok(_) => (
-                Cond::yes("Reachable", "Connected", "the database answers"),
                 Cond::yes(
-                    "SchemaCompatible",
-                    "LangGraphTablesFound",
+                    conditions::REACHABLE,
+                    conditions::CONNECTED,
+                    "the database answers",
+                ),
+                Cond::yes(
+                    conditions::SCHEMA_COMPATIBLE,
+                    conditions::LANGGRAPH_TABLES_FOUND,
                     "LangGraph checkpoint tables of a supported version",
                 ),
             ),
             Err(StoreError::Schema(message)) => (
-                Cond::yes("Reachable", "Connected", "the database answers"),
-                Cond::no("SchemaCompatible", "UnsupportedSchema", message),
+                Cond::yes(
+                    conditions::REACHABLE,
+                    conditions::CONNECTED,
+                    "the database answers",
+                ),
+                Cond::no(
+                    conditions::SCHEMA_COMPATIBLE,
+                    conditions::UNSUPPORTED_SCHEMA,
+                    message,
+                ),
             ),
             Err(e) => (
-                Cond::no("Reachable", "ConnectFailed", e.to_string()),
+                Cond::no(
+                    conditions::REACHABLE,
+                    conditions::CONNECT_FAILED,
+                    e.to_string(),
+                ),
                 not_checked("unreachable"),
             ),
         },
