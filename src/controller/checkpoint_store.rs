@@ -269,13 +269,6 @@ fn last_sweep(jobs: &[Job]) -> Cond {
 }
 
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
-    let not_checked = |why: &str| {
-        Cond::unknown(
-            conditions::SCHEMA_COMPATIBLE,
-            conditions::NOT_CHECKED,
-            format!("not checked: {why}"),
-        )
-    };
     if let Err(e) = validate::checkpoint_store(&store.spec) {
         return Ok((
             Cond::no(
@@ -306,42 +299,67 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
             ));
         }
     };
-    Ok(
-        match Store::connect(target.backend, target.dsn.expose_secret()).await {
-            Ok(_) => (
-                Cond::yes(
-                    conditions::REACHABLE,
-                    conditions::CONNECTED,
-                    "the database answers",
-                ),
-                Cond::yes(
-                    conditions::SCHEMA_COMPATIBLE,
-                    conditions::LANGGRAPH_TABLES_FOUND,
-                    "LangGraph checkpoint tables of a supported version",
-                ),
-            ),
-            Err(StoreError::Schema(message)) => (
-                Cond::yes(
-                    conditions::REACHABLE,
-                    conditions::CONNECTED,
-                    "the database answers",
-                ),
-                Cond::no(
-                    conditions::SCHEMA_COMPATIBLE,
-                    conditions::UNSUPPORTED_SCHEMA,
-                    message,
-                ),
-            ),
-            Err(e) => (
-                Cond::no(
-                    conditions::REACHABLE,
-                    conditions::CONNECT_FAILED,
-                    e.to_string(),
-                ),
-                not_checked("unreachable"),
-            ),
-        },
+    Ok(connected(
+        Store::connect(target.backend, target.dsn.expose_secret())
+            .await
+            .map(drop),
+    ))
+}
+
+/// `SchemaCompatible` when the schema could not be looked at.
+fn not_checked(why: &str) -> Cond {
+    Cond::unknown(
+        conditions::SCHEMA_COMPATIBLE,
+        conditions::NOT_CHECKED,
+        format!("not checked: {why}"),
     )
+}
+
+/// `Reachable` and `SchemaCompatible` from connecting to the store. Only
+/// [`StoreError::Schema`] is a schema custody does not read; a lock file that cannot be opened
+/// ([`StoreError::Lock`]) has a reason of its own rather than passing for either.
+fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
+    let answers = || {
+        Cond::yes(
+            conditions::REACHABLE,
+            conditions::CONNECTED,
+            "the database answers",
+        )
+    };
+    match result {
+        Ok(()) => (
+            answers(),
+            Cond::yes(
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::LANGGRAPH_TABLES_FOUND,
+                "LangGraph checkpoint tables of a supported version",
+            ),
+        ),
+        Err(StoreError::Schema(message)) => (
+            answers(),
+            Cond::no(
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::UNSUPPORTED_SCHEMA,
+                message,
+            ),
+        ),
+        Err(e @ StoreError::Lock { .. }) => (
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::LOCK_FAILED,
+                e.to_string(),
+            ),
+            not_checked("the act lock cannot be opened"),
+        ),
+        Err(e) => (
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::CONNECT_FAILED,
+                e.to_string(),
+            ),
+            not_checked("unreachable"),
+        ),
+    }
 }
 
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
@@ -462,6 +480,50 @@ fn sweep_args(ns: &str, name: &str, deny_metadata_addresses: bool) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_schema_error_makes_the_schema_incompatible() {
+        let reasons = |r| {
+            let (reachable, schema) = connected(r);
+            (
+                (reachable.status, reachable.reason),
+                (schema.status, schema.reason),
+            )
+        };
+        assert_eq!(
+            reasons(Ok(())),
+            (("True", "Connected"), ("True", "LangGraphTablesFound"))
+        );
+        assert_eq!(
+            reasons(Err(StoreError::Schema("no checkpoints table".into()))),
+            (("True", "Connected"), ("False", "UnsupportedSchema"))
+        );
+        let lock = StoreError::Lock {
+            path: "/data/orders.db-custody.lock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        let (reachable, schema) = connected(Err(lock));
+        assert_eq!(
+            (
+                reachable.status,
+                reachable.reason,
+                schema.status,
+                schema.reason
+            ),
+            ("False", "LockFailed", "Unknown", "NotChecked")
+        );
+        assert!(
+            reachable
+                .message
+                .starts_with("cannot open the act lock /data/orders.db-custody.lock: "),
+            "{}",
+            reachable.message
+        );
+        assert_eq!(
+            reasons(Err(StoreError::Query(sqlx::Error::PoolTimedOut))),
+            (("False", "ConnectFailed"), ("Unknown", "NotChecked"))
+        );
+    }
 
     fn job(name: &str, created: &str, condition: serde_json::Value) -> Job {
         serde_json::from_value(json!({

@@ -168,6 +168,8 @@ pub const INVALID_CONFIG: &str = "InvalidConfig";
 
 /// Reason (`Reachable`): the database answers.
 pub const CONNECTED: &str = "Connected";
+/// Reason (`Reachable`): a SQLite store's act lock file cannot be opened.
+pub const LOCK_FAILED: &str = "LockFailed";
 /// Reason (`SchemaCompatible`): not checked (the spec is invalid, no DSN, unreachable).
 pub const NOT_CHECKED: &str = "NotChecked";
 /// Reason (`SchemaCompatible`): LangGraph checkpoint tables of a supported version.
