@@ -134,6 +134,10 @@ fn padding_entry_header(str_marker: u8) -> Vec<u8> {
 
 /// Runs the custody binary and returns (exit success, stdout, stderr, peak RSS in bytes),
 /// measuring the child alone with wait4 (the test process's own memory is not counted).
+#[expect(
+    unsafe_code,
+    reason = "wait4 is the only way to read a child's peak RSS"
+)]
 fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
     #[expect(
         clippy::zombie_processes,
@@ -161,6 +165,7 @@ fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
     let mut status = 0;
     // SAFETY: rusage is plain data that wait4 fills in; the pid is our own unreaped child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live locals of the types wait4 writes.
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(reaped, pid, "wait4");
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;

@@ -200,8 +200,10 @@ exec chroot --userspec=65532:65532 --groups= "$root" /custody "$@"
 }
 
 #[test]
+#[expect(unsafe_code, reason = "geteuid, to refuse to run unprivileged")]
 fn the_binary_runs_alone_read_only_as_65532() {
     assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
         unsafe { libc::geteuid() },
         0,
         "this test mounts and chroots: run it as root (tests/run.sh in CI is root)"
@@ -235,8 +237,10 @@ fn the_binary_runs_alone_read_only_as_65532() {
 /// built, for http:// servers too, and refuses to exist without any: the image's CA bundle is
 /// what lets the controller and the sweep talk to MCP servers at all.
 #[test]
+#[expect(unsafe_code, reason = "geteuid, to refuse to run unprivileged")]
 fn the_mcp_client_needs_and_finds_the_ca_bundle() {
     assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
         unsafe { libc::geteuid() },
         0,
         "this test mounts and chroots: run it as root (tests/run.sh in CI is root)"

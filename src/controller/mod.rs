@@ -629,10 +629,7 @@ async fn controllers(ctx: Arc<Context>) {
 /// `(namespace, name)` when a scheduled reconcile found its object deleted: kube-runtime never
 /// reconciles a deleted object, so this is where per-object state is dropped.
 fn deleted<K: Resource>(
-    r: &Result<
-        (ObjectRef<K>, Action),
-        kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
-    >,
+    r: &Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<Error, watcher::Error>>,
 ) -> Option<(String, String)> {
     match r.as_ref().err()? {
         kube::runtime::controller::Error::ObjectNotFound(obj) => {

@@ -85,7 +85,7 @@ pub struct Report {
     /// Unfinished actions of earlier sweeps that this sweep finished first.
     pub settled: Vec<act::SettledEntry>,
     /// Audit records this sweep settled or tried to; `None` when it did not act.
-    pub audit: Option<crate::sweep::audit::AuditReport>,
+    pub audit: Option<audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
     /// Configuration that probably does not do what was meant: no HandleClass selected, a
@@ -179,7 +179,7 @@ pub enum SweepError {
         store: String,
         /// What failed.
         #[source]
-        source: crate::sweep::audit::AuditError,
+        source: audit::AuditError,
     },
 }
 
@@ -305,7 +305,7 @@ pub async fn run_with(
     };
     let audit = match &actor {
         Some(a) => Some(
-            crate::sweep::audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
+            audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
                 .await
                 .map_err(|source| SweepError::Audit {
                     store: target.store.clone(),
@@ -399,7 +399,7 @@ pub async fn run_with(
 
     summary.audit = audit
         .as_ref()
-        .map(crate::sweep::audit::AuditReport::counts)
+        .map(audit::AuditReport::counts)
         .unwrap_or_default();
     summary.duration_ms = started.elapsed().as_millis() as u64;
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
