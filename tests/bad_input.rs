@@ -972,31 +972,7 @@ fn bad_probe_replies_are_unknown_never_gone() {
         .map(|(case, ..)| BadReplyServer::start(case, "tools/call"))
         .collect();
     for ((case, ..), server) in PROBE_CASES.iter().zip(&bad) {
-        let name = case.replace('_', "-");
-        support::write_file(
-            dir.path(),
-            &format!("bad-{name}.yaml"),
-            &format!(
-                r#"apiVersion: custody.dev/v1alpha1
-kind: MCPServer
-metadata: {{name: {name}}}
-spec: {{url: "{url}", timeoutSeconds: 5}}
----
-apiVersion: custody.dev/v1alpha1
-kind: HandleClass
-metadata: {{name: {name}}}
-spec:
-  serverRef: {name}
-  statePath: basket
-  mint: {{tool: create_basket, handleField: basket_id}}
-  probe:
-    tool: get_basket
-    arguments: {{basket_id: "{{{{handle}}}}"}}
-    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
-"#,
-                url = server.url()
-            ),
-        );
+        support::basket_class_on(dir.path(), &case.replace('_', "-"), &server.url());
     }
     let started = std::time::Instant::now();
     let report = support::sweep_json(dir.path());
