@@ -189,9 +189,18 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let events = custody::cluster::CollectingSink::default();
+    // HandleClasses of the store's namespace that cannot be used: left out, reported in the
+    // sweep's warnings, `status.lastSweep.skippedClasses` and an Event each.
+    let mut left_out = Vec::new();
     let targets = match (&cluster, &args.dir) {
         (Some((client, ns, name)), _) => {
-            vec![custody::cluster::store_target(client, ns, name).await?]
+            let t = custody::cluster::store_target(client, ns, name).await?;
+            for (class, why) in &t.left_out {
+                events.class_skipped(class, why);
+                left_out.push((class.clone(), why.to_string()));
+            }
+            vec![t.target]
         }
         (None, Some(dir)) => {
             let targets = Resources::load(dir)?.targets()?;
@@ -205,7 +214,6 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     let mut finished = Vec::new();
     let mut failures = Vec::new();
-    let events = custody::cluster::CollectingSink::default();
     // Rows are written as each batch finishes, never held: memory stays flat with the store.
     let mut out = report::SweepWriter::new(std::io::BufWriter::new(std::io::stdout()), args.output);
     for target in &targets {
@@ -221,7 +229,15 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         };
         out.begin_store(&target.store);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
-            Ok(f) => {
+            Ok(mut f) => {
+                let mut warnings: Vec<String> = left_out
+                    .iter()
+                    .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
+                    .collect();
+                warnings.append(&mut f.warnings);
+                f.warnings = warnings;
+                f.summary.skipped_classes = left_out.iter().map(|(c, _)| c.clone()).collect();
+                f.summary.skipped_classes.sort_unstable();
                 out.end_store(Ok(&f));
                 finished.push(f);
             }

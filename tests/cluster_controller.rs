@@ -1008,6 +1008,140 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     assert_eq!(&again["status"]["lastSweep"], last);
 }
 
+/// One HandleClass the API server accepts but custody's validation refuses (a template typo),
+/// and one whose MCPServer does not exist, next to the example class: the sweep leaves both out
+/// and sweeps the example class (exit 0, every parked thread judged), and says so in its
+/// warnings, `status.lastSweep.skippedClasses` and a `HandleClassSkipped` Event naming the
+/// field; the bad class's own `Valid` condition names it too.
+#[tokio::test]
+async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-badclass").await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_badclass").await;
+    let typo = merged(
+        basket_class(),
+        json!({"statePath": "other", "probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+    );
+    apply(&client, &ns, &object("HandleClass", "typo", typo)).await;
+    let orphan = merged(
+        basket_class(),
+        json!({"serverRef": "nowhere", "statePath": "other"}),
+    );
+    apply(&client, &ns, &object("HandleClass", "orphan", orphan)).await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "orders"},
+                "spec": {"backend": "postgres", "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}}),
+    )
+    .await;
+    let class = wait_conditions(&client, &ns, "HandleClass", "typo", &[("Valid", "False")]).await;
+    let message = condition(&class, "Valid").unwrap()["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .starts_with("spec.probe.arguments.basket_id: "),
+        "{message}"
+    );
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "custody {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let typo_warning = format!(
+        "HandleClass typo left out: HandleClass {}/typo: spec.probe.arguments.basket_id: ",
+        &*ns
+    );
+    assert!(
+        stdout.contains(&typo_warning),
+        "want {typo_warning:?} in:\n{stdout}"
+    );
+    let orphan_warning = format!(
+        "HandleClass orphan left out: HandleClass {}/orphan: spec.serverRef: no MCPServer \"nowhere\"",
+        &*ns
+    );
+    assert!(
+        stdout.contains(&orphan_warning),
+        "want {orphan_warning:?} in:\n{stdout}"
+    );
+
+    let parked: Vec<&str> = manifest["threads"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["parked"] == true)
+        .map(|t| t["expected"].as_str().unwrap())
+        .collect();
+    let store = eventually("status.lastSweep", async || {
+        let o = get(&client, &ns, "CheckpointStore", "orders")
+            .await
+            .unwrap();
+        if o["status"]["lastSweep"].is_object() {
+            Ok(o)
+        } else {
+            Err(o["status"].to_string())
+        }
+    })
+    .await;
+    let last = &store["status"]["lastSweep"];
+    assert_eq!(last["parkedThreads"], parked.len(), "{last}");
+    for verdict in ["ok", "gone", "absent", "unknown"] {
+        let n = parked.iter().filter(|e| **e == verdict).count();
+        assert_eq!(last[verdict], n, "{verdict}: {last}");
+    }
+    assert_eq!(last["skippedClasses"], json!(["orphan", "typo"]), "{last}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "HandleClassSkipped",
+        "Warning",
+    )
+    .await;
+    let notes: Vec<String> = events(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .into_iter()
+        .filter(|e| e.reason == event.reason)
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes.iter().any(
+            |n| n.starts_with("HandleClass typo left out of this sweep: ")
+                && n.contains("spec.probe.arguments.basket_id")
+        ),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|n| n.contains("spec.serverRef")),
+        "{notes:?}"
+    );
+}
+
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.
 #[tokio::test]
 async fn invalid_objects_name_the_field_in_conditions() {

@@ -26,7 +26,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -123,8 +123,8 @@ pub struct Context {
     pub client: Client,
     /// Metrics.
     pub metrics: Metrics,
-    /// One Event recorder for the process (its cache deduplicates repeated Events).
-    pub recorder: Recorder,
+    /// Who publishes the controller's Events ([`crate::cluster::publish_event`]).
+    pub reporter: Reporter,
     /// Latest observations per MCPServer (`namespace/name`).
     pub observed: RwLock<HashMap<String, Observed>>,
     /// Options.
@@ -225,7 +225,10 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+        let regarding = obj.object_ref(&());
+        if let Err(e) =
+            crate::cluster::publish_event(&self.client, &self.reporter, &event, &regarding).await
+        {
             tracing::warn!(reason, error = %e, "cannot publish Event");
         }
     }
@@ -298,7 +301,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
-        recorder: Recorder::new(client.clone(), reporter),
+        reporter,
         observed: RwLock::default(),
         opts: opts.clone(),
         lease: LeaseFence::new(
@@ -797,7 +800,7 @@ pub(crate) mod fixtures {
         let ctx = Context {
             client: client.clone(),
             metrics: Metrics::new(&mut Registry::default()),
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             observed: RwLock::default(),
             opts: Wrapper::parse_from(["custody"]).opts,
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
