@@ -587,7 +587,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     .await;
     assert_eq!(
         condition(&down, "Discovered").unwrap()["reason"],
-        "ConnectFailed"
+        "ConnectionRefused"
     );
     let rv = down["metadata"]["resourceVersion"].as_str().unwrap();
     let writes = modifications(&api, "down", rv, Duration::from_secs(10), false).await;
@@ -609,7 +609,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
         &ns,
         "MCPServer",
         "down",
-        "DiscoveryFailed",
+        "ConnectionRefused",
         "Warning",
     )
     .await;
@@ -662,10 +662,18 @@ async fn health_flips_with_events_and_transition_times() {
     )
     .await;
     let unhealthy = condition(&obj, "Healthy").unwrap();
-    assert_eq!(unhealthy["reason"], "Unreachable");
+    assert_eq!(unhealthy["reason"], "ConnectionRefused");
     let down_since = unhealthy["lastTransitionTime"].clone();
     assert!(time(&down_since) > time(&healthy_since), "{unhealthy}");
-    let event = wait_event(&client, &ns, "MCPServer", "flip", "Unhealthy", "Warning").await;
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "flip",
+        "ConnectionRefused",
+        "Warning",
+    )
+    .await;
     assert_eq!(
         event.reporting_controller.as_deref(),
         Some("custody-controller")
@@ -681,6 +689,115 @@ async fn health_flips_with_events_and_transition_times() {
     let obj = wait_conditions(&client, &ns, "MCPServer", "flip", &[("Healthy", "True")]).await;
     assert!(time(&condition(&obj, "Healthy").unwrap()["lastTransitionTime"]) > time(&down_since));
     wait_event(&client, &ns, "MCPServer", "flip", "Healthy", "Normal").await;
+}
+
+/// Each way of failing to reach an MCP server is its own reason in `Discovered`/`Healthy`/`Ready`,
+/// its own Warning Event and its own `custody_reconcile_failures_total` reason: a 401 (the
+/// basket server requiring a bearer token), a closed port, a server that never answers, an
+/// `https` URL to a plain HTTP server, a reply that is not JSON. When the cause at one URL
+/// changes (the closed port starts answering 401), a new Event says so with the current message.
+#[tokio::test]
+async fn mcp_failures_have_distinct_causes_and_current_event_messages() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-causes").await;
+    let locked = BasketServer::start(&[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    let hang = support::Peer::misbehaving("hang");
+    let plain = BasketServer::start(&[]);
+    let not_json = support::Peer::misbehaving("invalid_json");
+    let closed = support::free_port();
+    let servers = [
+        ("auth", locked.url(), "AuthFailed", "AuthFailed"),
+        (
+            "refused",
+            format!("http://127.0.0.1:{closed}/mcp"),
+            "ConnectionRefused",
+            "ConnectionRefused",
+        ),
+        ("hang", hang.url(), "Timeout", "Timeout"),
+        (
+            "tls",
+            format!("https://127.0.0.1:{}/mcp", plain.port),
+            "TlsFailed",
+            "TlsFailed",
+        ),
+        // The handshake works; tools/list's reply is truncated JSON.
+        ("protocol", not_json.url(), "ProtocolError", "Answered"),
+    ];
+    for (name, url, _, _) in &servers {
+        apply(
+            &client,
+            &ns,
+            &object("MCPServer", name, json!({"url": url, "timeoutSeconds": 2})),
+        )
+        .await;
+    }
+    for (name, _, discovered, healthy) in &servers {
+        let obj = eventually(&format!("MCPServer {name}: {discovered}"), async || {
+            let o = get(&client, &ns, "MCPServer", name).await.unwrap();
+            let reason = |t| condition(&o, t).map(|c| c["reason"].clone());
+            if reason("Discovered") == Some(json!(discovered))
+                && reason("Healthy") == Some(json!(healthy))
+            {
+                Ok(o)
+            } else {
+                Err(o["status"]["conditions"].to_string())
+            }
+        })
+        .await;
+        let ready = condition(&obj, "Ready").unwrap();
+        assert_eq!(
+            (&ready["status"], &ready["reason"]),
+            (&json!("False"), &json!(discovered)),
+            "{ready}"
+        );
+        let event = wait_event(&client, &ns, "MCPServer", name, discovered, "Warning").await;
+        let note = event.note.unwrap_or_default();
+        assert!(note.starts_with("discovery failed: "), "{name}: {note}");
+    }
+    let auth = get(&client, &ns, "MCPServer", "auth").await.unwrap();
+    let message = condition(&auth, "Discovered").unwrap()["message"].clone();
+    assert!(message.as_str().unwrap().contains("401"), "{message}");
+    assert!(!message.to_string().contains("s3cret"), "{message}");
+    let text = infra.metrics().await;
+    for reason in ["auth", "refused", "timeout", "tls", "protocol"] {
+        let series =
+            format!("custody_reconcile_failures_total{{kind=\"MCPServer\",reason=\"{reason}\"}}");
+        assert!(
+            metric(&text, &series).is_some_and(|n| n >= 1.0),
+            "{series} in:\n{text}"
+        );
+    }
+
+    // The closed port starts answering 401: the cause, the condition and a new Event follow.
+    let _now_locked = BasketServer::on(closed, &[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    let obj = eventually("MCPServer refused: AuthFailed", async || {
+        let o = get(&client, &ns, "MCPServer", "refused").await.unwrap();
+        let reason = |t| condition(&o, t).map(|c| c["reason"].clone());
+        if reason("Discovered") == Some(json!("AuthFailed"))
+            && reason("Healthy") == Some(json!("AuthFailed"))
+        {
+            Ok(o)
+        } else {
+            Err(o["status"]["conditions"].to_string())
+        }
+    })
+    .await;
+    let message = condition(&obj, "Healthy").unwrap()["message"].clone();
+    assert!(message.as_str().unwrap().contains("401"), "{message}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "refused",
+        "AuthFailed",
+        "Warning",
+    )
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("401"), "{note}");
+    assert!(!note.contains("connection refused"), "{note}");
 }
 
 /// Waits until `lastHealthCheckTime` moves past the one in `obj`; returns the object then.

@@ -75,6 +75,15 @@ pub const NO_SWEEP_FINISHED: &str = "NoSweepFinished";
 /// or custody does not know (known ones keep the Job's own reason, e.g. `DeadlineExceeded`).
 pub const JOB_FAILED: &str = "JobFailed";
 
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): the server refused custody's credentials
+/// (HTTP 401 or 403; check `headers`/`headersFrom`).
+pub const AUTH_FAILED: &str = "AuthFailed";
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): nothing accepts connections at the URL.
+pub const CONNECTION_REFUSED: &str = "ConnectionRefused";
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): the TLS handshake or certificate check
+/// failed.
+pub const TLS_FAILED: &str = "TlsFailed";
+
 /// Messages are bounded: the API server caps them at 32 KiB, and a reader wants one screen.
 const MAX_MESSAGE: usize = 1024;
 
@@ -112,14 +121,6 @@ pub fn merge(
             }
         })
         .collect()
-}
-
-/// The status of a condition type, if present.
-pub fn status_of<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.as_str())
 }
 
 #[cfg(test)]

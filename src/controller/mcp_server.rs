@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
-use super::conditions::{Cond, merge, status_of};
+use super::conditions::{self, Cond, merge};
 use super::metrics::{FailureLabels, KindLabels, ObjectLabels};
 use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
 use crate::cluster;
@@ -116,7 +116,8 @@ pub(super) async fn reconcile(
                         reason: e.category(),
                     })
                     .inc();
-                observed.discovery_error = Some((e.category(), e.to_string()));
+                let message = crate::mcp::cause::explained(e.category(), &e.to_string());
+                observed.discovery_error = Some((e.category(), message));
             }
         }
         ctx.metrics
@@ -268,7 +269,11 @@ fn status(
     };
     let healthy = match &o.health {
         Some(h) if h.healthy => Cond::yes("Healthy", "Answered", h.reason.clone()),
-        Some(h) => Cond::no("Healthy", "Unreachable", h.reason.clone()),
+        Some(h) => Cond::no(
+            "Healthy",
+            h.category.map_or("Unreachable", reason_of),
+            health_message(h),
+        ),
         None => Cond::unknown("Healthy", "Pending", "not checked yet"),
     };
     let ready = if discovered.status == "True" && healthy.status == "True" {
@@ -333,11 +338,19 @@ fn status(
     }
 }
 
+/// A failed health check's reason, explained as discovery errors are.
+fn health_message(h: &discovery::Health) -> String {
+    crate::mcp::cause::explained(h.category.unwrap_or_default(), &h.reason)
+}
+
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
         "timeout" => "Timeout",
         "connect" => "ConnectFailed",
+        "auth" => conditions::AUTH_FAILED,
+        "refused" => conditions::CONNECTION_REFUSED,
+        "tls" => conditions::TLS_FAILED,
         "transport" => "TransportFailed",
         "protocol" => "ProtocolError",
         "too_large" => "ResponseTooLarge",
@@ -389,28 +402,53 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
             .server_healthy
             .get_or_create(&labels)
             .set(i64::from(h.healthy));
-        let was = status_of(&current.conditions, "Healthy");
-        let now = if h.healthy { "True" } else { "False" };
-        if was != Some(now) && !(was.is_none() && h.healthy) {
-            let (type_, reason) = if h.healthy {
-                (EventType::Normal, "Healthy")
-            } else {
-                (EventType::Warning, "Unhealthy")
-            };
-            ctx.event(server, type_, reason, h.reason.clone()).await;
+    }
+    for (type_, reason, note) in failure_events(current, o) {
+        ctx.event(server, type_, reason, note).await;
+    }
+}
+
+/// The Events for what changed since the persisted status: `Healthy` (Normal) when health comes
+/// back, and a Warning named for the cause (`AuthFailed`, `ConnectionRefused`, `TlsFailed`,
+/// `Timeout`, `ProtocolError`, …) whenever discovery or the health check starts failing or fails
+/// for another cause than the status says, with the current message. A health failure of the
+/// cause a discovery failure just reported is not repeated.
+fn failure_events(
+    current: &MCPServerStatus,
+    o: &Observed,
+) -> Vec<(EventType, &'static str, String)> {
+    let was = |type_: &str| current.conditions.iter().find(|c| c.type_ == type_);
+    let changed = |type_: &str, reason: &str| {
+        was(type_).is_none_or(|c| c.status != "False" || c.reason != reason)
+    };
+    let mut out = Vec::new();
+    if let Some((category, message)) = &o.discovery_error {
+        let reason = reason_of(category);
+        if changed("Discovered", reason) {
+            out.push((
+                EventType::Warning,
+                reason,
+                format!("discovery failed: {message}"),
+            ));
         }
     }
-    if let Some((_, message)) = &o.discovery_error
-        && status_of(&current.conditions, "Discovered") != Some("False")
-    {
-        ctx.event(
-            server,
-            EventType::Warning,
-            "DiscoveryFailed",
-            message.clone(),
-        )
-        .await;
+    if let Some(h) = &o.health {
+        if h.healthy {
+            if was("Healthy").is_some_and(|c| c.status == "False") {
+                out.push((EventType::Normal, "Healthy", h.reason.clone()));
+            }
+        } else {
+            let reason = h.category.map_or("Unreachable", reason_of);
+            if changed("Healthy", reason) && !out.iter().any(|(_, r, _)| *r == reason) {
+                out.push((
+                    EventType::Warning,
+                    reason,
+                    format!("health check failed: {}", health_message(h)),
+                ));
+            }
+        }
     }
+    out
 }
 
 #[cfg(test)]

@@ -84,14 +84,18 @@ pub const SKIP_REASONS: [&str; 3] = [
 ];
 
 /// Label values of `custody_sweep_probe_errors`: [`McpError::category`]'s names.
-pub const PROBE_ERROR_REASONS: [&str; 7] = [
+/// (`timeout` and `protocol` are connect causes and request categories alike: listed once.)
+pub const PROBE_ERROR_REASONS: [&str; 10] = [
     "config",
-    "timeout",
-    "connect",
+    crate::mcp::cause::CONNECT,
     REQUEST_CATEGORIES[0],
     REQUEST_CATEGORIES[1],
     REQUEST_CATEGORIES[2],
     REQUEST_CATEGORIES[3],
+    REQUEST_CATEGORIES[4],
+    REQUEST_CATEGORIES[5],
+    REQUEST_CATEGORIES[6],
+    REQUEST_CATEGORIES[7],
 ];
 
 /// Every metric the controller exports.

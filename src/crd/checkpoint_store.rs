@@ -248,7 +248,8 @@ pub struct SweepSummary {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub skipped_by_reason: std::collections::BTreeMap<String, u64>,
     /// Probe calls that could not be completed (their handles are `unknown`), by reason:
-    /// `timeout`, `connect`, `transport`, `protocol`, `too_large`, `rpc_error`, `config`.
+    /// `timeout`, `refused`, `tls`, `auth` (HTTP 401/403), `connect` (another connect failure),
+    /// `transport`, `protocol`, `too_large`, `rpc_error`, `config`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub probe_errors: std::collections::BTreeMap<String, u64>,
     /// HandleClasses of the store's namespace that the sweep left out because they cannot be
