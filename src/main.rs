@@ -30,11 +30,12 @@ enum Command {
 
 #[derive(clap::Args)]
 struct DiscoverArgs {
-    /// Directory of resource YAML files (local mode): MCPServers and the Secrets they reference.
+    /// Resource YAML file, or directory of them (local mode): MCPServers and the Secrets they
+    /// reference.
     #[arg(
         short = 'f',
         long = "filename",
-        value_name = "DIR",
+        value_name = "PATH",
         env = "CUSTODY_RESOURCES"
     )]
     dir: PathBuf,
@@ -56,12 +57,12 @@ struct DiscoverArgs {
 
 #[derive(clap::Args)]
 struct SweepArgs {
-    /// Directory of resource YAML files (local mode): MCPServers, HandleClasses,
+    /// Resource YAML file, or directory of them (local mode): MCPServers, HandleClasses,
     /// CheckpointStores and the Secrets they reference.
     #[arg(
         short = 'f',
         long = "filename",
-        value_name = "DIR",
+        value_name = "PATH",
         env = "CUSTODY_RESOURCES",
         required_unless_present = "store",
         conflicts_with = "store"
@@ -99,12 +100,18 @@ struct SweepArgs {
     egress: custody::mcp::egress::EgressOptions,
 }
 
+/// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
+/// at WARN. rmcp's transport worker logs every failed request at ERROR as the Debug dump of
+/// reqwest's error; custody reports the same failure once, with its cause, in its own message,
+/// so that target is off (`RUST_LOG=rmcp::transport::worker=error` shows it).
+const DEFAULT_LOG: &str = "warn,custody=info,rmcp::transport::worker=off";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,custody=info".into()),
+                .unwrap_or_else(|_| DEFAULT_LOG.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -144,11 +151,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The Kubernetes client for `--store`. kube's own error ("Failed to infer configuration")
+/// does not say where it looked; say it, once.
+async fn cluster_client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach a Kubernetes cluster: {e} (custody reads the kubeconfig from \
+             $KUBECONFIG or ~/.kube/config, or the in-cluster ServiceAccount inside a Pod; \
+             -f PATH sweeps local files without a cluster)"
+        )
+    })
+}
+
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let resources = Resources::load(&args.dir)?;
     let mut servers = resources.server_configs()?;
     if servers.is_empty() {
-        anyhow::bail!("no MCPServer among the files in {}", args.dir.display());
+        anyhow::bail!("no MCPServer in {}", args.dir.display());
     }
     for (cfg, _) in &mut servers {
         cfg.max_response_bytes = args.max_response_bytes;
@@ -185,7 +204,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let cluster = match &args.store {
         Some(store) => {
             let (ns, name) = custody::cluster::parse_ref(store).map_err(anyhow::Error::msg)?;
-            Some((kube::Client::try_default().await?, ns, name))
+            Some((cluster_client().await?, ns, name))
         }
         None => None,
     };
@@ -205,7 +224,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         (None, Some(dir)) => {
             let targets = Resources::load(dir)?.targets()?;
             if targets.is_empty() {
-                anyhow::bail!("no CheckpointStore among the files in {}", dir.display());
+                anyhow::bail!("no CheckpointStore in {}", dir.display());
             }
             targets
         }
