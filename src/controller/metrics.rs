@@ -196,6 +196,16 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             m.leader.clone(),
         );
+        // An Info metric: `custody_build_info{version="…"} 1`, so a dashboard can tell which
+        // build runs.
+        r.register(
+            "build",
+            "custody's build",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version",
+                env!("CARGO_PKG_VERSION"),
+            )]),
+        );
         m
     }
 
@@ -231,6 +241,19 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_names_the_version() {
+        let mut registry = Registry::default();
+        Metrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let line = format!(
+            "custody_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == line), "{text}");
+    }
 
     #[test]
     fn sweep_reasons_become_bounded_gauges() {
