@@ -236,6 +236,15 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     // Rows are written as each batch finishes, never held: memory stays flat with the store.
     let mut out = report::SweepWriter::new(std::io::BufWriter::new(std::io::stdout()), args.output);
     for target in &targets {
+        // `--apply` cannot make an observing store act; a silent no-op would look like a sweep
+        // that found nothing to do.
+        if args.apply && target.mode == custody::crd::StoreMode::Observe {
+            eprintln!(
+                "warning: CheckpointStore {} has spec.mode observe: --apply acts only on stores \
+                 with mode: act, so this sweep only plans",
+                target.store
+            );
+        }
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
             shard: args.shard,

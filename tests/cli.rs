@@ -204,3 +204,25 @@ fn no_cluster_names_kubeconfig_once() {
         "printed once, nothing else:\n{stderr}"
     );
 }
+
+/// `--apply` on a store with `mode: observe` says that it changes nothing, before sweeping.
+#[test]
+fn apply_on_an_observing_store_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    support::basket_resources(
+        dir.path(),
+        &format!("http://127.0.0.1:{port}/mcp"),
+        "auto",
+        "sqlite",
+        "sqlite://missing.sqlite",
+    );
+    let out = support::custody(&["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().next().is_some_and(|l| l
+            == "warning: CheckpointStore default/orders has spec.mode observe: --apply acts only \
+                on stores with mode: act, so this sweep only plans"),
+        "{stderr}"
+    );
+}
