@@ -535,7 +535,7 @@ async fn controllers(ctx: Arc<Context>) {
                     if let Some((ns, name)) = deleted(&r) {
                         forget_server(&ctx, ns, name).await;
                     }
-                    drain("MCPServer")(r).await;
+                    drain("MCPServer", &ctx)(r).await;
                 }
             }
         });
@@ -561,7 +561,7 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("AgentAssignment"),
             ctx.clone(),
         )
-        .for_each(drain("AgentAssignment"));
+        .for_each(drain("AgentAssignment", &ctx));
 
     let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone());
     let class_store = classes.store();
@@ -580,7 +580,7 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("HandleClass"),
             ctx.clone(),
         )
-        .for_each(drain("HandleClass"));
+        .for_each(drain("HandleClass", &ctx));
 
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),
@@ -622,7 +622,7 @@ async fn controllers(ctx: Arc<Context>) {
                 if let Some((ns, name)) = deleted(&r) {
                     forget_store(&ctx, ns, name);
                 }
-                drain("CheckpointStore")(r)
+                drain("CheckpointStore", &ctx)(r)
             }
         });
 
@@ -700,18 +700,55 @@ fn forget_store(ctx: &Context, namespace: String, name: String) {
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error
-/// policy; what remains here are watch and queue errors.
-fn drain<K, E: std::fmt::Display>(
+/// policy; what remains are watch errors (of the kind or of what it owns or watches: a 403 when
+/// RBAC lacks `list`/`watch`, an unknown resource when a CRD is missing), logged at WARN and
+/// counted in `custody_reconcile_failures_total{kind, reason}` ([`watch_failure`]); the watcher
+/// retries with backoff.
+fn drain<K>(
     kind: &'static str,
-) -> impl Fn(Result<(ObjectRef<K>, Action), E>) -> futures::future::Ready<()>
+    ctx: &Arc<Context>,
+) -> impl Fn(ControllerResult<K>) -> futures::future::Ready<()>
 where
     K: Resource,
 {
+    let ctx = ctx.clone();
     move |r| {
-        if let Err(e) = r {
-            tracing::debug!(kind, error = %e, "controller");
+        use kube::runtime::controller::Error as C;
+        match r {
+            Err(C::QueueError(e)) => {
+                let reason = watch_failure(&e);
+                tracing::warn!(kind, reason, error = %e, "watch failed; retrying");
+                ctx.metrics
+                    .failures
+                    .get_or_create(&metrics::FailureLabels { kind, reason })
+                    .inc();
+            }
+            Err(e) => tracing::debug!(kind, error = %e, "controller"),
+            Ok(_) => {}
         }
         futures::future::ready(())
+    }
+}
+
+/// What a controller's stream yields for one object.
+type ControllerResult<K> =
+    Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<Error, watcher::Error>>;
+
+/// The `reason` label of a failed watch or list: `watch_forbidden` for HTTP 403 (the
+/// ServiceAccount may not list or watch the resource), `watch_not_found` for 404 (the resource
+/// is not served: a missing CRD), else `watch`.
+fn watch_failure(e: &watcher::Error) -> &'static str {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    match code {
+        Some(403) => "watch_forbidden",
+        Some(404) => "watch_not_found",
+        _ => "watch",
     }
 }
 
@@ -848,5 +885,31 @@ pub(crate) mod fixtures {
                 .unwrap(),
         );
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    #[test]
+    fn watch_failures_name_forbidden_and_missing_resources() {
+        let api = |code| kube::Error::Api(Box::new(Status::failure("no", "No").with_code(code)));
+        assert_eq!(
+            watch_failure(&watcher::Error::InitialListFailed(api(403))),
+            "watch_forbidden"
+        );
+        assert_eq!(
+            watch_failure(&watcher::Error::WatchError(Box::new(
+                Status::failure("gone", "NotFound").with_code(404)
+            ))),
+            "watch_not_found"
+        );
+        assert_eq!(
+            watch_failure(&watcher::Error::WatchFailed(api(500))),
+            "watch"
+        );
+        assert_eq!(watch_failure(&watcher::Error::NoResourceVersion), "watch");
     }
 }
