@@ -45,8 +45,21 @@ pub(super) async fn reconcile(
 
     // 1. validate (pure)
     if let Err(e) = validate::mcp_server(&server.spec) {
-        let status = broken(server, &current, "InvalidSpec", e.to_string(), now);
-        unusable(server, &current, "InvalidSpec", e.to_string(), &ctx).await;
+        let status = broken(
+            server,
+            &current,
+            conditions::INVALID_SPEC,
+            e.to_string(),
+            now,
+        );
+        unusable(
+            server,
+            &current,
+            conditions::INVALID_SPEC,
+            e.to_string(),
+            &ctx,
+        )
+        .await;
         apply_status(
             &ctx,
             &api,
@@ -61,8 +74,21 @@ pub(super) async fn reconcile(
     let (cfg, allowlist) = match cluster::server_config(&ctx.client, server).await {
         Ok(c) => c,
         Err(cluster::ClusterError::Resources(e)) => {
-            let status = broken(server, &current, "SecretNotResolved", e.to_string(), now);
-            unusable(server, &current, "SecretNotResolved", e.to_string(), &ctx).await;
+            let status = broken(
+                server,
+                &current,
+                conditions::SECRET_NOT_RESOLVED,
+                e.to_string(),
+                now,
+            );
+            unusable(
+                server,
+                &current,
+                conditions::SECRET_NOT_RESOLVED,
+                e.to_string(),
+                &ctx,
+            )
+            .await;
             apply_status(
                 &ctx,
                 &api,
@@ -213,9 +239,13 @@ fn broken(
     now: DateTime<Utc>,
 ) -> MCPServerStatus {
     let conds = vec![
-        Cond::no("Ready", reason, message.clone()),
-        Cond::no("Discovered", reason, message.clone()),
-        Cond::unknown("Healthy", reason, "not checked: ".to_owned() + &message),
+        Cond::no(conditions::READY, reason, message.clone()),
+        Cond::no(conditions::DISCOVERED, reason, message.clone()),
+        Cond::unknown(
+            conditions::HEALTHY,
+            reason,
+            "not checked: ".to_owned() + &message,
+        ),
     ];
     MCPServerStatus {
         conditions: merge(
@@ -239,8 +269,11 @@ async fn unusable(
     ctx: &Context,
 ) {
     ctx.count_unusable("MCPServer", reason);
-    let ready = current.conditions.iter().find(|c| c.type_ == "Ready");
-    if ready.is_none_or(|c| c.status != "False" || c.reason != reason) {
+    let ready = current
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::READY);
+    if ready.is_none_or(|c| c.status != conditions::FALSE || c.reason != reason) {
         ctx.event(server, EventType::Warning, reason, message).await;
     }
 }
@@ -254,41 +287,47 @@ fn status(
 ) -> MCPServerStatus {
     let discovered = match (&o.discovery_error, &o.catalog) {
         (Some((category, message)), _) => {
-            Cond::no("Discovered", reason_of(category), message.clone())
+            Cond::no(conditions::DISCOVERED, reason_of(category), message.clone())
         }
         (None, Some(c)) => Cond::yes(
-            "Discovered",
-            "CatalogListed",
+            conditions::DISCOVERED,
+            conditions::CATALOG_LISTED,
             format!(
                 "{} tools via {}",
                 c.tools.len(),
                 c.protocol_version.as_deref().unwrap_or("?")
             ),
         ),
-        (None, None) => Cond::unknown("Discovered", "Pending", "not discovered yet"),
+        (None, None) => Cond::unknown(
+            conditions::DISCOVERED,
+            conditions::PENDING,
+            "not discovered yet",
+        ),
     };
     let healthy = match &o.health {
-        Some(h) if h.healthy => Cond::yes("Healthy", "Answered", h.reason.clone()),
+        Some(h) if h.healthy => {
+            Cond::yes(conditions::HEALTHY, conditions::ANSWERED, h.reason.clone())
+        }
         Some(h) => Cond::no(
-            "Healthy",
-            h.category.map_or("Unreachable", reason_of),
+            conditions::HEALTHY,
+            h.category.map_or(conditions::UNREACHABLE, reason_of),
             health_message(h),
         ),
-        None => Cond::unknown("Healthy", "Pending", "not checked yet"),
+        None => Cond::unknown(conditions::HEALTHY, conditions::PENDING, "not checked yet"),
     };
-    let ready = if discovered.status == "True" && healthy.status == "True" {
+    let ready = if discovered.status == conditions::TRUE && healthy.status == conditions::TRUE {
         Cond::yes(
-            "Ready",
-            "DiscoveredAndHealthy",
+            conditions::READY,
+            conditions::DISCOVERED_AND_HEALTHY,
             "catalog listed and server answering",
         )
     } else {
-        let why = if discovered.status != "True" {
+        let why = if discovered.status != conditions::TRUE {
             &discovered
         } else {
             &healthy
         };
-        Cond::no("Ready", why.reason, why.message.clone())
+        Cond::no(conditions::READY, why.reason, why.message.clone())
     };
     let catalog = o.catalog.as_ref();
     let private = catalog.is_some_and(|c| c.cache_scope == Some(CacheScope::Private));
@@ -346,20 +385,20 @@ fn health_message(h: &discovery::Health) -> String {
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
-        "timeout" => "Timeout",
-        "connect" => "ConnectFailed",
+        "timeout" => conditions::TIMEOUT,
+        "connect" => conditions::CONNECT_FAILED,
         "auth" => conditions::AUTH_FAILED,
         "refused" => conditions::CONNECTION_REFUSED,
         "tls" => conditions::TLS_FAILED,
-        "transport" => "TransportFailed",
-        "protocol" => "ProtocolError",
-        "too_large" => "ResponseTooLarge",
-        "rpc_error" => "JsonRpcError",
-        "pagination" => "PaginationFailed",
-        "allowlist" => "AllowlistNotOffered",
-        "tool_name" => "InvalidToolName",
-        "config" => "InvalidConfig",
-        _ => "DiscoveryFailed",
+        "transport" => conditions::TRANSPORT_FAILED,
+        "protocol" => conditions::PROTOCOL_ERROR,
+        "too_large" => conditions::RESPONSE_TOO_LARGE,
+        "rpc_error" => conditions::JSON_RPC_ERROR,
+        "pagination" => conditions::PAGINATION_FAILED,
+        "allowlist" => conditions::ALLOWLIST_NOT_OFFERED,
+        "tool_name" => conditions::INVALID_TOOL_NAME,
+        "config" => conditions::INVALID_CONFIG,
+        _ => conditions::DISCOVERY_FAILED,
     }
 }
 
@@ -383,7 +422,7 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                     c.digest,
                     c.tools.len()
                 );
-                ctx.event(server, EventType::Normal, "CatalogChanged", note)
+                ctx.event(server, EventType::Normal, conditions::CATALOG_CHANGED, note)
                     .await;
             }
             None => {
@@ -392,8 +431,13 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                     c.tools.len(),
                     c.protocol_version.as_deref().unwrap_or("?")
                 );
-                ctx.event(server, EventType::Normal, "CatalogDiscovered", note)
-                    .await;
+                ctx.event(
+                    server,
+                    EventType::Normal,
+                    conditions::CATALOG_DISCOVERED,
+                    note,
+                )
+                .await;
             }
         }
     }
@@ -419,12 +463,12 @@ fn failure_events(
 ) -> Vec<(EventType, &'static str, String)> {
     let was = |type_: &str| current.conditions.iter().find(|c| c.type_ == type_);
     let changed = |type_: &str, reason: &str| {
-        was(type_).is_none_or(|c| c.status != "False" || c.reason != reason)
+        was(type_).is_none_or(|c| c.status != conditions::FALSE || c.reason != reason)
     };
     let mut out = Vec::new();
     if let Some((category, message)) = &o.discovery_error {
         let reason = reason_of(category);
-        if changed("Discovered", reason) {
+        if changed(conditions::DISCOVERED, reason) {
             out.push((
                 EventType::Warning,
                 reason,
@@ -434,12 +478,16 @@ fn failure_events(
     }
     if let Some(h) = &o.health {
         if h.healthy {
-            if was("Healthy").is_some_and(|c| c.status == "False") {
-                out.push((EventType::Normal, "Healthy", h.reason.clone()));
+            if was(conditions::HEALTHY).is_some_and(|c| c.status == conditions::FALSE) {
+                out.push((
+                    EventType::Normal,
+                    conditions::HEALTHY_AGAIN,
+                    h.reason.clone(),
+                ));
             }
         } else {
-            let reason = h.category.map_or("Unreachable", reason_of);
-            if changed("Healthy", reason) && !out.iter().any(|(_, r, _)| *r == reason) {
+            let reason = h.category.map_or(conditions::UNREACHABLE, reason_of);
+            if changed(conditions::HEALTHY, reason) && !out.iter().any(|(_, r, _)| *r == reason) {
                 out.push((
                     EventType::Warning,
                     reason,
