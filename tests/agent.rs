@@ -259,3 +259,22 @@ async fn a_pending_call_holding_the_handle_is_escalated_not_reminted_sqlite() {
 async fn a_pending_call_holding_the_handle_is_escalated_not_reminted_postgres() {
     pending_call_case(Kind::Postgres).await;
 }
+
+/// README "Using custody with the agent toolkit" shows the agent side of custody: it is the
+/// text of tests/py/hitl_agent.py that the tests above run.
+#[test]
+fn the_readme_shows_the_middleware_the_tests_run() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let section = &readme[readme
+        .find("## Using custody with the agent toolkit")
+        .expect("README section")..];
+    let block = &section[section.find("```python\n").unwrap() + 10..];
+    let snippet = &block[..block.find("```").unwrap()];
+    assert!(snippet.contains("class CustodyMiddleware(AgentMiddleware):"));
+    let agent = std::fs::read_to_string(format!("{root}/tests/py/hitl_agent.py")).unwrap();
+    assert!(
+        agent.contains(snippet),
+        "README's agent code differs from tests/py/hitl_agent.py"
+    );
+}

@@ -31,9 +31,11 @@ CLI (progress on stderr, results as JSON on stdout):
                        --decisions JSON [--interrupt-on a,b]
       resumes with Command(resume={"decisions": DECISIONS})
   hitl_agent.py state  --thread T (--sqlite PATH | --postgres DSN)
-  hitl_agent.py tools  [--server URL]
-      the tools the agent gets: {name: {"read_only": bool}}; without --server from MCP_SERVERS /
-      MCP_AGENT_SERVERS through the toolkit's Settings, as the toolkit service reads them
+  hitl_agent.py tools  [--server URL] [--interrupt-on a,b]
+      {"tools": names, "writes": names that may write, "interrupted": names the agent's
+      HumanInTheLoopMiddleware pauses before}; without --server from MCP_SERVERS and
+      MCP_AGENT_SERVERS (agent `create-agent`) through the toolkit's Settings, as the toolkit
+      service reads them
 
 The state JSON: values (basket, mint_inputs, items, custody), next, interrupts (their values),
 messages (type, content, tool_calls, status, name), final (the last AI message's text).
@@ -72,6 +74,19 @@ ALIAS = "shop"
 STOP_VERDICTS = ("escalated", "failed")
 
 
+def log(message: str) -> None:
+    print(f"hitl_agent: {message}", file=sys.stderr, flush=True)
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# ----------------------------------------------------------------------------- the agent side of custody
+# README "Using custody with the agent toolkit" shows this section, from `class HandleRecord` to
+# the end of `CustodyMiddleware`; tests/agent.rs checks that it is the same text.
+
+
 class HandleRecord(TypedDict):
     """The handle-custody record: what the agent knows about its handle, plain types only."""
 
@@ -92,23 +107,12 @@ class CustodyState(AgentState):
     custody: NotRequired[dict[str, Any] | None]
 
 
-def log(message: str) -> None:
-    print(f"hitl_agent: {message}", file=sys.stderr, flush=True)
-
-
-def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 def stopped_by_custody(state: Any) -> str | None:
     """`handle_gone: custody <verdict>: <reason>` when custody's verdict says stop, else None."""
     custody = state.get("custody") or {}
     if custody.get("verdict") in STOP_VERDICTS:
         return f"handle_gone: custody {custody['verdict']}: {custody.get('reason', 'no reason given')}"
     return None
-
-
-# ----------------------------------------------------------------------------- the middleware
 
 
 class CustodyMiddleware(AgentMiddleware):
@@ -230,12 +234,17 @@ async def load_tools(server_url: str | None) -> list[BaseTool]:
     return [tool for tools in loaded.values() for tool in tools]
 
 
-def build_agent(tools: list[BaseTool], checkpointer: BaseCheckpointSaver[Any], interrupt_on: list[str] | None) -> Any:
+def approval(tools: list[BaseTool], interrupt_on: list[str] | None) -> HumanInTheLoopMiddleware:
+    """The HITL middleware of the agent: on `interrupt_on`, by default on every tool that may write."""
     gated = interrupt_on if interrupt_on is not None else [t.name for t in tools if not read_only(t)]
+    return HumanInTheLoopMiddleware(interrupt_on={name: True for name in gated})
+
+
+def build_agent(tools: list[BaseTool], checkpointer: BaseCheckpointSaver[Any] | None, interrupt_on: list[str] | None) -> Any:
     return create_agent(
         model=ScriptedModel(),
         tools=tools,
-        middleware=[HumanInTheLoopMiddleware(interrupt_on={name: True for name in gated}), CustodyMiddleware(ALIAS)],
+        middleware=[approval(tools, interrupt_on), CustodyMiddleware(ALIAS)],
         state_schema=CustodyState,
         checkpointer=checkpointer,
     )
@@ -330,7 +339,15 @@ async def state(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def tools(args: argparse.Namespace) -> dict[str, Any]:
-    return {t.name: {"read_only": read_only(t)} for t in await load_tools(args.server)}
+    loaded = await load_tools(args.server)
+    build_agent(loaded, None, interrupt_on(args))  # create_agent accepts these tools
+    names = {t.name for t in loaded}
+    return {
+        "tools": sorted(names),
+        "writes": sorted(t.name for t in loaded if not read_only(t)),
+        # The tools the agent's HumanInTheLoopMiddleware pauses before.
+        "interrupted": sorted(n for n in approval(loaded, interrupt_on(args)).interrupt_on if n in names),
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -363,8 +380,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     s = commands.add_parser("state", help="print a thread's state as JSON")
     backend(s)
 
-    t = commands.add_parser("tools", help="list the agent's tools")
+    t = commands.add_parser("tools", help="list the agent's tools, its write tools and those it interrupts")
     t.add_argument("--server", metavar="URL", help="default: MCP_SERVERS from the environment")
+    t.add_argument("--interrupt-on", metavar="A,B", help="tool names to interrupt (default: every write)")
     return parser.parse_args(argv)
 
 
