@@ -260,6 +260,35 @@ async fn a_pending_call_holding_the_handle_is_escalated_not_reminted_postgres() 
     pending_call_case(Kind::Postgres).await;
 }
 
+/// `onGone: escalate`: the parked agent gets custody's verdict, and the approved call is
+/// answered by the agent's own guard instead of the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalated_hitl_agent_takes_its_escalation_path() {
+    let w = World::new(Kind::Sqlite, "agent_escalate", "escalate").await;
+    w.parked_and_gone("t-live", false).await;
+    let before = support::baskets(&w.url()).await;
+    let report = w.sweep(true);
+    let r = row(&report, "t-live");
+    assert_eq!(
+        (&r["action"]["plan"], &r["action"]["outcome"]),
+        (&json!("escalate"), &json!("escalated")),
+        "{r}"
+    );
+    let done = agent::resume(&w.checkpoints, &w.url(), "t-live", &agent::approve());
+    let last = agent::tool_messages(&done).pop().unwrap();
+    assert!(
+        last.2.starts_with("handle_gone: custody escalated: "),
+        "{last:?}"
+    );
+    assert!(
+        done["final"].as_str().unwrap().starts_with(
+            "handle_gone: custody escalated: probe answered isError: BASKET_NOT_FOUND"
+        ),
+        "{done}"
+    );
+    assert_eq!(support::baskets(&w.url()).await, before, "nothing minted");
+}
+
 /// README "Using custody with the agent toolkit" shows the agent side of custody: it is the
 /// text of tests/py/hitl_agent.py that the tests above run.
 #[test]
