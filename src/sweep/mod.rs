@@ -9,14 +9,15 @@
 //! to a [`RowSink`] and are dropped, so memory stays flat in the number of threads (only the
 //! probe cache grows, with the number of distinct handles). Probes are deduplicated:
 //! one handle on one server is probed once per sweep however many threads (and batches) hold
-//! it, and each server gets one connection per sweep. Servers are probed concurrently; a server
-//! that hangs costs its own timeout only.
+//! it, and each server gets one session per sweep ([`crate::mcp::Sessions`]), which the audit
+//! lookups, mints and replays of an acting sweep use too. Servers are probed concurrently; a
+//! server that hangs costs its own timeout only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::Value;
@@ -32,15 +33,17 @@ use crate::crd::{StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
 use crate::domain::template::Context;
 use crate::domain::verdict::{self, Decision, Precheck, ProbeOutcome, Verdict};
-use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+pub use crate::mcp::ServerContact;
+use crate::mcp::{Sessions, fan_out};
 use crate::plan::{ClassPlan, Target};
 
 /// Parked threads per batch, by default ([`RunOptions::batch_threads`]). A batch's rows are
 /// what a sweep holds besides its probe cache: about 2.7 KB a row with its [`act::Facts`]
 /// (BENCHMARKS.md "Memory of the full sweep"), so ~14 MB per handle class at 5 000, whatever
 /// the store's size. Larger batches buy little: 5 000 threads give up to 5 000 distinct probes,
-/// which keep [`PROBES_PER_SERVER`] calls in flight for all but a batch's last round-trip, so
-/// the pause at each batch's end is one probe's latency, paid 200 times in a million threads.
+/// which keep [`crate::mcp::PROBES_PER_SERVER`] calls in flight for all but a batch's last
+/// round-trip, so the pause at each batch's end is one probe's latency, paid 200 times in a
+/// million threads.
 pub const BATCH_THREADS: usize = 5_000;
 
 /// The verdict on one (thread, handle class).
@@ -90,7 +93,8 @@ pub struct Report {
     /// Configuration that probably does not do what was meant: no HandleClass selected, a
     /// `statePath` no parked thread holds, a `principalKey` no parked thread carries.
     pub warnings: Vec<String>,
-    /// The servers probed, with the protocol version each negotiated.
+    /// The servers this sweep called (probes, audit lookups, mints, replays), with the
+    /// protocol version each negotiated or why it could not be reached.
     pub servers: Vec<ServerContact>,
     /// Counts by verdict.
     pub summary: SweepSummary,
@@ -110,23 +114,11 @@ pub struct Finished {
     pub too_recent: u64,
     /// As [`Report::warnings`].
     pub warnings: Vec<String>,
-    /// The servers probed, with the protocol version each negotiated.
+    /// The servers this sweep called (probes, audit lookups, mints, replays), with the
+    /// protocol version each negotiated or why it could not be reached.
     pub servers: Vec<ServerContact>,
     /// Counts by verdict, accumulated batch by batch.
     pub summary: SweepSummary,
-}
-
-/// How contacting one server went.
-#[derive(Clone, Debug, Serialize)]
-pub struct ServerContact {
-    /// MCPServer name.
-    pub server: String,
-    /// Negotiated protocol version, when connected.
-    pub protocol_version: Option<String>,
-    /// Connect and negotiation time in milliseconds, when connected.
-    pub connect_ms: Option<u64>,
-    /// Why connecting failed.
-    pub error: Option<String>,
 }
 
 /// What the caller allows a sweep to do.
@@ -321,11 +313,25 @@ pub async fn run_with(
         store: target.store.clone(),
         source,
     };
+    // One session per server for the whole sweep: probes, audit lookups, mints and replays.
+    let sessions = Sessions::new(
+        target
+            .classes
+            .iter()
+            .map(|c| &c.server)
+            .chain(target.audit.servers.iter().map(|s| &s.server)),
+    );
     let actor = if options.apply && target.mode == StoreMode::Act {
         Some(
-            act::Actor::open(target, target.dsn.expose_secret(), options.shard, actions)
-                .await
-                .map_err(act_err)?,
+            act::Actor::open(
+                target,
+                target.dsn.expose_secret(),
+                options.shard,
+                &sessions,
+                actions,
+            )
+            .await
+            .map_err(act_err)?,
         )
     } else {
         None
@@ -339,12 +345,19 @@ pub async fn run_with(
     };
     let audit = match &actor {
         Some(a) => Some(
-            crate::sweep::audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
-                .await
-                .map_err(|source| SweepError::Audit {
-                    store: target.store.clone(),
-                    source,
-                })?,
+            crate::sweep::audit::reconcile(
+                a.pool(),
+                &sessions,
+                &target.store,
+                &target.audit,
+                now,
+                actions,
+            )
+            .await
+            .map_err(|source| SweepError::Audit {
+                store: target.store.clone(),
+                source,
+            })?,
         ),
         None => None,
     };
@@ -366,7 +379,7 @@ pub async fn run_with(
     let mut sweep = Sweep {
         target,
         now,
-        servers: Servers::new(target),
+        sessions: &sessions,
         cache: ProbeCache::default(),
         summary: SweepSummary::default(),
         too_recent: 0,
@@ -411,17 +424,16 @@ pub async fn run_with(
         sweep.finish(batch, actor.as_ref(), actions, rows).await;
     }
     let Sweep {
-        servers,
         mut summary,
         too_recent,
         principals_seen,
         classes_seen,
         ..
     } = sweep;
-    let servers = servers.close().await;
     if let Some(a) = actor {
         a.close().await;
     }
+    let servers = sessions.close().await;
     if let Err(source) = scanned {
         return Err(SweepError::Scan {
             store: target.store.clone(),
@@ -461,7 +473,7 @@ pub async fn run_with(
 struct Sweep<'t> {
     target: &'t Target,
     now: DateTime<Utc>,
-    servers: Servers<'t>,
+    sessions: &'t Sessions<'t>,
     cache: ProbeCache,
     /// Counted batch by batch (`audit`, `duration_ms` and `finished_at` at the end).
     summary: SweepSummary,
@@ -594,7 +606,8 @@ impl Sweep<'_> {
         if threads == 0 {
             return;
         }
-        for (pending, outcome, failure) in self.servers.probe(probes.into_values()).await {
+        for (pending, outcome, failure) in probe(target, self.sessions, probes.into_values()).await
+        {
             self.summary.probes += 1;
             if let Some(category) = failure {
                 *self
@@ -752,116 +765,28 @@ fn set(row: &mut Row, d: Decision) {
 /// A probe, its outcome, and the category of its failure when it could not be completed.
 type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
 
-/// How contacting one server went, kept for the whole sweep.
-struct Contacted {
-    contact: ServerContact,
-    /// The session, or why there is none (its text and [`crate::mcp::McpError::category`]).
-    connection: Result<Connection, (String, &'static str)>,
-}
-
-/// The servers of one sweep: each is connected when a batch first has a probe for it, and the
-/// session (or the failure to get one) is kept until the sweep ends, so a sweep of many batches
-/// still opens one connection per server.
-struct Servers<'t> {
-    target: &'t Target,
-    by_name: HashMap<String, tokio::sync::OnceCell<Contacted>>,
-}
-
-impl<'t> Servers<'t> {
-    fn new(target: &'t Target) -> Self {
-        let by_name = target
-            .classes
-            .iter()
-            .map(|c| (c.server.name.clone(), tokio::sync::OnceCell::new()))
-            .collect();
-        Self { target, by_name }
-    }
-
-    /// Sends a batch's probes: servers in parallel, a bounded number of calls in flight per
-    /// server. A server that cannot be reached fails all of its probes with that reason.
-    async fn probe(&self, probes: impl IntoIterator<Item = PendingProbe>) -> Vec<Probed> {
-        let target = self.target;
-        let mut by_server: HashMap<&str, Vec<PendingProbe>> = HashMap::new();
-        for p in probes {
-            by_server
-                .entry(target.classes[p.class].server.name.as_str())
-                .or_default()
-                .push(p);
-        }
-        let groups: Vec<Vec<Probed>> = futures::stream::iter(by_server)
-            .map(|(name, group)| async move {
-                let server = &target.classes[group[0].class].server;
-                let contacted = self.by_name[name].get_or_init(|| contact(server)).await;
-                match &contacted.connection {
-                    Err((reason, category)) => group
-                        .into_iter()
-                        .map(|p| (p, ProbeOutcome::Failed(reason.clone()), Some(*category)))
-                        .collect(),
-                    Ok(conn) => probe_group(target, conn, group).await,
+/// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
+/// parallel, a bounded number of calls in flight per server). A server that cannot be reached
+/// fails all of its probes with that reason.
+async fn probe(
+    target: &Target,
+    sessions: &Sessions<'_>,
+    probes: impl IntoIterator<Item = PendingProbe>,
+) -> Vec<Probed> {
+    fan_out(
+        probes,
+        |p| target.classes[p.class].server.name.as_str(),
+        |p| async move {
+            let class = &target.classes[p.class];
+            match sessions.get(&class.server.name).await {
+                Err(u) => (p, ProbeOutcome::Failed(u.reason.clone()), Some(u.category)),
+                Ok(conn) => {
+                    let result = conn.call_tool(&class.probe_tool, p.arguments.clone()).await;
+                    let failure = result.as_ref().err().map(crate::mcp::McpError::category);
+                    (p, ProbeOutcome::from(result), failure)
                 }
-            })
-            .buffer_unordered(SERVERS_IN_PARALLEL)
-            .collect()
-            .await;
-        groups.into_iter().flatten().collect()
-    }
-
-    /// Ends every session; the servers contacted, by name.
-    async fn close(self) -> Vec<ServerContact> {
-        let mut contacts = Vec::new();
-        for cell in self.by_name.into_values() {
-            if let Some(c) = cell.into_inner() {
-                if let Ok(conn) = c.connection {
-                    conn.close().await;
-                }
-                contacts.push(c.contact);
             }
-        }
-        contacts.sort_by(|a, b| a.server.cmp(&b.server));
-        contacts
-    }
-}
-
-async fn contact(server: &ServerConfig) -> Contacted {
-    match Connection::connect(server).await {
-        Err(e) => {
-            tracing::warn!(server = %server.name, error = %e, "cannot reach server; its probes are unknown");
-            let reason = e.to_string();
-            Contacted {
-                contact: ServerContact {
-                    server: server.name.clone(),
-                    protocol_version: None,
-                    connect_ms: None,
-                    error: Some(reason.clone()),
-                },
-                connection: Err((reason, e.category())),
-            }
-        }
-        Ok(conn) => {
-            let contact = ServerContact {
-                server: server.name.clone(),
-                protocol_version: conn.protocol_version(),
-                connect_ms: Some(conn.connect_latency.as_millis() as u64),
-                error: None,
-            };
-            tracing::debug!(server = %server.name, protocol = ?contact.protocol_version, "connected");
-            Contacted {
-                contact,
-                connection: Ok(conn),
-            }
-        }
-    }
-}
-
-async fn probe_group(target: &Target, conn: &Connection, group: Vec<PendingProbe>) -> Vec<Probed> {
-    futures::stream::iter(group)
-        .map(|p| async move {
-            let tool = &target.classes[p.class].probe_tool;
-            let result = conn.call_tool(tool, p.arguments.clone()).await;
-            let failure = result.as_ref().err().map(crate::mcp::McpError::category);
-            (p, ProbeOutcome::from(result), failure)
-        })
-        .buffer_unordered(PROBES_PER_SERVER)
-        .collect()
-        .await
+        },
+    )
+    .await
 }

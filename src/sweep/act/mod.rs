@@ -42,13 +42,15 @@ use crate::domain::policy::Written;
 use crate::domain::recovery::{self, MintCall, MintTool, Next};
 use crate::domain::verdict::first_line;
 use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Settled, State};
-use crate::mcp::{Connection, ToolResult};
+use crate::mcp::{Sessions, ToolResult};
 use crate::plan::{ClassPlan, Replay, Target};
 use stored::{LedgerPlan, ledger_plan, ledger_plan_base, replay_calls};
 
 /// A store this process may act on: its writable pool, ledger and act lock.
 pub struct Actor<'a> {
     target: &'a Target,
+    /// The sweep's sessions: a mint or replay goes through the session its probes used.
+    sessions: &'a Sessions<'a>,
     pool: WritePool,
     ledger: Ledger,
     lock: Option<tokio::sync::Mutex<ActLock>>,
@@ -102,6 +104,7 @@ impl<'a> Actor<'a> {
         target: &'a Target,
         dsn: &str,
         shard: Shard,
+        sessions: &'a Sessions<'a>,
         sink: &'a dyn ActionSink,
     ) -> Result<Self, ActError> {
         let pool = WritePool::connect(target.backend, dsn).await?;
@@ -114,6 +117,7 @@ impl<'a> Actor<'a> {
         }
         Ok(Self {
             target,
+            sessions,
             pool,
             ledger,
             lock: lock.map(tokio::sync::Mutex::new),
@@ -358,11 +362,10 @@ impl<'a> Actor<'a> {
             }),
             resumed,
         )?;
-        let handle = match Connection::connect(&class.server).await {
-            Err(e) => recovery::after_mint(mint, MintCall::NotSent(&e.to_string())),
+        let handle = match self.sessions.get(&class.server.name).await {
+            Err(u) => recovery::after_mint(mint, MintCall::NotSent(&u.reason)),
             Ok(conn) => {
                 let answer = conn.call_tool(mint.tool, arguments.clone()).await;
-                conn.close().await;
                 failpoint("after-mint");
                 match &answer {
                     Ok(ToolResult {
@@ -439,12 +442,12 @@ impl<'a> Actor<'a> {
                     "the handle class no longer has a replay".into(),
                 ));
             };
-            let conn = Connection::connect(&class.server)
+            let conn = self.sessions.get(&class.server.name).await.map_err(|u| {
+                Next::EscalateInstead(format!("replay not attempted: {}", u.reason))
+            })?;
+            self.replay_from(entry, replay, conn, first)
                 .await
-                .map_err(|e| Next::EscalateInstead(format!("replay not attempted: {e}")))?;
-            let result = self.replay_from(entry, replay, &conn, first).await;
-            conn.close().await;
-            result.map_err(Next::EscalateInstead)?;
+                .map_err(Next::EscalateInstead)?;
         }
         self.ledger
             .set_replayed(&entry.key)
@@ -459,7 +462,7 @@ impl<'a> Actor<'a> {
         &self,
         entry: &mut Entry,
         replay: &Replay,
-        conn: &Connection,
+        conn: &crate::mcp::Connection,
         first: usize,
     ) -> Result<(), String> {
         for (i, call) in entry.replay_calls.iter().enumerate().skip(first) {
