@@ -208,8 +208,9 @@ struct PendingProbe {
 struct Batch {
     threads: usize,
     rows: Vec<Row>,
-    /// Parallel to `rows`.
-    facts: Vec<act::Facts>,
+    /// Parallel to `rows`: the row's class (an index into [`Target::classes`]) and what acting
+    /// on the row needs.
+    facts: Vec<(usize, act::Facts)>,
     probes: HashMap<ProbeKey, PendingProbe>,
 }
 
@@ -338,7 +339,7 @@ pub async fn run_with(
     };
     let settled = match &actor {
         Some(a) => a
-            .settle()
+            .settle(now)
             .await
             .map_err(|e| act_err(act::ActError::Ledger(e)))?,
         None => Vec::new(),
@@ -536,12 +537,15 @@ impl Sweep<'_> {
                 probed: false,
                 action: None,
             };
-            batch.facts.push(act::Facts::gather(
-                &thread.channels,
-                class,
-                thread.parked_by == ParkedBy::Interrupt,
-                record.cloned(),
-                principal.clone(),
+            batch.facts.push((
+                class_index,
+                act::Facts::gather(
+                    &thread.channels,
+                    class,
+                    thread.parked_by == ParkedBy::Interrupt,
+                    record.cloned(),
+                    principal.clone(),
+                ),
             ));
             match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
                 Precheck::Decided(d) => set(&mut row, d),
@@ -624,17 +628,15 @@ impl Sweep<'_> {
             self.cache.insert(pending.key, decision);
         }
 
-        for (row, facts) in rows.iter_mut().zip(&facts) {
-            let Some(class) = target.classes.iter().find(|c| c.name == row.handle_class) else {
-                continue;
-            };
+        for (row, (class, facts)) in rows.iter_mut().zip(&facts) {
+            let class = &target.classes[*class];
             let (plan, outcome) = match act::decide(row.verdict, class, facts) {
                 None => continue,
                 // Nothing to do, but say why a gone or absent handle is left as it is.
                 Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
                 Some((plan, None)) => match actor {
                     None => (plan, act::Outcome::Planned),
-                    Some(a) => (plan, a.act(row, class, facts, plan).await),
+                    Some(a) => (plan, a.act(row, class, facts, plan, self.now).await),
                 },
             };
             let action = act::RowAction { plan, outcome };
