@@ -396,25 +396,32 @@ expose() {
   local port=$1
   [[ "$port" =~ ^[0-9]+$ ]] || die "expose: $port is not a port"
   mkdir -p "$nd/expose"
+  # Test processes expose ports concurrently (cargo runs tests in threads): one relay per port.
+  # The relays started below must not inherit fd 8, or they would hold the lock for good.
+  exec 8>"$nd/expose/$port.lock"
+  flock 8
   if recorded "expose/$port-host" >/dev/null && recorded "expose/$port-node" >/dev/null; then
     printf '%s:%s\n' "$node_ip" "$port"
     return 0
   fi
   local sock=$nd/expose/$port.sock
-  setsid socat "UNIX-LISTEN:$sock,fork,unlink-early" "TCP:127.0.0.1:$port" </dev/null >>"$nd/relay.log" 2>&1 &
+  setsid socat "UNIX-LISTEN:$sock,fork,unlink-early" "TCP:127.0.0.1:$port" </dev/null >>"$nd/relay.log" 2>&1 8>&- &
   record "expose/$port-host" $!
   for _ in $(seq 100); do [[ -S "$sock" ]] && break; sleep 0.05; done
+  [[ -S "$sock" ]] || die "expose: the host relay for port $port did not start (see $nd/relay.log)"
   # inside the namespace (nsenter -p forks, so socat is a member of the pid namespace and dies
   # with it); the pid recorded is the host's view of nsenter's child
   local pid
   pid=$(init_pid) || die "the node of $dir is not running"
   setsid nsenter -t "$pid" -m -n -p -- socat "TCP-LISTEN:$port,bind=$node_ip,fork,reuseaddr" \
-    "UNIX-CONNECT:$sock" </dev/null >>"$nd/relay.log" 2>&1 &
+    "UNIX-CONNECT:$sock" </dev/null >>"$nd/relay.log" 2>&1 8>&- &
   record "expose/$port-node" $!
+  local listening=0
   for _ in $(seq 100); do
-    in_node ss -Htln "sport = :$port" 2>/dev/null | grep -q "$node_ip:$port" && break
+    in_node ss -Htln "sport = :$port" 2>/dev/null | grep -q "$node_ip:$port" && { listening=1; break; }
     sleep 0.05
   done
+  ((listening)) || die "expose: nothing listens on $node_ip:$port in the node (see $nd/relay.log)"
   printf '%s:%s\n' "$node_ip" "$port"
 }
 
