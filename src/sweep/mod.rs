@@ -32,7 +32,7 @@ use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, S
 use crate::crd::{StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
 use crate::domain::template::Context;
-use crate::domain::verdict::{self, Decision, Precheck, ProbeOutcome, Verdict};
+use crate::domain::verdict::{self, Decision, GoneBy, Precheck, ProbeOutcome, Verdict};
 pub use crate::mcp::ServerContact;
 use crate::mcp::{Sessions, fan_out};
 use crate::plan::{ClassPlan, Target};
@@ -537,18 +537,14 @@ impl Sweep<'_> {
                 probed: false,
                 action: None,
             };
-            batch.facts.push((
-                class_index,
-                act::Facts::gather(
-                    &thread.channels,
-                    class,
-                    thread.parked_by == ParkedBy::Interrupt,
-                    record.cloned(),
-                    principal.clone(),
-                ),
-            ));
+            let mut facts = act::Facts::gather(
+                &thread.channels,
+                class,
+                thread.parked_by == ParkedBy::Interrupt,
+                record.cloned(),
+            );
             match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
-                Precheck::Decided(d) => set(&mut row, d),
+                Precheck::Decided(d) => set(&mut row, &mut facts, d),
                 Precheck::Probe => {
                     let record = record.expect("precheck asks for a probe only for a record");
                     let ctx = Context {
@@ -562,7 +558,7 @@ impl Sweep<'_> {
                         Ok(arguments) => {
                             let key = probe_key(class, &arguments);
                             if let Some(d) = self.cache.get(&key) {
-                                set(&mut row, d);
+                                set(&mut row, &mut facts, d);
                                 row.probed = true;
                             } else {
                                 batch
@@ -580,15 +576,18 @@ impl Sweep<'_> {
                         }
                         Err(e) => set(
                             &mut row,
+                            &mut facts,
                             Decision {
                                 verdict: Verdict::Unknown,
                                 reason: format!("cannot build probe: {e}"),
+                                gone_by: None,
                             },
                         ),
                     }
                 }
             }
             batch.rows.push(row);
+            batch.facts.push((class_index, facts));
         }
     }
 
@@ -604,7 +603,7 @@ impl Sweep<'_> {
         let Batch {
             threads,
             mut rows,
-            facts,
+            mut facts,
             probes,
         } = batch;
         if threads == 0 {
@@ -622,7 +621,7 @@ impl Sweep<'_> {
             }
             let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
             for &i in &pending.rows {
-                set(&mut rows[i], decision.clone());
+                set(&mut rows[i], &mut facts[i].1, decision.clone());
                 rows[i].probed = true;
             }
             self.cache.insert(pending.key, decision);
@@ -703,20 +702,22 @@ fn probe_key(class: &ClassPlan, arguments: &serde_json::Map<String, Value>) -> P
 #[derive(Default)]
 struct ProbeCache {
     by_key: HashMap<ProbeKey, u32>,
-    decisions: indexmap::IndexSet<(Verdict, String)>,
+    decisions: indexmap::IndexSet<(Verdict, Option<GoneBy>, String)>,
 }
 
 impl ProbeCache {
     fn get(&self, key: &ProbeKey) -> Option<Decision> {
-        let (verdict, reason) = self.decisions.get_index(*self.by_key.get(key)? as usize)?;
+        let (verdict, gone_by, reason) =
+            self.decisions.get_index(*self.by_key.get(key)? as usize)?;
         Some(Decision {
             verdict: *verdict,
             reason: reason.clone(),
+            gone_by: *gone_by,
         })
     }
 
     fn insert(&mut self, key: ProbeKey, d: Decision) {
-        let (index, _) = self.decisions.insert_full((d.verdict, d.reason));
+        let (index, _) = self.decisions.insert_full((d.verdict, d.gone_by, d.reason));
         // Past 4 billion distinct decisions a handle is not cached: a later batch probes it
         // again rather than borrow another decision.
         if let Ok(index) = u32::try_from(index) {
@@ -759,9 +760,11 @@ fn warnings(
     out
 }
 
-fn set(row: &mut Row, d: Decision) {
+/// Gives a row its verdict; the facts keep what decided a `gone` for the action policy.
+fn set(row: &mut Row, facts: &mut act::Facts, d: Decision) {
     row.verdict = d.verdict;
     row.reason = d.reason;
+    facts.gone_by = d.gone_by;
 }
 
 /// A probe, its outcome, and the category of its failure when it could not be completed.

@@ -707,8 +707,8 @@ mod tests {
     use crate::domain::path::StatePath;
     use crate::domain::policy::OnGone;
     use crate::domain::template::Template;
-    use crate::domain::verdict::GoneRule;
     use crate::domain::verdict::Verdict;
+    use crate::domain::verdict::{GoneBy, GoneRule};
     use crate::plan::ClassAction;
     use serde_json::json;
     use std::collections::BTreeMap;
@@ -741,16 +741,16 @@ mod tests {
         }
     }
 
-    fn facts(record_principal: Option<&str>, thread_principal: Option<&str>) -> Facts {
+    fn facts(gone_by: Option<GoneBy>) -> Facts {
         Facts {
             record: Some(HandleRecord {
                 value: "bsk_1".into(),
-                principal: record_principal.map(str::to_owned),
+                principal: Some("u1".into()),
                 minted_at: None,
                 assumed_ttl_seconds: None,
                 raw: json!({"value": "bsk_1"}),
             }),
-            thread_principal: thread_principal.map(str::to_owned),
+            gone_by,
             ..Facts::default()
         }
     }
@@ -758,7 +758,7 @@ mod tests {
     #[test]
     fn decisions() {
         use Verdict::*;
-        let f = facts(Some("u1"), Some("u1"));
+        let f = facts(Some(GoneBy::Probe));
         let cases = [
             ("ok is left alone", Ok, OnGone::Remint, &f, None),
             ("unknown is never acted on", Unknown, OnGone::Fail, &f, None),
@@ -800,12 +800,12 @@ mod tests {
     }
 
     fn facts_other() -> Facts {
-        facts(Some("u1"), Some("u2"))
+        facts(Some(GoneBy::OtherPrincipal))
     }
 
     #[test]
     fn an_escalated_thread_is_not_escalated_again() {
-        let mut f = facts(None, None);
+        let mut f = facts(Some(GoneBy::Probe));
         f.verdict_record =
             Some(json!({"verdict": "escalated", "handle_class": "basket", "handle": "bsk_1"}));
         assert_eq!(
