@@ -44,7 +44,7 @@ use crate::domain::verdict::first_line;
 use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Recorded, Settled, State};
 use crate::mcp::{McpError, Sessions, ToolResult};
 use crate::plan::{ClassPlan, Replay, Target};
-use stored::{LedgerPlan, Stored, ledger_plan, ledger_plan_base, replay_calls};
+use stored::{LedgerPlan, Stored, bind_replay, ledger_plan, ledger_plan_base, replay_calls};
 
 /// A store this process may act on: its writable pool, ledger and act lock.
 pub struct Actor<'a> {
@@ -248,7 +248,7 @@ impl<'a> Actor<'a> {
             &class.name,
         );
         let (plan, stored) = match ledger_plan(row, class, facts, plan, &key) {
-            Ok(p) => (plan, Stored::new(p, None)),
+            Ok(stored) => (plan, stored),
             // Inputs a re-mint needs are missing: escalate (with nothing minted) instead.
             Err(why) => {
                 let mut p = ledger_plan_base(row, class, facts);
@@ -362,7 +362,7 @@ impl<'a> Actor<'a> {
             }
             Action::Remint => {
                 if entry.state == State::Intent {
-                    match self.mint(&entry, plan, class, resumed).await {
+                    match self.mint(&entry, stored, class, resumed).await {
                         Ok(e) => entry = e,
                         Err(next) => return self.follow(&entry, plan, next, now).await,
                     }
@@ -385,10 +385,11 @@ impl<'a> Actor<'a> {
     async fn mint(
         &self,
         entry: &Entry,
-        plan: &LedgerPlan,
+        stored: &Stored,
         class: &ClassPlan,
         resumed: bool,
     ) -> Result<Entry, Next> {
+        let plan = &stored.plan;
         let tool = class.action.mint.as_ref().zip(plan.mint_arguments.as_ref());
         let (mint, arguments) = recovery::before_mint(
             tool.map(|(m, arguments)| {
@@ -427,7 +428,12 @@ impl<'a> Actor<'a> {
                 }
             }
         }?;
-        let calls = replay_calls(class, plan, &handle, &entry.thread_id)
+        let bound = match &stored.replay {
+            Some(bound) => Ok(std::borrow::Cow::Borrowed(bound)),
+            None => bind_replay(class, plan, &entry.thread_id).map(std::borrow::Cow::Owned),
+        };
+        let calls = bound
+            .and_then(|bound| replay_calls(&bound, &handle))
             .map_err(|e| Next::EscalateInstead(e.to_string()))?;
         self.ledger
             .set_minted(&entry.key, &handle, &calls)

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use super::Facts;
 use crate::domain::path::StatePath;
 use crate::domain::policy::Plan;
-use crate::domain::template::{Context, TemplateError};
+use crate::domain::template::{Context, Template, TemplateError};
 use crate::plan::ClassPlan;
 use crate::sweep::Row;
 
@@ -51,6 +51,9 @@ pub(super) struct LedgerPlan {
 pub(super) struct Stored {
     pub(super) plan: LedgerPlan,
     pub(super) instead_of_remint: Option<String>,
+    /// The replay templates bound to the plan's items ([`bind_replay`]), when this process
+    /// planned the re-mint; not stored (a resumed entry binds them from the plan again).
+    pub(super) replay: Option<Vec<Template>>,
 }
 
 impl Stored {
@@ -58,6 +61,7 @@ impl Stored {
         Self {
             plan,
             instead_of_remint,
+            replay: None,
         }
     }
 
@@ -122,7 +126,7 @@ pub(super) fn ledger_plan_base(row: &Row, class: &ClassPlan, facts: &Facts) -> L
     }
 }
 
-/// The plan stored for a row.
+/// The plan stored for a row, and for a re-mint its replay templates, bound.
 ///
 /// # Errors
 /// What a re-mint lacks (the row is then escalated).
@@ -132,10 +136,10 @@ pub(super) fn ledger_plan(
     facts: &Facts,
     plan: Plan,
     key: &str,
-) -> Result<LedgerPlan, PlanError> {
+) -> Result<Stored, PlanError> {
     let mut p = ledger_plan_base(row, class, facts);
     if plan != Plan::Remint {
-        return Ok(p);
+        return Ok(Stored::new(p, None));
     }
     let a = &class.action;
     let (Some(mint), Some(path)) = (&a.mint, &a.mint_inputs_path) else {
@@ -157,22 +161,24 @@ pub(super) fn ledger_plan(
             Some(_) => return Err(PlanError::ItemsNotAList(replay.items_path.to_string())),
         };
     }
-    // Render once before minting, so a template that cannot be filled escalates with nothing
-    // minted; the handle is not known yet and does not change whether rendering succeeds.
-    replay_calls(class, &p, "", &row.thread_id)?;
-    Ok(p)
+    // Bound before minting, so a template that cannot be filled escalates with nothing minted;
+    // only the handle, which is not known yet, is left to fill in.
+    let bound = bind_replay(class, &p, &row.thread_id)?;
+    let mut stored = Stored::new(p, None);
+    stored.replay = Some(bound);
+    Ok(stored)
 }
 
-/// The replay calls' arguments for `handle`, one per recorded item.
+/// The replay templates with every placeholder but `{{handle}}` filled in, one per recorded
+/// item ([`Template::bind`]); none when the class has no replay.
 ///
 /// # Errors
 /// [`PlanError::ReplayItem`] for the first item whose arguments cannot be filled in.
-pub(super) fn replay_calls(
+pub(super) fn bind_replay(
     class: &ClassPlan,
     plan: &LedgerPlan,
-    handle: &str,
     thread_id: &str,
-) -> Result<Vec<Value>, PlanError> {
+) -> Result<Vec<Template>, PlanError> {
     let Some(replay) = &class.action.replay else {
         return Ok(Vec::new());
     };
@@ -181,7 +187,7 @@ pub(super) fn replay_calls(
         .enumerate()
         .map(|(i, item)| {
             let ctx = Context {
-                handle,
+                handle: "",
                 thread_id,
                 principal: plan.principal.as_deref(),
                 record: &plan.record,
@@ -189,7 +195,33 @@ pub(super) fn replay_calls(
             };
             replay
                 .arguments
-                .render(&ctx)
+                .bind(&ctx)
+                .map_err(|source| PlanError::ReplayItem {
+                    item: i + 1,
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// The replay calls' arguments for `handle`, from [`bind_replay`]'s templates.
+///
+/// # Errors
+/// [`PlanError::ReplayItem`] should a bound template still miss a value (binding left only
+/// `{{handle}}`, which always has one).
+pub(super) fn replay_calls(bound: &[Template], handle: &str) -> Result<Vec<Value>, PlanError> {
+    let ctx = Context {
+        handle,
+        thread_id: "",
+        principal: None,
+        record: &Value::Null,
+        item: None,
+    };
+    bound
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.render(&ctx)
                 .map(Value::Object)
                 .map_err(|source| PlanError::ReplayItem {
                     item: i + 1,
