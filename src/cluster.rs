@@ -271,12 +271,14 @@ impl crate::sweep::act::ActionSink for CollectingSink {
                 e.thread_id, e.handle_class, e.action, e.reason
             )
         };
-        let reason = match e.action.outcome.kind() {
-            "reminted" => "HandleReminted",
-            "escalated" => "HandleEscalated",
-            "failed" => "ThreadFailed",
-            "skipped" => "ActionSkipped",
-            _ => "ActionError",
+        use crate::sweep::act::OutcomeKind as K;
+        let reason = match K::from(&e.action.outcome) {
+            K::Reminted => "HandleReminted",
+            K::Escalated => "HandleEscalated",
+            K::Failed => "ThreadFailed",
+            K::Skipped => "ActionSkipped",
+            // An acting sweep reports no planned action; counted as an error if one came.
+            K::Planned | K::Error => "ActionError",
         };
         self.events
             .lock()

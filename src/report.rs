@@ -3,10 +3,11 @@
 use std::io::Write;
 
 use serde::Serialize;
+use serde_json::ser::{Formatter, PrettyFormatter};
 
 use crate::checkpoint::SkippedThread;
 use crate::mcp::discovery::{Catalog, DiscoveryError, Health, Schedule};
-use crate::sweep::{Finished, Row, RowSink};
+use crate::sweep::{Report, Row, RowSink};
 
 /// Output format of CLI commands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -24,8 +25,9 @@ pub enum Format {
 /// at the end.
 ///
 /// JSON is the document `{"stores": [<Report>…], "errors": [<message>…]}`, written
-/// incrementally: a store's object is opened at its first row, its `rows` array streamed, and the
-/// rest of the [`crate::sweep::Report`] fields written when it ends. Skipped threads cannot be written while
+/// incrementally through serde_json's pretty formatter (indented by two spaces, each row and
+/// skipped thread on one line): a store's object is opened at its first row, its `rows` array
+/// streamed, and the rest of the [`Report`] fields written when it ends. Skipped threads cannot be written while
 /// the `rows` array is open, so they wait in an unnamed temporary file (deleted when closed)
 /// until then, however many a broken store has. A store whose sweep failed after rows were
 /// written gets `"error": <message>` in place of its summary fields (and is listed under
@@ -37,6 +39,8 @@ pub enum Format {
 pub struct SweepWriter<W: Write + Send> {
     out: W,
     format: Format,
+    /// JSON: the document's formatter, whose depth carries from one call to the next.
+    json: PrettyFormatter<'static>,
     /// The first write error: later writes are dropped and [`SweepWriter::finish`] returns it
     /// (a closed stdout must not stop a sweep that is acting).
     error: Option<std::io::Error>,
@@ -61,6 +65,7 @@ impl<W: Write + Send> SweepWriter<W> {
         Self {
             out,
             format,
+            json: PrettyFormatter::with_indent(b"  "),
             error: None,
             stores: 0,
             current: None,
@@ -79,7 +84,7 @@ impl<W: Write + Send> SweepWriter<W> {
 
     /// Ends the current store's report: with the rest of its [`crate::sweep::Report`] when its sweep finished,
     /// or with the error message when it failed.
-    pub fn end_store(&mut self, result: Result<&Finished, &str>) {
+    pub fn end_store(&mut self, result: Result<&Report, &str>) {
         let Some(mut store) = self.current.take() else {
             return;
         };
@@ -100,28 +105,35 @@ impl<W: Write + Send> SweepWriter<W> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
+        let (out, json) = (&mut self.out, &mut self.json);
         match self.format {
             Format::Json => {
                 if self.stores == 0 {
-                    write!(self.out, "{{\n  \"stores\": [],")?;
-                } else {
-                    write!(self.out, "\n  ],")?;
+                    json.begin_object(out)?;
+                    key(out, json, "stores", true)?;
+                    json.begin_array(out)?;
                 }
-                let errors = indent(&serde_json::to_string_pretty(errors)?, "  ");
-                writeln!(self.out, "\n  \"errors\": {errors}\n}}")?;
+                json.end_array(out)?;
+                json.end_object_value(out)?;
+                field(out, json, "errors", false, errors)?;
+                json.end_object(out)?;
+                writeln!(out)?;
             }
             Format::Table => {
                 for e in errors {
-                    writeln!(self.out, "not swept: {e}")?;
+                    writeln!(out, "not swept: {e}")?;
                 }
             }
         }
         self.out.flush()
     }
 
-    fn write(&mut self, f: impl FnOnce(&mut W, Format) -> std::io::Result<()>) {
+    fn write(
+        &mut self,
+        f: impl FnOnce(&mut W, &mut PrettyFormatter<'static>, Format) -> std::io::Result<()>,
+    ) {
         if self.error.is_none()
-            && let Err(e) = f(&mut self.out, self.format)
+            && let Err(e) = f(&mut self.out, &mut self.json, self.format)
         {
             self.error = Some(e);
         }
@@ -135,18 +147,18 @@ impl<W: Write + Send> SweepWriter<W> {
         let first = self.stores == 0;
         self.stores += 1;
         let name = store.name.clone();
-        self.write(|out, format| match format {
+        self.write(|out, json, format| match format {
             Format::Json => {
                 if first {
-                    write!(out, "{{\n  \"stores\": [\n    {{")?;
-                } else {
-                    write!(out, ",\n    {{")?;
+                    json.begin_object(out)?;
+                    key(out, json, "stores", true)?;
+                    json.begin_array(out)?;
                 }
-                write!(
-                    out,
-                    "\n      \"store\": {},\n      \"rows\": [",
-                    serde_json::to_string(&name)?
-                )
+                json.begin_array_value(out, first)?;
+                json.begin_object(out)?;
+                field(out, json, "store", true, &name)?;
+                key(out, json, "rows", false)?;
+                json.begin_array(out)
             }
             Format::Table => writeln!(out, "store {name}"),
         });
@@ -155,48 +167,45 @@ impl<W: Write + Send> SweepWriter<W> {
     fn close_store(
         &mut self,
         mut store: OpenStore,
-        result: Result<&Finished, &str>,
+        result: Result<&Report, &str>,
     ) -> std::io::Result<()> {
         if self.error.is_some() {
             return Ok(());
         }
-        let out = &mut self.out;
+        let (out, json) = (&mut self.out, &mut self.json);
         match self.format {
             Format::Json => {
-                if store.rows > 0 {
-                    write!(out, "\n      ")?;
-                }
-                write!(out, "],\n      \"skipped\": [")?;
-                if let Some((spool, n)) = store.spool.take() {
+                json.end_array(out)?;
+                json.end_object_value(out)?;
+                key(out, json, "skipped", false)?;
+                json.begin_array(out)?;
+                if let Some((spool, _)) = store.spool.take() {
                     let mut file = spool.into_inner().map_err(|e| e.into_error())?;
                     std::io::Seek::rewind(&mut file)?;
                     let lines = std::io::BufRead::lines(std::io::BufReader::new(file));
                     for (i, line) in lines.enumerate() {
-                        let sep = if i == 0 { "" } else { "," };
-                        write!(out, "{sep}\n        {}", line?)?;
-                    }
-                    if n > 0 {
-                        write!(out, "\n      ")?;
+                        json.begin_array_value(out, i == 0)?;
+                        out.write_all(line?.as_bytes())?;
+                        json.end_array_value(out)?;
                     }
                 }
-                write!(out, "]")?;
+                json.end_array(out)?;
+                json.end_object_value(out)?;
                 match result {
-                    Ok(f) => {
-                        // The fields after `store`, in their declared order (as the whole
-                        // report printed them): the pretty object without its braces and
-                        // its first field, which `open` already wrote.
-                        let pretty = serde_json::to_string_pretty(f)?;
-                        let head =
-                            format!("{{\n  \"store\": {},\n", serde_json::to_string(&f.store)?);
-                        let fields = pretty
-                            .strip_prefix(&head)
-                            .and_then(|p| p.strip_suffix("\n}"))
-                            .expect("Finished serializes as an object that starts with store");
-                        write!(out, ",\n    {}", indent(fields, "    "))?;
+                    // The fields after `skipped`, in their declared order; a field added to
+                    // `Report` and missed here fails `streamed_json_is_the_reports`.
+                    Ok(r) => {
+                        field(out, json, "settled", false, &r.settled)?;
+                        field(out, json, "audit", false, &r.audit)?;
+                        field(out, json, "too_recent", false, &r.too_recent)?;
+                        field(out, json, "warnings", false, &r.warnings)?;
+                        field(out, json, "servers", false, &r.servers)?;
+                        field(out, json, "summary", false, &r.summary)?;
                     }
-                    Err(e) => write!(out, ",\n      \"error\": {}", serde_json::to_string(e)?)?,
+                    Err(e) => field(out, json, "error", false, e)?,
                 }
-                write!(out, "\n    }}")?;
+                json.end_object(out)?;
+                json.end_array_value(out)?;
             }
             Format::Table => {
                 if store.rows == 0 {
@@ -221,12 +230,13 @@ impl<W: Write + Send> RowSink for SweepWriter<W> {
         let first = store.rows == 0;
         store.rows += rows.len() as u64;
         self.current = Some(store);
-        self.write(|out, format| {
+        self.write(|out, json, format| {
             match format {
                 Format::Json => {
                     for (i, row) in rows.iter().enumerate() {
-                        let sep = if first && i == 0 { "" } else { "," };
-                        write!(out, "{sep}\n        {}", serde_json::to_string(row)?)?;
+                        json.begin_array_value(out, first && i == 0)?;
+                        serde_json::to_writer(&mut *out, row)?;
+                        json.end_array_value(out)?;
                     }
                 }
                 Format::Table => write_rows(out, &rows, first)?,
@@ -255,16 +265,90 @@ impl<W: Write + Send> RowSink for SweepWriter<W> {
                 self.error.get_or_insert(e);
             }
         } else {
-            self.write(|out, _| writeln!(out, "skipped {thread}"));
+            self.write(|out, _, _| writeln!(out, "skipped {thread}"));
         }
         self.current = Some(store);
     }
 }
 
-/// Indents every line of `text` but the first by `prefix` (JSON strings hold no raw newline,
-/// so every newline of pretty-printed JSON is between tokens).
-fn indent(text: &str, prefix: &str) -> String {
-    text.replace('\n', &format!("\n{prefix}"))
+/// Lends the document's [`PrettyFormatter`] to a serializer of one value, so the value is
+/// indented at the depth the document has reached (serde_json implements [`Formatter`] for no
+/// reference). The pretty formatter overrides just these methods.
+struct Lent<'a>(&'a mut PrettyFormatter<'static>);
+
+impl Formatter for Lent<'_> {
+    fn begin_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+/// Writes `value` pretty at the document's depth.
+fn value<W: Write>(
+    out: &mut W,
+    json: &mut PrettyFormatter<'static>,
+    value: &(impl Serialize + ?Sized),
+) -> std::io::Result<()> {
+    value
+        .serialize(&mut serde_json::Serializer::with_formatter(out, Lent(json)))
+        .map_err(std::io::Error::from)
+}
+
+/// Opens the member `name` of the open object (`first`: its first member).
+fn key<W: Write>(
+    out: &mut W,
+    json: &mut PrettyFormatter<'static>,
+    name: &str,
+    first: bool,
+) -> std::io::Result<()> {
+    json.begin_object_key(out, first)?;
+    value(out, json, name)?;
+    json.end_object_key(out)?;
+    json.begin_object_value(out)
+}
+
+/// Writes the member `name: v` of the open object.
+fn field<W: Write>(
+    out: &mut W,
+    json: &mut PrettyFormatter<'static>,
+    name: &str,
+    first: bool,
+    v: &(impl Serialize + ?Sized),
+) -> std::io::Result<()> {
+    key(out, json, name, first)?;
+    value(out, json, v)?;
+    json.end_object_value(out)
 }
 
 /// Widest table cell, in display columns: a longer value (a 10 000-character handle) is cut
@@ -354,7 +438,7 @@ fn write_rows(out: &mut dyn Write, rows: &[Row], header: bool) -> std::io::Resul
 
 /// What follows a store's rows in the table: settled actions, audit records, warnings, and the
 /// summary line.
-fn write_end(out: &mut dyn Write, r: &Finished, rows: u64) -> std::io::Result<()> {
+fn write_end(out: &mut dyn Write, r: &Report, rows: u64) -> std::io::Result<()> {
     for s in &r.settled {
         writeln!(
             out,
@@ -603,9 +687,11 @@ mod tests {
         }
     }
 
-    fn finished(store: &str) -> crate::sweep::Finished {
-        crate::sweep::Finished {
+    fn finished(store: &str) -> crate::sweep::Report {
+        crate::sweep::Report {
             store: store.into(),
+            rows: Vec::new(),
+            skipped: Vec::new(),
             settled: Vec::new(),
             audit: None,
             too_recent: 0,
@@ -669,6 +755,60 @@ mod tests {
         assert_eq!(doc["errors"].as_array().unwrap().len(), 2);
     }
 
+    /// The streamed document is the reports a whole-document serializer would write (every
+    /// field of [`crate::sweep::Report`], rows and skipped threads included), byte for byte in
+    /// the layout `custody sweep -o json` has always printed: serde_json's pretty layout with
+    /// two-space indents, each row and skipped thread on one line.
+    #[test]
+    fn streamed_json_is_the_reports() {
+        use crate::sweep::RowSink;
+        let skipped = crate::checkpoint::SkippedThread::new(
+            "t-bad".into(),
+            "c9".into(),
+            Some("basket".into()),
+            crate::checkpoint::DecodeError::malformed("not msgpack"),
+        );
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
+        w.begin_store("ns/a");
+        w.rows(vec![row("t1")]);
+        w.skipped(skipped.clone());
+        w.rows(vec![row("t2")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.begin_store("ns/b");
+        w.rows(vec![row("u1")]);
+        w.end_store(Err("store ns/b: \"quoted\""));
+        w.finish(&["store ns/b: \"quoted\"".to_owned()]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+
+        let whole = crate::sweep::Report {
+            rows: vec![row("t1"), row("t2")],
+            skipped: vec![skipped.clone()],
+            ..finished("ns/a")
+        };
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["stores"][0], serde_json::to_value(&whole).unwrap());
+
+        fn line(v: &impl serde::Serialize) -> String {
+            serde_json::to_string(v).unwrap()
+        }
+        fn pretty(v: &impl serde::Serialize, depth: usize) -> String {
+            let text = serde_json::to_string_pretty(v).unwrap();
+            text.replace('\n', &format!("\n{}", "  ".repeat(depth)))
+        }
+        let f = finished("ns/a");
+        let expected = format!(
+            "{{\n  \"stores\": [\n    {{\n      \"store\": \"ns/a\",\n      \"rows\": [\n        {},\n        {}\n      ],\n      \"skipped\": [\n        {}\n      ],\n      \"settled\": [],\n      \"audit\": null,\n      \"too_recent\": 0,\n      \"warnings\": {},\n      \"servers\": [],\n      \"summary\": {}\n    }},\n    {{\n      \"store\": \"ns/b\",\n      \"rows\": [\n        {}\n      ],\n      \"skipped\": [],\n      \"error\": \"store ns/b: \\\"quoted\\\"\"\n    }}\n  ],\n  \"errors\": [\n    \"store ns/b: \\\"quoted\\\"\"\n  ]\n}}\n",
+            line(&row("t1")),
+            line(&row("t2")),
+            line(&skipped),
+            pretty(&f.warnings, 3),
+            pretty(&f.summary, 3),
+            line(&row("u1")),
+        );
+        assert_eq!(text, expected);
+    }
+
     #[test]
     fn streamed_table_and_empty_json() {
         use crate::sweep::RowSink;
@@ -699,8 +839,10 @@ mod tests {
         super::SweepWriter::new(&mut buf, super::Format::Json)
             .finish(&[])
             .unwrap();
-        let doc: serde_json::Value = serde_json::from_slice(&buf).unwrap();
-        assert_eq!(doc, serde_json::json!({"stores": [], "errors": []}));
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "{\n  \"stores\": [],\n  \"errors\": []\n}\n"
+        );
     }
 
     /// Issue 17, item 15: a huge handle is cut with a marker, wide characters count two

@@ -134,6 +134,10 @@ fn padding_entry_header(str_marker: u8) -> Vec<u8> {
 
 /// Runs the custody binary and returns (exit success, stdout, stderr, peak RSS in bytes),
 /// measuring the child alone with wait4 (the test process's own memory is not counted).
+#[expect(
+    unsafe_code,
+    reason = "wait4 is the only way to read a child's peak RSS"
+)]
 fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
     #[expect(
         clippy::zombie_processes,
@@ -161,6 +165,7 @@ fn custody_measured(args: &[&str]) -> (bool, String, String, u64) {
     let mut status = 0;
     // SAFETY: rusage is plain data that wait4 fills in; the pid is our own unreaped child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are to live locals of the types wait4 writes.
     let reaped = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(reaped, pid, "wait4");
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
@@ -967,31 +972,7 @@ fn bad_probe_replies_are_unknown_never_gone() {
         .map(|(case, ..)| BadReplyServer::start(case, "tools/call"))
         .collect();
     for ((case, ..), server) in PROBE_CASES.iter().zip(&bad) {
-        let name = case.replace('_', "-");
-        support::write_file(
-            dir.path(),
-            &format!("bad-{name}.yaml"),
-            &format!(
-                r#"apiVersion: custody.dev/v1alpha1
-kind: MCPServer
-metadata: {{name: {name}}}
-spec: {{url: "{url}", timeoutSeconds: 5}}
----
-apiVersion: custody.dev/v1alpha1
-kind: HandleClass
-metadata: {{name: {name}}}
-spec:
-  serverRef: {name}
-  statePath: basket
-  mint: {{tool: create_basket, handleField: basket_id}}
-  probe:
-    tool: get_basket
-    arguments: {{basket_id: "{{{{handle}}}}"}}
-    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
-"#,
-                url = server.url()
-            ),
-        );
+        support::basket_class_on(dir.path(), &case.replace('_', "-"), &server.url());
     }
     let started = std::time::Instant::now();
     let report = support::sweep_json(dir.path());

@@ -425,9 +425,11 @@ async fn private_catalog_names_no_tools() {
     apply(
         &client,
         &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
-                "metadata": {"name": "agent"},
-                "spec": {"agent": "agent", "servers": [{"serverRef": "private"}], "interruptOn": []}}),
+        &object(
+            "AgentAssignment",
+            "agent",
+            json!({"agent": "agent", "servers": [{"serverRef": "private"}], "interruptOn": []}),
+        ),
     )
     .await;
     let obj = wait_conditions(
@@ -485,7 +487,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     apply(
         &client,
         &ns,
-        &object("MCPServer", "basket", json!({"url": server.url()})),
+        &object("MCPServer", "basket", server_spec(&server.url())),
     )
     .await;
     let all_true = [
@@ -700,6 +702,13 @@ async fn next_health_check(client: &Client, ns: &str, name: &str, obj: &Value) -
     .await
 }
 
+/// Applies MCPServer `basket` at `server` and AgentAssignment `agent` with this spec.
+async fn apply_assignment(client: &Client, ns: &str, server: &BasketServer, spec: Value) {
+    let basket = object("MCPServer", "basket", server_spec(&server.url()));
+    apply(client, ns, &basket).await;
+    apply(client, ns, &object("AgentAssignment", "agent", spec)).await;
+}
+
 /// Deleting an AgentAssignment and a CheckpointStore removes their ConfigMap and CronJob
 /// (kube-controller-manager's garbage collector, through the controller's owner references).
 #[tokio::test]
@@ -709,18 +718,12 @@ async fn deleting_owners_removes_what_they_own() {
     let client = client().await;
     let ns = TestNs::new(&client, "e2e-gc").await;
     let server = BasketServer::start(&[]);
-    apply(
+    apply_assignment(
         &client,
         &ns,
-        &object("MCPServer", "basket", json!({"url": server.url()})),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
-                "metadata": {"name": "agent"},
-                "spec": {"agent": "agent", "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}}),
+        &server,
+        json!({"agent": "agent",
+               "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
     )
     .await;
     apply(
@@ -1309,11 +1312,13 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     apply(
         &client,
         &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
-                "metadata": {"name": "agent"},
-                "spec": {"agent": "create-agent", "servers": [
+        &object(
+            "AgentAssignment",
+            "agent",
+            json!({"agent": "create-agent", "servers": [
                     {"serverRef": "main", "toolAllowlist": ["get_basket"]},
-                    {"serverRef": "extra", "toolAllowlist": ["get_basket"]}]}}),
+                    {"serverRef": "extra", "toolAllowlist": ["get_basket"]}]}),
+        ),
     )
     .await;
     wait_conditions(
@@ -1447,19 +1452,12 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
     let client = client().await;
     let ns = TestNs::new(&client, "failclosed").await;
     let server = BasketServer::start(&[]);
-    apply(
+    apply_assignment(
         &client,
         &ns,
-        &object("MCPServer", "basket", json!({"url": server.url()})),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
-                "metadata": {"name": "agent"},
-                "spec": {"agent": "create-agent", "servers": [{"serverRef": "basket"}],
-                         "interruptOn": ["basket_create_basket"]}}),
+        &server,
+        json!({"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+               "interruptOn": ["basket_create_basket"]}),
     )
     .await;
     let aa = wait_conditions(
@@ -1510,10 +1508,13 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
     apply(
         &client,
         &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
-                "metadata": {"name": "agent"},
-                "spec": {"agent": "create-agent", "servers": [{"serverRef": "basket"}],
-                         "interruptOn": ["basket_create_basket", "basket_add_item", "basket_delete_basket"]}}),
+        &object(
+            "AgentAssignment",
+            "agent",
+            json!({"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+                   "interruptOn": ["basket_create_basket", "basket_add_item",
+                                   "basket_delete_basket"]}),
+        ),
     )
     .await;
     let aa = wait_conditions(

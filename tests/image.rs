@@ -7,13 +7,14 @@
 //! from that filesystem the way a Pod with the chart's securityContext runs it (uid/gid 65532,
 //! empty environment, read-only root, nothing else on it), as root in a private mount namespace.
 
+#[path = "support/cluster.rs"]
+mod cluster;
 mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// The archive unpacked into a fresh directory: `<dir>/archive` (manifest.json, the config, the
@@ -200,8 +201,10 @@ exec chroot --userspec=65532:65532 --groups= "$root" /custody "$@"
 }
 
 #[test]
+#[expect(unsafe_code, reason = "geteuid, to refuse to run unprivileged")]
 fn the_binary_runs_alone_read_only_as_65532() {
     assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
         unsafe { libc::geteuid() },
         0,
         "this test mounts and chroots: run it as root (tests/run.sh in CI is root)"
@@ -235,8 +238,10 @@ fn the_binary_runs_alone_read_only_as_65532() {
 /// built, for http:// servers too, and refuses to exist without any: the image's CA bundle is
 /// what lets the controller and the sweep talk to MCP servers at all.
 #[test]
+#[expect(unsafe_code, reason = "geteuid, to refuse to run unprivileged")]
 fn the_mcp_client_needs_and_finds_the_ca_bundle() {
     assert_eq!(
+        // SAFETY: geteuid takes nothing and cannot fail.
         unsafe { libc::geteuid() },
         0,
         "this test mounts and chroots: run it as root (tests/run.sh in CI is root)"
@@ -292,23 +297,11 @@ fn the_registry_overlay_renames_the_image_everywhere() {
             .current_dir(env!("CARGO_MANIFEST_DIR")),
     );
     let rendered = String::from_utf8_lossy(&out.stdout);
-    let deployment = serde_yaml::Deserializer::from_str(&rendered)
-        .map(|doc| {
-            serde_yaml::from_value::<Value>(serde_yaml::Value::deserialize(doc).unwrap()).unwrap()
-        })
+    let deployment = cluster::yaml_docs(&rendered)
+        .into_iter()
         .find(|d| d["kind"] == "Deployment")
         .expect("the overlay renders the controller's Deployment");
     let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-    assert_eq!(container["image"], "registry.example.com/custody:0.1.0");
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
-    assert!(
-        args.contains(&"--image=registry.example.com/custody:0.1.0"),
-        "{args:?}"
-    );
+    cluster::controller_args(container, "registry.example.com/custody:0.1.0");
     assert!(!rendered.contains("=custody:0.1.0") && !rendered.contains("image: custody:"));
 }

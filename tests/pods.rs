@@ -41,6 +41,10 @@ fn c() -> &'static Cluster {
 }
 
 /// The shared release's namespace, installed once per test process.
+#[expect(
+    unsafe_code,
+    reason = "atexit is the only teardown hook of a test binary"
+)]
 fn release_ns() -> &'static str {
     RELEASE_NS.get_or_init(|| {
         let ns = format!("custody-pods-{}", std::process::id());

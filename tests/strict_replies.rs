@@ -52,31 +52,7 @@ fn inexact_probe_answers_are_unknown_with_their_cause() {
         .map(|(case, ..)| Peer::misbehaving(case))
         .collect();
     for ((case, ..), peer) in CASES.iter().zip(&peers) {
-        let name = case.replace('_', "-");
-        support::write_file(
-            dir.path(),
-            &format!("bad-{name}.yaml"),
-            &format!(
-                r#"apiVersion: custody.dev/v1alpha1
-kind: MCPServer
-metadata: {{name: {name}}}
-spec: {{url: "{url}", timeoutSeconds: 5}}
----
-apiVersion: custody.dev/v1alpha1
-kind: HandleClass
-metadata: {{name: {name}}}
-spec:
-  serverRef: {name}
-  statePath: basket
-  mint: {{tool: create_basket, handleField: basket_id}}
-  probe:
-    tool: get_basket
-    arguments: {{basket_id: "{{{{handle}}}}"}}
-    goneWhen: {{errorTextPrefixes: [BASKET_EXPIRED, BASKET_NOT_FOUND]}}
-"#,
-                url = peer.url()
-            ),
-        );
+        support::basket_class_on(dir.path(), &case.replace('_', "-"), &peer.url());
     }
     let started = std::time::Instant::now();
     let report = support::sweep_json(dir.path());

@@ -199,6 +199,16 @@ pub enum StoreError {
     /// The database does not hold LangGraph checkpoint tables custody understands.
     #[error("{0}")]
     Schema(String),
+    /// A SQLite store's act lock file (beside the database file) cannot be opened: a
+    /// filesystem failure, not a schema custody does not read.
+    #[error("cannot open the act lock {}: {source}", path.display())]
+    Lock {
+        /// The lock file.
+        path: std::path::PathBuf,
+        /// Why it cannot be opened.
+        #[source]
+        source: std::io::Error,
+    },
     /// A query failed part-way.
     #[error("query failed: {0}")]
     Query(#[from] sqlx::Error),

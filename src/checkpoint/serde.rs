@@ -33,8 +33,21 @@ pub const MAX_VALUE_BYTES: usize = 16 << 20;
 
 /// Why a stored value was not decoded: a bounded category, used as the metric label
 /// `custody_sweep_skipped_threads{reason}` and in `SweepSummary::skipped_by_reason`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum DecodeKind {
     /// Malformed or truncated msgpack or JSON, an unknown msgpack ext code, a value of the wrong
     /// type where the checkpoint format fixes one.
@@ -48,16 +61,9 @@ pub enum DecodeKind {
 }
 
 impl DecodeKind {
-    /// Every kind, in label order.
-    pub const ALL: [Self; 3] = [Self::Decode, Self::TooLarge, Self::UnsupportedFormat];
-
     /// The snake_case name, as serialized and as a metric label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Decode => "decode",
-            Self::TooLarge => "too_large",
-            Self::UnsupportedFormat => "unsupported_format",
-        }
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 }
 
@@ -341,6 +347,7 @@ fn ext(code: i8, payload: &[u8], depth: usize) -> Result<Value, DecodeError> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use strum::IntoEnumIterator;
 
     fn unhex(s: &str) -> Vec<u8> {
         hex::decode(s.split_whitespace().collect::<String>()).unwrap()
@@ -526,7 +533,9 @@ mod tests {
         );
         assert_eq!(read(&huge).unwrap_err().kind, DecodeKind::TooLarge);
         assert_eq!(
-            DecodeKind::ALL.map(DecodeKind::as_str),
+            DecodeKind::iter()
+                .map(DecodeKind::as_str)
+                .collect::<Vec<_>>(),
             ["decode", "too_large", "unsupported_format"]
         );
     }

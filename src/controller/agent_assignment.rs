@@ -109,22 +109,30 @@ pub(super) async fn reconcile(
     let (valid, validated, requeue) = match outcome {
         Check::Invalid(reason, message) => {
             ctx.count_unusable("AgentAssignment", reason);
-            (Cond::no("Valid", reason, message), None, RECHECK)
+            (Cond::no(conditions::VALID, reason, message), None, RECHECK)
         }
         Check::Waiting(message) => (
-            Cond::unknown("Valid", "WaitingForDiscovery", message),
+            Cond::unknown(
+                conditions::VALID,
+                conditions::WAITING_FOR_DISCOVERY,
+                message,
+            ),
             None,
             WAITING,
         ),
         Check::Unavailable(message) => (
-            Cond::unknown("Valid", conditions::REQUIRED_SERVER_UNAVAILABLE, message),
+            Cond::unknown(
+                conditions::VALID,
+                conditions::REQUIRED_SERVER_UNAVAILABLE,
+                message,
+            ),
             None,
             WAITING,
         ),
         Check::Valid(v) => (
             Cond::yes(
-                "Valid",
-                "Validated",
+                conditions::VALID,
+                conditions::VALIDATED,
                 format!("{} tools for agent {}", v.final_tools.len(), a.spec.agent),
             ),
             Some(v),
@@ -136,8 +144,8 @@ pub(super) async fn reconcile(
         Some(v) => policy(a, v),
         None => (
             Cond::unknown(
-                "PolicyCompliant",
-                "NotValidated",
+                conditions::POLICY_COMPLIANT,
+                conditions::NOT_VALIDATED,
                 "the assignment is not valid yet",
             ),
             BTreeSet::new(),
@@ -212,20 +220,20 @@ pub(super) async fn reconcile(
 
 /// `Ready`: valid, every required server ready, and nothing withheld by the policy.
 fn ready(valid: &Cond, policy: &Cond, v: Option<&Validated<'_>>, cm_name: &str) -> Cond {
-    if valid.status != "True" {
-        return Cond::no("Ready", valid.reason, valid.message.clone());
+    if valid.status != conditions::TRUE {
+        return Cond::no(conditions::READY, valid.reason, valid.message.clone());
     }
     if let Some(v) = v
         && !v.unavailable.is_empty()
     {
         return Cond::no(
-            "Ready",
+            conditions::READY,
             conditions::REQUIRED_SERVER_UNAVAILABLE,
             v.unavailable.join("; "),
         );
     }
-    if policy.status != "True" {
-        return Cond::no("Ready", policy.reason, policy.message.clone());
+    if policy.status != conditions::TRUE {
+        return Cond::no(conditions::READY, policy.reason, policy.message.clone());
     }
     let mut message = format!("configuration in ConfigMap {cm_name}");
     if let Some(v) = v
@@ -236,7 +244,7 @@ fn ready(valid: &Cond, policy: &Cond, v: Option<&Validated<'_>>, cm_name: &str) 
             v.left_out.len()
         ));
     }
-    Cond::yes("Ready", "Rendered", message)
+    Cond::yes(conditions::READY, conditions::RENDERED, message)
 }
 
 /// `Degraded`: `True` while optional servers are left out of the configuration.
@@ -244,7 +252,7 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
     match v {
         None => Cond::unknown(
             conditions::DEGRADED,
-            "NotValidated",
+            conditions::NOT_VALIDATED,
             "the assignment is not valid yet",
         ),
         Some(v) if v.left_out.is_empty() => Cond::no(
@@ -279,7 +287,7 @@ async fn report(
     let changed = |type_: &str, c: &Cond| {
         was(type_).is_none_or(|p| p.status != c.status || p.message != c.message)
     };
-    if policy.status == "False" && changed("PolicyCompliant", policy) {
+    if policy.status == conditions::FALSE && changed(conditions::POLICY_COMPLIANT, policy) {
         ctx.event(
             a,
             EventType::Warning,
@@ -289,15 +297,16 @@ async fn report(
         .await;
     }
     // Waiting for a first discovery is a normal start, not a problem worth a Warning.
-    if ready.status == "False"
+    if ready.status == conditions::FALSE
         && ready.reason != policy.reason
-        && ready.reason != "WaitingForDiscovery"
-        && was("Ready").is_none_or(|p| p.status != "False" || p.reason != ready.reason)
+        && ready.reason != conditions::WAITING_FOR_DISCOVERY
+        && was(conditions::READY)
+            .is_none_or(|p| p.status != conditions::FALSE || p.reason != ready.reason)
     {
         ctx.event(a, EventType::Warning, ready.reason, ready.message.clone())
             .await;
     }
-    if degraded.status == "True" && changed(conditions::DEGRADED, degraded) {
+    if degraded.status == conditions::TRUE && changed(conditions::DEGRADED, degraded) {
         ctx.event(
             a,
             EventType::Warning,
@@ -305,8 +314,8 @@ async fn report(
             degraded.message.clone(),
         )
         .await;
-    } else if degraded.status == "False"
-        && was(conditions::DEGRADED).is_some_and(|p| p.status == "True")
+    } else if degraded.status == conditions::FALSE
+        && was(conditions::DEGRADED).is_some_and(|p| p.status == conditions::TRUE)
     {
         ctx.event(
             a,
@@ -348,8 +357,8 @@ fn not_ready(server: &MCPServer) -> Option<String> {
         .as_ref()
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    match conds.iter().find(|c| c.type_ == "Ready") {
-        Some(c) if c.status == "True" => None,
+    match conds.iter().find(|c| c.type_ == conditions::READY) {
+        Some(c) if c.status == conditions::TRUE => None,
         Some(c) => Some(format!("{}: {}", c.reason, c.message)),
         None => Some("not checked yet".to_owned()),
     }
@@ -360,7 +369,7 @@ async fn validate_assignment<'a>(
     ctx: &Context,
 ) -> Result<Check<'a>, Error> {
     if let Err(e) = validate::agent_assignment(&a.spec) {
-        return Ok(Check::Invalid("InvalidSpec", e.to_string()));
+        return Ok(Check::Invalid(conditions::INVALID_SPEC, e.to_string()));
     }
     let ns = a.namespace().unwrap_or_default();
     // Duplicate assignment: the agent service refuses two mappings for one agent. The oldest
@@ -382,7 +391,7 @@ async fn validate_assignment<'a>(
         && first.name_any() != a.name_any()
     {
         return Ok(Check::Invalid(
-            "DuplicateAssignment",
+            conditions::DUPLICATE_ASSIGNMENT,
             format!(
                 "spec.agent: agent {} is already assigned by AgentAssignment {}",
                 a.spec.agent,
@@ -400,7 +409,7 @@ async fn validate_assignment<'a>(
     for (i, s) in a.spec.servers.iter().enumerate() {
         let Some(server) = servers_api.get_opt(&s.server_ref).await? else {
             return Ok(Check::Invalid(
-                "UnknownServer",
+                conditions::UNKNOWN_SERVER,
                 format!(
                     "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
                     s.server_ref
@@ -448,7 +457,7 @@ async fn validate_assignment<'a>(
             Ok(t) => t,
             Err(missing) => {
                 return Ok(Check::Invalid(
-                    "ToolNotOffered",
+                    conditions::TOOL_NOT_OFFERED,
                     format!(
                         "spec.servers[{i}].toolAllowlist: MCPServer {} does not offer {missing}",
                         s.server_ref
@@ -464,7 +473,7 @@ async fn validate_assignment<'a>(
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
                 return Ok(Check::Invalid(
-                    "InvalidToolName",
+                    conditions::INVALID_TOOL_NAME,
                     format!(
                         "spec.servers[{i}]: final tool name {} is not 1-64 letters, digits, _ or -",
                         shown(&name)
@@ -475,7 +484,7 @@ async fn validate_assignment<'a>(
                 finals.insert(name.clone(), (s.server_ref.clone(), *may_write))
             {
                 return Ok(Check::Invalid(
-                    "ToolNameCollision",
+                    conditions::TOOL_NAME_COLLISION,
                     format!(
                         "spec.servers[{i}].alias: final tool name {} comes from both MCPServer {other} and {}",
                         shown(&name),
@@ -532,8 +541,8 @@ fn policy(a: &AgentAssignment, v: &Validated<'_>) -> (Cond, BTreeSet<String>) {
     if missing.is_empty() {
         return (
             Cond::yes(
-                "PolicyCompliant",
-                "WritesNeedApproval",
+                conditions::POLICY_COMPLIANT,
+                conditions::WRITES_NEED_APPROVAL,
                 "every tool that may write is in interruptOn",
             ),
             missing,
@@ -556,7 +565,11 @@ fn policy(a: &AgentAssignment, v: &Validated<'_>) -> (Cond, BTreeSet<String>) {
         )
     };
     (
-        Cond::no("PolicyCompliant", "WritesWithoutApproval", message),
+        Cond::no(
+            conditions::POLICY_COMPLIANT,
+            conditions::WRITES_WITHOUT_APPROVAL,
+            message,
+        ),
         missing,
     )
 }

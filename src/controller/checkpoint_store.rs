@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
-use super::metrics::{ActionLabels, KindLabels, SweepLabels};
+use super::metrics::KindLabels;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
@@ -59,21 +59,24 @@ pub(super) async fn reconcile(
         Ok(()) => check(store, &ctx).await?,
         Err(message) => (
             Cond::no(
-                "Reachable",
+                conditions::REACHABLE,
                 conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
                 message.clone(),
             ),
             Cond::unknown(
-                "SchemaCompatible",
-                "NotChecked",
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::NOT_CHECKED,
                 "not checked: the backend is not supported in a cluster",
             ),
         ),
     };
-    if reachable.status == "False" {
+    if reachable.status == conditions::FALSE {
         ctx.count_unusable("CheckpointStore", reachable.reason);
-        let was = current.conditions.iter().find(|c| c.type_ == "Reachable");
-        if was.is_none_or(|c| c.status != "False" || c.reason != reachable.reason) {
+        let was = current
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::REACHABLE);
+        if was.is_none_or(|c| c.status != conditions::FALSE || c.reason != reachable.reason) {
             ctx.event(
                 store,
                 EventType::Warning,
@@ -88,14 +91,14 @@ pub(super) async fn reconcile(
     // fault: retrying cannot help, so it becomes a condition instead of an endless error.
     let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
         Err(message) => Cond::no(
-            "Scheduled",
+            conditions::SCHEDULED,
             conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
             message,
         ),
         Ok(applied) => match applied.await {
             Ok(()) => Cond::yes(
-                "Scheduled",
-                "CronJobApplied",
+                conditions::SCHEDULED,
+                conditions::CRON_JOB_APPLIED,
                 format!(
                     "CronJob {}-sweep on {}",
                     store.name_any(),
@@ -103,15 +106,15 @@ pub(super) async fn reconcile(
                 ),
             ),
             Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
-                ctx.count_unusable("CheckpointStore", "CronJobRefused");
+                ctx.count_unusable("CheckpointStore", conditions::CRON_JOB_REFUSED);
                 let field = if refused.message.contains("spec.schedule") {
                     "spec.schedule: "
                 } else {
                     ""
                 };
                 Cond::no(
-                    "Scheduled",
-                    "CronJobRefused",
+                    conditions::SCHEDULED,
+                    conditions::CRON_JOB_REFUSED,
                     format!(
                         "{field}the API server refuses CronJob {}-sweep: {}",
                         store.name_any(),
@@ -131,8 +134,8 @@ pub(super) async fn reconcile(
         .conditions
         .iter()
         .find(|c| c.type_ == conditions::LAST_SWEEP_SUCCEEDED);
-    if last_run.status == "False"
-        && was.is_none_or(|c| c.status != "False" || c.message != last_run.message)
+    if last_run.status == conditions::FALSE
+        && was.is_none_or(|c| c.status != conditions::FALSE || c.message != last_run.message)
     {
         ctx.event(
             store,
@@ -145,45 +148,7 @@ pub(super) async fn reconcile(
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote (pure)
     if let Some(s) = &current.last_sweep {
-        for (verdict, n) in [
-            ("ok", s.ok),
-            ("gone", s.gone),
-            ("absent", s.absent),
-            ("unknown", s.unknown),
-        ] {
-            let labels = SweepLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                verdict,
-            };
-            ctx.metrics
-                .sweep_handles
-                .get_or_create(&labels)
-                .set(n as i64);
-        }
-        // Only known outcome kinds become labels: the status is written by another process.
-        for action in ["reminted", "escalated", "failed", "skipped", "error"] {
-            let n = s.actions.get(action).copied().unwrap_or(0);
-            let labels = ActionLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                action,
-            };
-            ctx.metrics
-                .sweep_actions
-                .get_or_create(&labels)
-                .set(n as i64);
-        }
-        for outcome in ["committed", "not_committed", "unknown", "error", "skipped"] {
-            let n = s.audit.get(outcome).copied().unwrap_or(0);
-            let labels = ActionLabels {
-                namespace: ns.clone(),
-                name: store.name_any(),
-                action: outcome,
-            };
-            ctx.metrics.sweep_audit.get_or_create(&labels).set(n as i64);
-        }
-        ctx.metrics.set_sweep_reasons(&ns, &store.name_any(), s);
+        ctx.metrics.set_sweep(&ns, &store.name_any(), s);
     }
     // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
     //    field managers.
@@ -217,13 +182,17 @@ pub(super) async fn reconcile(
 /// (`LastSweepSucceeded=Unknown`, no sweep finished yet, does not count against it).
 fn ready(others: &[&Cond]) -> Cond {
     match others.iter().find(|c| {
-        c.status == "False"
-            || (c.status == "Unknown" && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
+        c.status == conditions::FALSE
+            || (c.status == conditions::UNKNOWN && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
     }) {
-        Some(c) => Cond::no("Ready", c.reason, format!("{}: {}", c.type_, c.message)),
+        Some(c) => Cond::no(
+            conditions::READY,
+            c.reason,
+            format!("{}: {}", c.type_, c.message),
+        ),
         None => Cond::yes(
-            "Ready",
-            "Swept",
+            conditions::READY,
+            conditions::SWEPT,
             "the database answers and the sweep CronJob is scheduled",
         ),
     }
@@ -250,7 +219,9 @@ fn last_sweep(jobs: &[Job]) -> Cond {
         let conds = j.status.as_ref().and_then(|s| s.conditions.as_ref());
         conds.and_then(|cs| {
             cs.iter()
-                .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+                .find(|c| {
+                    (c.type_ == "Complete" || c.type_ == "Failed") && c.status == conditions::TRUE
+                })
                 .cloned()
         })
     };
@@ -298,16 +269,13 @@ fn last_sweep(jobs: &[Job]) -> Cond {
 }
 
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
-    let not_checked = |why: &str| {
-        Cond::unknown(
-            "SchemaCompatible",
-            "NotChecked",
-            format!("not checked: {why}"),
-        )
-    };
     if let Err(e) = validate::checkpoint_store(&store.spec) {
         return Ok((
-            Cond::no("Reachable", "InvalidSpec", e.to_string()),
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::INVALID_SPEC,
+                e.to_string(),
+            ),
             not_checked("the spec is invalid"),
         ));
     }
@@ -322,31 +290,76 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
         Ok(mut t) => t.remove(0),
         Err(e) => {
             return Ok((
-                Cond::no("Reachable", "SecretNotResolved", e.to_string()),
+                Cond::no(
+                    conditions::REACHABLE,
+                    conditions::SECRET_NOT_RESOLVED,
+                    e.to_string(),
+                ),
                 not_checked("no DSN"),
             ));
         }
     };
-    Ok(
-        match Store::connect(target.backend, target.dsn.expose_secret()).await {
-            Ok(_) => (
-                Cond::yes("Reachable", "Connected", "the database answers"),
-                Cond::yes(
-                    "SchemaCompatible",
-                    "LangGraphTablesFound",
-                    "LangGraph checkpoint tables of a supported version",
-                ),
-            ),
-            Err(StoreError::Schema(message)) => (
-                Cond::yes("Reachable", "Connected", "the database answers"),
-                Cond::no("SchemaCompatible", "UnsupportedSchema", message),
-            ),
-            Err(e) => (
-                Cond::no("Reachable", "ConnectFailed", e.to_string()),
-                not_checked("unreachable"),
-            ),
-        },
+    Ok(connected(
+        Store::connect(target.backend, target.dsn.expose_secret())
+            .await
+            .map(drop),
+    ))
+}
+
+/// `SchemaCompatible` when the schema could not be looked at.
+fn not_checked(why: &str) -> Cond {
+    Cond::unknown(
+        conditions::SCHEMA_COMPATIBLE,
+        conditions::NOT_CHECKED,
+        format!("not checked: {why}"),
     )
+}
+
+/// `Reachable` and `SchemaCompatible` from connecting to the store. Only
+/// [`StoreError::Schema`] is a schema custody does not read; a lock file that cannot be opened
+/// ([`StoreError::Lock`]) has a reason of its own rather than passing for either.
+fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
+    let answers = || {
+        Cond::yes(
+            conditions::REACHABLE,
+            conditions::CONNECTED,
+            "the database answers",
+        )
+    };
+    match result {
+        Ok(()) => (
+            answers(),
+            Cond::yes(
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::LANGGRAPH_TABLES_FOUND,
+                "LangGraph checkpoint tables of a supported version",
+            ),
+        ),
+        Err(StoreError::Schema(message)) => (
+            answers(),
+            Cond::no(
+                conditions::SCHEMA_COMPATIBLE,
+                conditions::UNSUPPORTED_SCHEMA,
+                message,
+            ),
+        ),
+        Err(e @ StoreError::Lock { .. }) => (
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::LOCK_FAILED,
+                e.to_string(),
+            ),
+            not_checked("the act lock cannot be opened"),
+        ),
+        Err(e) => (
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::CONNECT_FAILED,
+                e.to_string(),
+            ),
+            not_checked("unreachable"),
+        ),
+    }
 }
 
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
@@ -467,6 +480,50 @@ fn sweep_args(ns: &str, name: &str, deny_metadata_addresses: bool) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_schema_error_makes_the_schema_incompatible() {
+        let reasons = |r| {
+            let (reachable, schema) = connected(r);
+            (
+                (reachable.status, reachable.reason),
+                (schema.status, schema.reason),
+            )
+        };
+        assert_eq!(
+            reasons(Ok(())),
+            (("True", "Connected"), ("True", "LangGraphTablesFound"))
+        );
+        assert_eq!(
+            reasons(Err(StoreError::Schema("no checkpoints table".into()))),
+            (("True", "Connected"), ("False", "UnsupportedSchema"))
+        );
+        let lock = StoreError::Lock {
+            path: "/data/orders.db-custody.lock".into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        let (reachable, schema) = connected(Err(lock));
+        assert_eq!(
+            (
+                reachable.status,
+                reachable.reason,
+                schema.status,
+                schema.reason
+            ),
+            ("False", "LockFailed", "Unknown", "NotChecked")
+        );
+        assert!(
+            reachable
+                .message
+                .starts_with("cannot open the act lock /data/orders.db-custody.lock: "),
+            "{}",
+            reachable.message
+        );
+        assert_eq!(
+            reasons(Err(StoreError::Query(sqlx::Error::PoolTimedOut))),
+            (("False", "ConnectFailed"), ("Unknown", "NotChecked"))
+        );
+    }
 
     fn job(name: &str, created: &str, condition: serde_json::Value) -> Job {
         serde_json::from_value(json!({

@@ -23,7 +23,7 @@ impl Cond {
     pub fn yes(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             type_,
-            status: "True",
+            status: TRUE,
             reason,
             message: message.into(),
         }
@@ -32,7 +32,7 @@ impl Cond {
     pub fn no(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             type_,
-            status: "False",
+            status: FALSE,
             reason,
             message: message.into(),
         }
@@ -41,20 +41,74 @@ impl Cond {
     pub fn unknown(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             type_,
-            status: "Unknown",
+            status: UNKNOWN,
             reason,
             message: message.into(),
         }
     }
 }
 
+/// `status` of a condition that holds.
+pub const TRUE: &str = "True";
+/// `status` of a condition that does not hold.
+pub const FALSE: &str = "False";
+/// `status` of a condition not decided yet.
+pub const UNKNOWN: &str = "Unknown";
+
+/// Condition type of every kind: the resource is usable (its other conditions say why not).
+pub const READY: &str = "Ready";
+/// Condition type of an AgentAssignment and a HandleClass: the spec checks out against the
+/// MCPServers it names.
+pub const VALID: &str = "Valid";
+/// Condition type of an AgentAssignment: every tool that may write is in `interruptOn`.
+pub const POLICY_COMPLIANT: &str = "PolicyCompliant";
 /// Condition type of an AgentAssignment: `True` while optional servers that are not ready are
 /// left out of its configuration.
 pub const DEGRADED: &str = "Degraded";
+/// Condition type of a HandleClass: the probe tool declares `readOnlyHint`.
+pub const PROBE_READ_ONLY: &str = "ProbeReadOnly";
+/// Condition type of an MCPServer: the catalog was listed.
+pub const DISCOVERED: &str = "Discovered";
+/// Condition type of an MCPServer: the last health check was answered.
+pub const HEALTHY: &str = "Healthy";
+/// Condition type of a CheckpointStore: the database answers.
+pub const REACHABLE: &str = "Reachable";
+/// Condition type of a CheckpointStore: the database holds LangGraph tables custody reads.
+pub const SCHEMA_COMPATIBLE: &str = "SchemaCompatible";
+/// Condition type of a CheckpointStore: the sweep CronJob is applied.
+pub const SCHEDULED: &str = "Scheduled";
 /// Condition type of a CheckpointStore: how the most recent finished sweep Job ended.
 pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
 
-/// Reason (`Ready`, Event): a required MCPServer of the assignment is not ready.
+/// Reason (any kind's `Valid` or `Reachable`, Event): the spec fails validation.
+pub const INVALID_SPEC: &str = "InvalidSpec";
+/// Reason (`Ready`, `Reachable`, Event): a Secret the spec names cannot be read.
+pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
+/// Reason (`Valid`, Event): no MCPServer of the referenced name in the namespace.
+pub const UNKNOWN_SERVER: &str = "UnknownServer";
+/// Reason (`Valid`, Event): the MCPServer's catalog lacks a tool the spec names.
+pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
+/// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
+pub const WAITING_FOR_DISCOVERY: &str = "WaitingForDiscovery";
+/// Reason (`PolicyCompliant`, `Degraded`, `Ready`): `Valid` is not `True` yet.
+pub const NOT_VALIDATED: &str = "NotValidated";
+
+/// Reason (`Valid`): an AgentAssignment's servers offer every tool it names.
+pub const VALIDATED: &str = "Validated";
+/// Reason (`Valid`, Event): an older AgentAssignment already configures this agent.
+pub const DUPLICATE_ASSIGNMENT: &str = "DuplicateAssignment";
+/// Reason (`Valid`, `Discovered`, Event): a final tool name is not 1-64 letters, digits, `_`
+/// or `-`.
+pub const INVALID_TOOL_NAME: &str = "InvalidToolName";
+/// Reason (`Valid`, Event): two servers give the same final tool name.
+pub const TOOL_NAME_COLLISION: &str = "ToolNameCollision";
+/// Reason (`PolicyCompliant`): every tool that may write needs approval.
+pub const WRITES_NEED_APPROVAL: &str = "WritesNeedApproval";
+/// Reason (`PolicyCompliant`, Event): tools that may write are not in `interruptOn`.
+pub const WRITES_WITHOUT_APPROVAL: &str = "WritesWithoutApproval";
+/// Reason (`Ready`): the agent's configuration is rendered into its ConfigMap.
+pub const RENDERED: &str = "Rendered";
+/// Reason (`Ready`, `Valid`, Event): a required MCPServer of the assignment is not ready.
 pub const REQUIRED_SERVER_UNAVAILABLE: &str = "RequiredServerUnavailable";
 /// Reason (`Degraded`, Event): an optional MCPServer is not ready and is left out.
 pub const OPTIONAL_SERVER_UNAVAILABLE: &str = "OptionalServerUnavailable";
@@ -65,6 +119,69 @@ pub const WRITE_TOOLS_WITHHELD: &str = "WriteToolsWithheld";
 /// Reason (Event): the rendered configuration changed.
 pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
 
+/// Reason (`Valid`): a HandleClass's server offers its probe (and mint and replay) tools.
+pub const TOOLS_OFFERED: &str = "ToolsOffered";
+/// Reason (`ProbeReadOnly`): the probe tool declares `readOnlyHint`.
+pub const READ_ONLY_HINT: &str = "ReadOnlyHint";
+/// Reason (`ProbeReadOnly`): the probe tool does not declare `readOnlyHint`.
+pub const PROBE_MAY_WRITE: &str = "ProbeMayWrite";
+
+/// Reason (`Discovered`, `Healthy`): not checked yet.
+pub const PENDING: &str = "Pending";
+/// Reason (`Discovered`): the catalog was listed.
+pub const CATALOG_LISTED: &str = "CatalogListed";
+/// Reason (`Healthy`): the health check was answered.
+pub const ANSWERED: &str = "Answered";
+/// Reason (`Healthy`): the health check was not answered.
+pub const UNREACHABLE: &str = "Unreachable";
+/// Reason (`Ready`): discovered and healthy.
+pub const DISCOVERED_AND_HEALTHY: &str = "DiscoveredAndHealthy";
+/// Reason (Event): the catalog differs from the one listed before.
+pub const CATALOG_CHANGED: &str = "CatalogChanged";
+/// Reason (Event): the catalog was listed for the first time.
+pub const CATALOG_DISCOVERED: &str = "CatalogDiscovered";
+/// Reason (Event): the server answers its health check again.
+pub const HEALTHY_AGAIN: &str = "Healthy";
+/// Reason (Event): the server stopped answering its health check.
+pub const UNHEALTHY: &str = "Unhealthy";
+/// Reason (`Discovered`, Event): discovery failed in a way no narrower reason names.
+pub const DISCOVERY_FAILED: &str = "DiscoveryFailed";
+/// Reason (`Discovered`): discovery timed out (category `timeout`).
+pub const TIMEOUT: &str = "Timeout";
+/// Reason (`Discovered`): the connection failed (category `connect`); also a CheckpointStore's
+/// `Reachable` when the database does not answer.
+pub const CONNECT_FAILED: &str = "ConnectFailed";
+/// Reason (`Discovered`): category `transport`.
+pub const TRANSPORT_FAILED: &str = "TransportFailed";
+/// Reason (`Discovered`): category `protocol`.
+pub const PROTOCOL_ERROR: &str = "ProtocolError";
+/// Reason (`Discovered`): category `too_large`.
+pub const RESPONSE_TOO_LARGE: &str = "ResponseTooLarge";
+/// Reason (`Discovered`): category `rpc_error`.
+pub const JSON_RPC_ERROR: &str = "JsonRpcError";
+/// Reason (`Discovered`): category `pagination`.
+pub const PAGINATION_FAILED: &str = "PaginationFailed";
+/// Reason (`Discovered`): category `allowlist`, the server lacks an allowlisted tool.
+pub const ALLOWLIST_NOT_OFFERED: &str = "AllowlistNotOffered";
+/// Reason (`Discovered`): category `config`.
+pub const INVALID_CONFIG: &str = "InvalidConfig";
+
+/// Reason (`Reachable`): the database answers.
+pub const CONNECTED: &str = "Connected";
+/// Reason (`Reachable`): a SQLite store's act lock file cannot be opened.
+pub const LOCK_FAILED: &str = "LockFailed";
+/// Reason (`SchemaCompatible`): not checked (the spec is invalid, no DSN, unreachable).
+pub const NOT_CHECKED: &str = "NotChecked";
+/// Reason (`SchemaCompatible`): LangGraph checkpoint tables of a supported version.
+pub const LANGGRAPH_TABLES_FOUND: &str = "LangGraphTablesFound";
+/// Reason (`SchemaCompatible`): the tables are missing or of a version custody does not read.
+pub const UNSUPPORTED_SCHEMA: &str = "UnsupportedSchema";
+/// Reason (`Scheduled`): the sweep CronJob is applied.
+pub const CRON_JOB_APPLIED: &str = "CronJobApplied";
+/// Reason (`Scheduled`, Event): the API server refused the sweep CronJob.
+pub const CRON_JOB_REFUSED: &str = "CronJobRefused";
+/// Reason (`Ready`): the database answers and the sweep CronJob is scheduled.
+pub const SWEPT: &str = "Swept";
 /// Reason (`Ready`, `Reachable`, `Scheduled`): a `backend: sqlite` CheckpointStore in a cluster.
 pub const SQLITE_NOT_SUPPORTED_IN_CLUSTER: &str = "SqliteNotSupportedInCluster";
 /// Reason (`LastSweepSucceeded`): the latest finished sweep Job completed.

@@ -10,7 +10,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
-use super::conditions::{Cond, merge};
+use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::KindLabels;
 use super::{Context, Error, Guard, apply_status, skip_invalid};
@@ -41,7 +41,11 @@ pub(super) async fn reconcile(
     let mut conds = Vec::new();
     let mut requeue = RECHECK;
     if let Err(e) = validate::handle_class(&class.spec) {
-        conds.push(Cond::no("Valid", "InvalidSpec", e.to_string()));
+        conds.push(Cond::no(
+            conditions::VALID,
+            conditions::INVALID_SPEC,
+            e.to_string(),
+        ));
     } else if Api::<MCPServer>::namespaced(ctx.client.clone(), &ns)
         .get_opt(&class.spec.server_ref)
         .await?
@@ -49,8 +53,8 @@ pub(super) async fn reconcile(
     {
         // 2. the server exists (API)
         conds.push(Cond::no(
-            "Valid",
-            "UnknownServer",
+            conditions::VALID,
+            conditions::UNKNOWN_SERVER,
             format!(
                 "spec.serverRef: no MCPServer {} in namespace {ns}",
                 class.spec.server_ref
@@ -66,8 +70,8 @@ pub(super) async fn reconcile(
             None => {
                 requeue = WAITING;
                 conds.push(Cond::unknown(
-                    "Valid",
-                    "WaitingForDiscovery",
+                    conditions::VALID,
+                    conditions::WAITING_FOR_DISCOVERY,
                     format!(
                         "MCPServer {} has not been discovered yet",
                         class.spec.server_ref
@@ -79,7 +83,7 @@ pub(super) async fn reconcile(
     }
     if let Some(bad) = conds
         .iter()
-        .find(|c| c.type_ == "Valid" && c.status == "False")
+        .find(|c| c.type_ == conditions::VALID && c.status == conditions::FALSE)
     {
         ctx.count_unusable("HandleClass", bad.reason);
     }
@@ -109,20 +113,28 @@ pub(super) async fn reconcile(
 /// `Ready` from `Valid`: a class sweeps can use. `ProbeReadOnly=False` is a warning, not a
 /// failure: a probe tool without `readOnlyHint` may still be the right one.
 fn ready(conds: &[Cond]) -> Cond {
-    match conds.iter().find(|c| c.type_ == "Valid") {
-        Some(v) if v.status == "True" => Cond::yes("Ready", v.reason, v.message.clone()),
-        Some(v) if v.status == "Unknown" => Cond::unknown("Ready", v.reason, v.message.clone()),
-        Some(v) => Cond::no("Ready", v.reason, v.message.clone()),
-        None => Cond::unknown("Ready", "NotValidated", "not validated yet"),
+    match conds.iter().find(|c| c.type_ == conditions::VALID) {
+        Some(v) if v.status == conditions::TRUE => {
+            Cond::yes(conditions::READY, v.reason, v.message.clone())
+        }
+        Some(v) if v.status == conditions::UNKNOWN => {
+            Cond::unknown(conditions::READY, v.reason, v.message.clone())
+        }
+        Some(v) => Cond::no(conditions::READY, v.reason, v.message.clone()),
+        None => Cond::unknown(
+            conditions::READY,
+            conditions::NOT_VALIDATED,
+            "not validated yet",
+        ),
     }
 }
 
 /// A Warning Event when `Valid` turns `False` (or for another reason) and when `ProbeReadOnly`
 /// turns `False`, compared with the persisted status so a requeue or a restart does not repeat it.
 async fn report(class: &HandleClass, current: &HandleClassStatus, conds: &[Cond], ctx: &Context) {
-    for c in conds.iter().filter(|c| c.status == "False") {
+    for c in conds.iter().filter(|c| c.status == conditions::FALSE) {
         let was = current.conditions.iter().find(|p| p.type_ == c.type_);
-        if was.is_none_or(|p| p.status != "False" || p.reason != c.reason) {
+        if was.is_none_or(|p| p.status != conditions::FALSE || p.reason != c.reason) {
             ctx.event(class, EventType::Warning, c.reason, c.message.clone())
                 .await;
         }
@@ -138,8 +150,8 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
     }
     if let Some((field, tool)) = wanted.iter().find(|(_, t)| find(t).is_none()) {
         return vec![Cond::no(
-            "Valid",
-            "ToolNotOffered",
+            conditions::VALID,
+            conditions::TOOL_NOT_OFFERED,
             format!(
                 "{field}: MCPServer {} does not offer {tool}",
                 class.spec.server_ref
@@ -149,14 +161,14 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
     let probe = find(&class.spec.probe.tool).expect("checked above");
     let read_only = if probe.annotations.read_only_hint {
         Cond::yes(
-            "ProbeReadOnly",
-            "ReadOnlyHint",
+            conditions::PROBE_READ_ONLY,
+            conditions::READ_ONLY_HINT,
             format!("{} declares readOnlyHint", probe.name),
         )
     } else {
         Cond::no(
-            "ProbeReadOnly",
-            "ProbeMayWrite",
+            conditions::PROBE_READ_ONLY,
+            conditions::PROBE_MAY_WRITE,
             format!(
                 "probe tool {} does not declare readOnlyHint; probing may change server state",
                 probe.name
@@ -165,8 +177,8 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
     };
     vec![
         Cond::yes(
-            "Valid",
-            "ToolsOffered",
+            conditions::VALID,
+            conditions::TOOLS_OFFERED,
             format!(
                 "{} tools found on MCPServer {}",
                 wanted.len(),

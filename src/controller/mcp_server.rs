@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
-use super::conditions::{Cond, merge, status_of};
+use super::conditions::{self, Cond, merge, status_of};
 use super::metrics::{FailureLabels, KindLabels, ObjectLabels};
 use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
 use crate::cluster;
@@ -45,8 +45,21 @@ pub(super) async fn reconcile(
 
     // 1. validate (pure)
     if let Err(e) = validate::mcp_server(&server.spec) {
-        let status = broken(server, &current, "InvalidSpec", e.to_string(), now);
-        unusable(server, &current, "InvalidSpec", e.to_string(), &ctx).await;
+        let status = broken(
+            server,
+            &current,
+            conditions::INVALID_SPEC,
+            e.to_string(),
+            now,
+        );
+        unusable(
+            server,
+            &current,
+            conditions::INVALID_SPEC,
+            e.to_string(),
+            &ctx,
+        )
+        .await;
         apply_status(
             &ctx,
             &api,
@@ -61,8 +74,21 @@ pub(super) async fn reconcile(
     let (cfg, allowlist) = match cluster::server_config(&ctx.client, server).await {
         Ok(c) => c,
         Err(cluster::ClusterError::Resources(e)) => {
-            let status = broken(server, &current, "SecretNotResolved", e.to_string(), now);
-            unusable(server, &current, "SecretNotResolved", e.to_string(), &ctx).await;
+            let status = broken(
+                server,
+                &current,
+                conditions::SECRET_NOT_RESOLVED,
+                e.to_string(),
+                now,
+            );
+            unusable(
+                server,
+                &current,
+                conditions::SECRET_NOT_RESOLVED,
+                e.to_string(),
+                &ctx,
+            )
+            .await;
             apply_status(
                 &ctx,
                 &api,
@@ -212,9 +238,13 @@ fn broken(
     now: DateTime<Utc>,
 ) -> MCPServerStatus {
     let conds = vec![
-        Cond::no("Ready", reason, message.clone()),
-        Cond::no("Discovered", reason, message.clone()),
-        Cond::unknown("Healthy", reason, "not checked: ".to_owned() + &message),
+        Cond::no(conditions::READY, reason, message.clone()),
+        Cond::no(conditions::DISCOVERED, reason, message.clone()),
+        Cond::unknown(
+            conditions::HEALTHY,
+            reason,
+            "not checked: ".to_owned() + &message,
+        ),
     ];
     MCPServerStatus {
         conditions: merge(
@@ -238,8 +268,11 @@ async fn unusable(
     ctx: &Context,
 ) {
     ctx.count_unusable("MCPServer", reason);
-    let ready = current.conditions.iter().find(|c| c.type_ == "Ready");
-    if ready.is_none_or(|c| c.status != "False" || c.reason != reason) {
+    let ready = current
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::READY);
+    if ready.is_none_or(|c| c.status != conditions::FALSE || c.reason != reason) {
         ctx.event(server, EventType::Warning, reason, message).await;
     }
 }
@@ -253,37 +286,47 @@ fn status(
 ) -> MCPServerStatus {
     let discovered = match (&o.discovery_error, &o.catalog) {
         (Some((category, message)), _) => {
-            Cond::no("Discovered", reason_of(category), message.clone())
+            Cond::no(conditions::DISCOVERED, reason_of(category), message.clone())
         }
         (None, Some(c)) => Cond::yes(
-            "Discovered",
-            "CatalogListed",
+            conditions::DISCOVERED,
+            conditions::CATALOG_LISTED,
             format!(
                 "{} tools via {}",
                 c.tools.len(),
                 c.protocol_version.as_deref().unwrap_or("?")
             ),
         ),
-        (None, None) => Cond::unknown("Discovered", "Pending", "not discovered yet"),
+        (None, None) => Cond::unknown(
+            conditions::DISCOVERED,
+            conditions::PENDING,
+            "not discovered yet",
+        ),
     };
     let healthy = match &o.health {
-        Some(h) if h.healthy => Cond::yes("Healthy", "Answered", h.reason.clone()),
-        Some(h) => Cond::no("Healthy", "Unreachable", h.reason.clone()),
-        None => Cond::unknown("Healthy", "Pending", "not checked yet"),
+        Some(h) if h.healthy => {
+            Cond::yes(conditions::HEALTHY, conditions::ANSWERED, h.reason.clone())
+        }
+        Some(h) => Cond::no(
+            conditions::HEALTHY,
+            conditions::UNREACHABLE,
+            h.reason.clone(),
+        ),
+        None => Cond::unknown(conditions::HEALTHY, conditions::PENDING, "not checked yet"),
     };
-    let ready = if discovered.status == "True" && healthy.status == "True" {
+    let ready = if discovered.status == conditions::TRUE && healthy.status == conditions::TRUE {
         Cond::yes(
-            "Ready",
-            "DiscoveredAndHealthy",
+            conditions::READY,
+            conditions::DISCOVERED_AND_HEALTHY,
             "catalog listed and server answering",
         )
     } else {
-        let why = if discovered.status != "True" {
+        let why = if discovered.status != conditions::TRUE {
             &discovered
         } else {
             &healthy
         };
-        Cond::no("Ready", why.reason, why.message.clone())
+        Cond::no(conditions::READY, why.reason, why.message.clone())
     };
     let catalog = o.catalog.as_ref();
     let private = catalog.is_some_and(|c| c.cache_scope == Some(CacheScope::Private));
@@ -336,17 +379,17 @@ fn status(
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
-        "timeout" => "Timeout",
-        "connect" => "ConnectFailed",
-        "transport" => "TransportFailed",
-        "protocol" => "ProtocolError",
-        "too_large" => "ResponseTooLarge",
-        "rpc_error" => "JsonRpcError",
-        "pagination" => "PaginationFailed",
-        "allowlist" => "AllowlistNotOffered",
-        "tool_name" => "InvalidToolName",
-        "config" => "InvalidConfig",
-        _ => "DiscoveryFailed",
+        "timeout" => conditions::TIMEOUT,
+        "connect" => conditions::CONNECT_FAILED,
+        "transport" => conditions::TRANSPORT_FAILED,
+        "protocol" => conditions::PROTOCOL_ERROR,
+        "too_large" => conditions::RESPONSE_TOO_LARGE,
+        "rpc_error" => conditions::JSON_RPC_ERROR,
+        "pagination" => conditions::PAGINATION_FAILED,
+        "allowlist" => conditions::ALLOWLIST_NOT_OFFERED,
+        "tool_name" => conditions::INVALID_TOOL_NAME,
+        "config" => conditions::INVALID_CONFIG,
+        _ => conditions::DISCOVERY_FAILED,
     }
 }
 
@@ -370,7 +413,7 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                     c.digest,
                     c.tools.len()
                 );
-                ctx.event(server, EventType::Normal, "CatalogChanged", note)
+                ctx.event(server, EventType::Normal, conditions::CATALOG_CHANGED, note)
                     .await;
             }
             None => {
@@ -379,8 +422,13 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                     c.tools.len(),
                     c.protocol_version.as_deref().unwrap_or("?")
                 );
-                ctx.event(server, EventType::Normal, "CatalogDiscovered", note)
-                    .await;
+                ctx.event(
+                    server,
+                    EventType::Normal,
+                    conditions::CATALOG_DISCOVERED,
+                    note,
+                )
+                .await;
             }
         }
     }
@@ -389,24 +437,28 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
             .server_healthy
             .get_or_create(&labels)
             .set(i64::from(h.healthy));
-        let was = status_of(&current.conditions, "Healthy");
-        let now = if h.healthy { "True" } else { "False" };
+        let was = status_of(&current.conditions, conditions::HEALTHY);
+        let now = if h.healthy {
+            conditions::TRUE
+        } else {
+            conditions::FALSE
+        };
         if was != Some(now) && !(was.is_none() && h.healthy) {
             let (type_, reason) = if h.healthy {
-                (EventType::Normal, "Healthy")
+                (EventType::Normal, conditions::HEALTHY_AGAIN)
             } else {
-                (EventType::Warning, "Unhealthy")
+                (EventType::Warning, conditions::UNHEALTHY)
             };
             ctx.event(server, type_, reason, h.reason.clone()).await;
         }
     }
     if let Some((_, message)) = &o.discovery_error
-        && status_of(&current.conditions, "Discovered") != Some("False")
+        && status_of(&current.conditions, conditions::DISCOVERED) != Some(conditions::FALSE)
     {
         ctx.event(
             server,
             EventType::Warning,
-            "DiscoveryFailed",
+            conditions::DISCOVERY_FAILED,
             message.clone(),
         )
         .await;

@@ -12,11 +12,16 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use strum::IntoEnumIterator;
+
 use crate::checkpoint::DecodeKind;
 use crate::crd::SweepSummary;
+use crate::domain::audit::AuditOutcome;
+use crate::domain::verdict::Verdict;
 #[cfg(doc)]
 use crate::mcp::McpError;
 use crate::mcp::REQUEST_CATEGORIES;
+use crate::sweep::act::OutcomeKind;
 
 /// `kind` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -50,7 +55,7 @@ pub struct SweepLabels {
     pub namespace: String,
     /// Name of the CheckpointStore.
     pub name: String,
-    /// `ok`, `gone`, `absent`, `unknown`.
+    /// A [`Verdict`] name.
     pub verdict: &'static str,
 }
 
@@ -61,7 +66,7 @@ pub struct ActionLabels {
     pub namespace: String,
     /// Name of the CheckpointStore.
     pub name: String,
-    /// Outcome kind, from a fixed set.
+    /// From a fixed set: [`action_labels`] or [`audit_labels`].
     pub action: &'static str,
 }
 
@@ -72,16 +77,32 @@ pub struct ReasonLabels {
     pub namespace: String,
     /// Name of the CheckpointStore.
     pub name: String,
-    /// From a fixed set: [`SKIP_REASONS`] or [`PROBE_ERROR_REASONS`].
+    /// From a fixed set: [`skip_reasons`] or [`PROBE_ERROR_REASONS`].
     pub reason: &'static str,
 }
 
-/// Label values of `custody_sweep_skipped_threads`: the [`DecodeKind`] names.
-pub const SKIP_REASONS: [&str; 3] = [
-    DecodeKind::ALL[0].as_str(),
-    DecodeKind::ALL[1].as_str(),
-    DecodeKind::ALL[2].as_str(),
-];
+/// Label values of `custody_sweep_handles`: every [`Verdict`] name.
+pub fn verdict_labels() -> impl Iterator<Item = &'static str> {
+    Verdict::iter().map(Verdict::as_str)
+}
+
+/// Label values of `custody_sweep_actions`: every [`OutcomeKind`] name but `planned` (an
+/// observing sweep's planned actions are not counted in [`SweepSummary::actions`]).
+pub fn action_labels() -> impl Iterator<Item = &'static str> {
+    OutcomeKind::iter()
+        .filter(|k| *k != OutcomeKind::Planned)
+        .map(<&str>::from)
+}
+
+/// Label values of `custody_sweep_audit`: every [`AuditOutcome`] name.
+pub fn audit_labels() -> impl Iterator<Item = &'static str> {
+    AuditOutcome::iter().map(AuditOutcome::as_str)
+}
+
+/// Label values of `custody_sweep_skipped_threads`: every [`DecodeKind`] name.
+pub fn skip_reasons() -> impl Iterator<Item = &'static str> {
+    DecodeKind::iter().map(DecodeKind::as_str)
+}
 
 /// Label values of `custody_sweep_probe_errors`: [`McpError::category`]'s names.
 pub const PROBE_ERROR_REASONS: [&str; 7] = [
@@ -195,23 +216,56 @@ impl Metrics {
         m
     }
 
-    /// Sets `custody_sweep_skipped_threads` and `custody_sweep_probe_errors` of one store from
-    /// its last sweep's summary. Only the fixed reasons become labels: the summary is written by
-    /// another process (the sweep CronJob), so a reason custody does not know is dropped.
-    pub fn set_sweep_reasons(&self, namespace: &str, name: &str, summary: &SweepSummary) {
+    /// Sets a store's sweep gauges (`custody_sweep_handles`, `_actions`, `_audit`,
+    /// `_skipped_threads`, `_probe_errors`) from its last sweep's summary. Only the fixed label
+    /// values become labels: the summary is written by another process (the sweep CronJob), so
+    /// an outcome or reason custody does not know is dropped.
+    pub fn set_sweep(&self, namespace: &str, name: &str, summary: &SweepSummary) {
+        for verdict in Verdict::iter() {
+            let n = match verdict {
+                Verdict::Ok => summary.ok,
+                Verdict::Gone => summary.gone,
+                Verdict::Absent => summary.absent,
+                Verdict::Unknown => summary.unknown,
+            };
+            let labels = SweepLabels {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                verdict: verdict.as_str(),
+            };
+            self.sweep_handles.get_or_create(&labels).set(n as i64);
+        }
+        for (family, actions, counts) in [
+            (
+                &self.sweep_actions,
+                action_labels().collect::<Vec<_>>(),
+                &summary.actions,
+            ),
+            (&self.sweep_audit, audit_labels().collect(), &summary.audit),
+        ] {
+            for action in actions {
+                let labels = ActionLabels {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    action,
+                };
+                let n = counts.get(action).copied().unwrap_or(0);
+                family.get_or_create(&labels).set(n as i64);
+            }
+        }
         for (family, reasons, counts) in [
             (
                 &self.sweep_skipped,
-                &SKIP_REASONS[..],
+                skip_reasons().collect::<Vec<_>>(),
                 &summary.skipped_by_reason,
             ),
             (
                 &self.sweep_probe_errors,
-                &PROBE_ERROR_REASONS[..],
+                PROBE_ERROR_REASONS.to_vec(),
                 &summary.probe_errors,
             ),
         ] {
-            for &reason in reasons {
+            for reason in reasons {
                 let labels = ReasonLabels {
                     namespace: namespace.to_owned(),
                     name: name.to_owned(),
@@ -219,6 +273,41 @@ impl Metrics {
                 };
                 let n = counts.get(reason).copied().unwrap_or(0);
                 family.get_or_create(&labels).set(n as i64);
+            }
+        }
+    }
+
+    /// Drops a deleted store's series of every gauge [`Metrics::set_sweep`] sets.
+    pub fn forget_store(&self, namespace: &str, name: &str) {
+        for verdict in verdict_labels() {
+            self.sweep_handles.remove(&SweepLabels {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                verdict,
+            });
+        }
+        for (family, actions) in [
+            (&self.sweep_actions, action_labels().collect::<Vec<_>>()),
+            (&self.sweep_audit, audit_labels().collect()),
+        ] {
+            for action in actions {
+                family.remove(&ActionLabels {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    action,
+                });
+            }
+        }
+        for (family, reasons) in [
+            (&self.sweep_skipped, skip_reasons().collect::<Vec<_>>()),
+            (&self.sweep_probe_errors, PROBE_ERROR_REASONS.to_vec()),
+        ] {
+            for reason in reasons {
+                family.remove(&ReasonLabels {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                    reason,
+                });
             }
         }
     }
@@ -233,14 +322,23 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
         let summary = SweepSummary {
+            gone: 4,
+            actions: [("reminted".to_owned(), 5), ("made_up".to_owned(), 9)].into(),
+            audit: [("not_committed".to_owned(), 6)].into(),
             skipped_by_reason: [("decode".to_owned(), 2), ("made_up".to_owned(), 9)].into(),
             probe_errors: [("protocol".to_owned(), 3)].into(),
             ..SweepSummary::default()
         };
-        metrics.set_sweep_reasons("agents", "orders", &summary);
+        metrics.set_sweep("agents", "orders", &summary);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
+            r#"custody_sweep_handles{namespace="agents",name="orders",verdict="gone"} 4"#,
+            r#"custody_sweep_handles{namespace="agents",name="orders",verdict="ok"} 0"#,
+            r#"custody_sweep_actions{namespace="agents",name="orders",action="reminted"} 5"#,
+            r#"custody_sweep_actions{namespace="agents",name="orders",action="error"} 0"#,
+            r#"custody_sweep_audit{namespace="agents",name="orders",action="not_committed"} 6"#,
+            r#"custody_sweep_audit{namespace="agents",name="orders",action="skipped"} 0"#,
             r#"custody_sweep_skipped_threads{namespace="agents",name="orders",reason="decode"} 2"#,
             r#"custody_sweep_skipped_threads{namespace="agents",name="orders",reason="too_large"} 0"#,
             r#"custody_sweep_probe_errors{namespace="agents",name="orders",reason="protocol"} 3"#,
@@ -252,13 +350,19 @@ mod tests {
             !text.contains("made_up"),
             "unknown reasons never become labels"
         );
-        assert_eq!(
-            text.matches("custody_sweep_skipped_threads{").count(),
-            SKIP_REASONS.len()
-        );
-        assert_eq!(
-            text.matches("custody_sweep_probe_errors{").count(),
-            PROBE_ERROR_REASONS.len()
-        );
+        assert!(!text.contains("planned"), "planned actions are not counted");
+        for (metric, n) in [
+            ("custody_sweep_handles{", 4),
+            ("custody_sweep_actions{", 5),
+            ("custody_sweep_audit{", 5),
+            ("custody_sweep_skipped_threads{", 3),
+            ("custody_sweep_probe_errors{", PROBE_ERROR_REASONS.len()),
+        ] {
+            assert_eq!(text.matches(metric).count(), n, "{metric} in\n{text}");
+        }
+        metrics.forget_store("agents", "orders");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("orders"), "forgotten series remain:\n{text}");
     }
 }

@@ -617,7 +617,7 @@ async fn controllers(ctx: Arc<Context>) {
             let ctx = ctx.clone();
             move |r| {
                 if let Some((ns, name)) = deleted(&r) {
-                    forget_store(&ctx, ns, name);
+                    ctx.metrics.forget_store(&ns, &name);
                 }
                 drain("CheckpointStore")(r)
             }
@@ -629,10 +629,7 @@ async fn controllers(ctx: Arc<Context>) {
 /// `(namespace, name)` when a scheduled reconcile found its object deleted: kube-runtime never
 /// reconciles a deleted object, so this is where per-object state is dropped.
 fn deleted<K: Resource>(
-    r: &Result<
-        (ObjectRef<K>, Action),
-        kube::runtime::controller::Error<Error, kube::runtime::watcher::Error>,
-    >,
+    r: &Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<Error, watcher::Error>>,
 ) -> Option<(String, String)> {
     match r.as_ref().err()? {
         kube::runtime::controller::Error::ObjectNotFound(obj) => {
@@ -651,49 +648,6 @@ async fn forget_server(ctx: &Context, namespace: String, name: String) {
     let labels = metrics::ObjectLabels { namespace, name };
     ctx.metrics.server_healthy.remove(&labels);
     ctx.metrics.server_tools.remove(&labels);
-}
-
-/// Drops a deleted CheckpointStore's metric series.
-fn forget_store(ctx: &Context, namespace: String, name: String) {
-    for verdict in ["ok", "gone", "absent", "unknown"] {
-        let labels = metrics::SweepLabels {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            verdict,
-        };
-        ctx.metrics.sweep_handles.remove(&labels);
-    }
-    for action in ["reminted", "escalated", "failed", "skipped", "error"] {
-        let labels = metrics::ActionLabels {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            action,
-        };
-        ctx.metrics.sweep_actions.remove(&labels);
-    }
-    for outcome in ["committed", "not_committed", "unknown", "error", "skipped"] {
-        let labels = metrics::ActionLabels {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            action: outcome,
-        };
-        ctx.metrics.sweep_audit.remove(&labels);
-    }
-    for (family, reasons) in [
-        (&ctx.metrics.sweep_skipped, &metrics::SKIP_REASONS[..]),
-        (
-            &ctx.metrics.sweep_probe_errors,
-            &metrics::PROBE_ERROR_REASONS[..],
-        ),
-    ] {
-        for &reason in reasons {
-            family.remove(&metrics::ReasonLabels {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                reason,
-            });
-        }
-    }
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error

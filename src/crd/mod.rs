@@ -57,10 +57,6 @@ pub fn to_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_yaml::
     Ok(out)
 }
 
-/// A Secret name: a DNS-1123 subdomain (see [`validate::secret_name`]).
-pub const SECRET_NAME_PATTERN: &str =
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
-
 /// A reference to one key of a Secret in the referring resource's own namespace.
 ///
 /// Cross-namespace references are deliberately impossible: the field has no namespace, so a
@@ -70,7 +66,7 @@ pub const SECRET_NAME_PATTERN: &str =
 pub struct SecretKeyRef {
     /// Name of the Secret, in the same namespace as the referring resource (a DNS-1123
     /// subdomain, so it cannot be a path into another namespace).
-    #[schemars(length(min = 1, max = 253), regex(pattern = SECRET_NAME_PATTERN))]
+    #[schemars(length(min = 1, max = 253), regex(pattern = schema::DNS1123_SUBDOMAIN))]
     pub name: String,
     /// Key within the Secret's `data` (or `stringData` in local mode).
     pub key: String,

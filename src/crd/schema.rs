@@ -2,8 +2,15 @@
 
 use schemars::{Schema, SchemaGenerator, json_schema};
 
+/// A DNS-1123 subdomain, the form of every object name (Kubernetes `IsDNS1123Subdomain`; its
+/// 253-character bound is checked apart): lowercase letters, digits, `-` and `.`, each
+/// `.`-separated label starting and ending alphanumeric. The one pattern of the CRDs' `pattern`
+/// and CEL rules and of `crd::validate`.
+pub const DNS1123_SUBDOMAIN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
 /// CEL rule for a reference to an object in the same namespace: empty (left to the rule that
-/// says a name is required) or a DNS-1123 subdomain, the form of every object name (Kubernetes
+/// says a name is required) or a [`DNS1123_SUBDOMAIN`], the form of every object name (Kubernetes
 /// `IsDNS1123Subdomain`). A `namespace/name` or an upper-case name can never resolve, so the API
 /// server rejects it instead of the controller reporting "no such MCPServer".
 pub const OBJECT_NAME_RULE: &str = "self == '' || self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')";
@@ -95,5 +102,21 @@ pub fn strip_unknown_formats(schema: &mut serde_json::Value) {
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(strip_unknown_formats),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A CEL rule cannot name a constant: [`super::OBJECT_NAME_RULE`] spells out the pattern,
+    /// its backslash escaped once more for the CEL string.
+    #[test]
+    fn the_cel_rule_holds_the_one_name_pattern() {
+        assert_eq!(
+            super::OBJECT_NAME_RULE,
+            format!(
+                "self == '' || self.matches('{}')",
+                super::DNS1123_SUBDOMAIN.replace('\\', "\\\\")
+            )
+        );
     }
 }

@@ -89,7 +89,7 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
 
 /// A Secret name as Kubernetes names Secrets: a DNS-1123 subdomain (lowercase letters, digits,
 /// `-` and `.`, starting and ending alphanumeric, at most 253 characters). The CRD's schema says
-/// the same ([`super::SECRET_NAME_PATTERN`]); checked again here for local mode and for objects
+/// the same (`crd::schema::DNS1123_SUBDOMAIN`); checked again here for local mode and for objects
 /// stored before the rule. kube-rs puts a name into the request path unescaped; the API server
 /// answers `secrets/../../other/secrets/x` with 404 rather than resolving the dots (tried against
 /// v1.37), and this check makes the namespace boundary independent of that path handling.
@@ -97,20 +97,22 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
 /// # Errors
 /// What is wrong with the name.
 pub fn secret_name(name: &str) -> Result<(), String> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+    if !dns1123_subdomain(name) {
         return Err(format!(
             "{name:?} is not a Secret name (a DNS-1123 subdomain: lowercase letters, digits, '-' \
              and '.'); a Secret is always read from the resource's own namespace"
         ));
     }
     Ok(())
+}
+
+/// Whether `name` is a DNS-1123 subdomain ([`super::schema::DNS1123_SUBDOMAIN`], at most 253
+/// characters): the form of every object name.
+fn dns1123_subdomain(name: &str) -> bool {
+    static NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(super::schema::DNS1123_SUBDOMAIN).expect("a valid regex")
+    });
+    name.len() <= 253 && NAME.is_match(name)
 }
 
 /// Compiles an MCPServer's `reconciliation` rules.
@@ -185,11 +187,7 @@ fn header_name(name: &str) -> Result<(), String> {
 /// object name (Kubernetes `IsDNS1123Subdomain`: at most 253 characters). The CRDs reject other
 /// `serverRef`s (`crd::schema::OBJECT_NAME_RULE`); local mode has no API server to do it.
 fn object_ref(name: &str) -> Result<(), String> {
-    static NAME: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
-        regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-            .expect("a valid regex")
-    });
-    if name.len() <= 253 && NAME.is_match(name) {
+    if dns1123_subdomain(name) {
         Ok(())
     } else {
         Err(format!(

@@ -91,9 +91,11 @@ pub fn settle(lookup: Lookup, age: Duration, max_age: Duration) -> Settlement {
     }
 }
 
-/// How one record ended in this sweep.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// How one record ended in this sweep. Its names (serde's and strum's, which
+/// [`AuditOutcome::as_str`] and the metric labels use) are the snake_case variant names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumIter)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum AuditOutcome {
     /// Marked `committed`.
     Committed,
@@ -110,13 +112,7 @@ pub enum AuditOutcome {
 impl AuditOutcome {
     /// Bounded name, for metric labels, Event reasons and the report.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Committed => "committed",
-            Self::NotCommitted => "not_committed",
-            Self::Unknown => "unknown",
-            Self::Error => "error",
-            Self::Skipped => "skipped",
-        }
+        self.into()
     }
 }
 

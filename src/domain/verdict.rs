@@ -14,9 +14,23 @@ use serde_json::Value;
 
 use super::handle::{HandleRecord, Holding};
 
-/// The verdict on one (thread, handle class).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// The verdict on one (thread, handle class). Its names (serde's and strum's, which
+/// [`Verdict::as_str`] and the metric labels use) are the lower-case variant names.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Verdict {
     /// The handle is alive, or presumed alive within its declared lifetime.
     Ok,
@@ -31,12 +45,7 @@ pub enum Verdict {
 impl Verdict {
     /// Lower-case name, as printed.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Gone => "gone",
-            Self::Absent => "absent",
-            Self::Unknown => "unknown",
-        }
+        self.into()
     }
 }
 

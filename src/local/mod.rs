@@ -110,7 +110,7 @@ impl Resources {
                     .secrets
                     .push(typed(value).map_err(|m| invalid(&kind, m))?),
                 _ => {
-                    tracing::warn!(file = %path.display(), document = i + 1, %api_version, %kind, "ignoring a document custody does not read")
+                    tracing::warn!(file = %path.display(), document = i + 1, %api_version, %kind, "ignoring a document custody does not read");
                 }
             }
         }

@@ -75,7 +75,8 @@ pub struct Row {
     pub action: Option<act::RowAction>,
 }
 
-/// The result of sweeping one store, every row included (see [`collect`]).
+/// The result of sweeping one store. [`collect`] returns every row and skipped thread in it;
+/// [`run_with`] hands them to its [`RowSink`] instead and returns `rows` and `skipped` empty.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
     /// `namespace/name` of the CheckpointStore.
@@ -87,32 +88,11 @@ pub struct Report {
     /// Unfinished actions of earlier sweeps that this sweep finished first.
     pub settled: Vec<act::SettledEntry>,
     /// Audit records this sweep settled or tried to; `None` when it did not act.
-    pub audit: Option<crate::sweep::audit::AuditReport>,
+    pub audit: Option<audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
     /// Configuration that probably does not do what was meant: no HandleClass selected, a
     /// `statePath` no parked thread holds, a `principalKey` no parked thread carries.
-    pub warnings: Vec<String>,
-    /// The servers this sweep called (probes, audit lookups, mints, replays), with the
-    /// protocol version each negotiated or why it could not be reached.
-    pub servers: Vec<ServerContact>,
-    /// Counts by verdict.
-    pub summary: SweepSummary,
-}
-
-/// What a sweep returns besides its rows and skipped threads, which went to its [`RowSink`]:
-/// the fields of [`Report`] but those two.
-#[derive(Clone, Debug, Serialize)]
-pub struct Finished {
-    /// `namespace/name` of the CheckpointStore.
-    pub store: String,
-    /// Unfinished actions of earlier sweeps that this sweep finished first.
-    pub settled: Vec<act::SettledEntry>,
-    /// Audit records this sweep settled or tried to; `None` when it did not act.
-    pub audit: Option<crate::sweep::audit::AuditReport>,
-    /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
-    pub too_recent: u64,
-    /// As [`Report::warnings`].
     pub warnings: Vec<String>,
     /// The servers this sweep called (probes, audit lookups, mints, replays), with the
     /// protocol version each negotiated or why it could not be reached.
@@ -190,7 +170,7 @@ pub enum SweepError {
         store: String,
         /// What failed.
         #[source]
-        source: crate::sweep::audit::AuditError,
+        source: audit::AuditError,
     },
 }
 
@@ -244,15 +224,6 @@ impl RowSink for Collected {
     }
 }
 
-/// Sweeps one store once, observing only (rows get planned actions), keeping every row: see
-/// [`collect`].
-///
-/// # Errors
-/// As [`run_with`].
-pub async fn run(target: &Target, now: DateTime<Utc>) -> Result<Report, SweepError> {
-    collect(target, now, RunOptions::default(), &act::LogSink).await
-}
-
 /// As [`run_with`], returning every row and skipped thread in the [`Report`]. Memory then grows
 /// with the store (about 2.7 KB a row, BENCHMARKS.md "Memory of the full sweep"): for library
 /// users who want the rows in hand; the CLI and the sweep Job stream them instead.
@@ -266,17 +237,11 @@ pub async fn collect(
     actions: &dyn act::ActionSink,
 ) -> Result<Report, SweepError> {
     let mut all = Collected::default();
-    let f = run_with(target, now, options, actions, &mut all).await?;
+    let report = run_with(target, now, options, actions, &mut all).await?;
     Ok(Report {
-        store: f.store,
         rows: all.rows,
         skipped: all.skipped,
-        settled: f.settled,
-        audit: f.audit,
-        too_recent: f.too_recent,
-        warnings: f.warnings,
-        servers: f.servers,
-        summary: f.summary,
+        ..report
     })
 }
 
@@ -304,7 +269,7 @@ pub async fn run_with(
     options: RunOptions,
     actions: &dyn act::ActionSink,
     rows: &mut dyn RowSink,
-) -> Result<Finished, SweepError> {
+) -> Result<Report, SweepError> {
     let started = Instant::now();
     let store_err = |source| SweepError::Store {
         store: target.store.clone(),
@@ -346,7 +311,7 @@ pub async fn run_with(
     };
     let audit = match &actor {
         Some(a) => Some(
-            crate::sweep::audit::reconcile(
+            audit::reconcile(
                 a.pool(),
                 &sessions,
                 &target.store,
@@ -446,7 +411,7 @@ pub async fn run_with(
 
     summary.audit = audit
         .as_ref()
-        .map(crate::sweep::audit::AuditReport::counts)
+        .map(audit::AuditReport::counts)
         .unwrap_or_default();
     summary.duration_ms = started.elapsed().as_millis() as u64;
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -459,8 +424,10 @@ pub async fn run_with(
     for w in &warnings {
         tracing::warn!(store = %target.store, "{w}");
     }
-    Ok(Finished {
+    Ok(Report {
         store: target.store.clone(),
+        rows: Vec::new(),
+        skipped: Vec::new(),
         settled,
         audit,
         too_recent,
@@ -660,10 +627,10 @@ impl Sweep<'_> {
                 Verdict::Absent => &mut s.absent,
                 Verdict::Unknown => &mut s.unknown,
             } += 1;
-            if let Some(kind) = row.action.as_ref().map(|a| a.outcome.kind())
-                && kind != "planned"
+            if let Some(a) = &row.action
+                && act::OutcomeKind::from(&a.outcome) != act::OutcomeKind::Planned
             {
-                *s.actions.entry(kind.to_owned()).or_insert(0) += 1;
+                *s.actions.entry(a.outcome.kind().to_owned()).or_insert(0) += 1;
             }
         }
         sink.rows(rows);

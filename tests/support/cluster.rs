@@ -226,6 +226,23 @@ pub fn yaml_docs(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The `args` of the controller's container in a rendered manifest, after asserting that it
+/// runs `image` and hands the same image to the sweep Jobs it creates (`--image`).
+pub fn controller_args<'a>(container: &'a Value, image: &str) -> Vec<&'a str> {
+    assert_eq!(container["image"], image);
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&format!("--image={image}").as_str()),
+        "{args:?}"
+    );
+    args
+}
+
 /// The CRDs of `crds/crds.yaml`.
 pub fn crds() -> Vec<Value> {
     yaml_docs(&std::fs::read_to_string(repo().join("crds/crds.yaml")).unwrap())

@@ -200,6 +200,29 @@ pub fn basket_resources(dir: &Path, server_url: &str, mode: &str, backend: &str,
     );
 }
 
+/// Writes `bad-<name>.yaml` beside [`basket_resources`]: an MCPServer `name` at `url` (5 s
+/// timeout) and a HandleClass `name` that probes it as the basket class probes the basket
+/// server, for tests that sweep one misbehaving peer per case.
+pub fn basket_class_on(dir: &Path, name: &str, url: &str) {
+    use fixtures::{merged, object, observing_basket_class, server_spec};
+    fixtures::write_resources(
+        dir,
+        &format!("bad-{name}.yaml"),
+        &[
+            object(
+                "MCPServer",
+                name,
+                merged(server_spec(url), json!({"timeoutSeconds": 5})),
+            ),
+            object(
+                "HandleClass",
+                name,
+                merged(observing_basket_class(), json!({"serverRef": name})),
+            ),
+        ],
+    );
+}
+
 /// Runs the custody binary.
 pub fn custody(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_custody"))

@@ -168,11 +168,9 @@ impl WritePool {
                         .truncate(false)
                         .write(true)
                         .open(&lock)
-                        .map_err(|e| {
-                            StoreError::Schema(format!(
-                                "cannot open the act lock {}: {e}",
-                                PathBuf::from(&lock).display()
-                            ))
+                        .map_err(|source| StoreError::Lock {
+                            path: PathBuf::from(&lock),
+                            source,
                         })
                 };
                 let store = open("-custody.lock".to_owned())?;

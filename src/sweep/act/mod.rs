@@ -27,7 +27,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
 pub use facts::{Facts, decide};
-pub use outcome::{Outcome, RowAction, SettledEntry};
+pub use outcome::{Outcome, OutcomeKind, RowAction, SettledEntry};
 pub use stored::idempotency_key;
 
 use super::Row;

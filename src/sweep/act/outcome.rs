@@ -7,9 +7,15 @@ use serde::Serialize;
 
 use crate::domain::policy::Plan;
 
-/// How acting on a row (or settling a ledger entry) ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// How acting on a row (or settling a ledger entry) ended. [`OutcomeKind`] names its variants
+/// (snake_case, as serde's `outcome` tag).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, strum::EnumDiscriminants)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
+#[strum_discriminants(
+    name(OutcomeKind),
+    derive(strum::IntoStaticStr, strum::EnumIter),
+    strum(serialize_all = "snake_case")
+)]
 pub enum Outcome {
     /// Not acting (dry run, `mode: observe`, or no `--apply`): what would be done.
     Planned,
@@ -42,14 +48,7 @@ pub enum Outcome {
 impl Outcome {
     /// A bounded name for metric labels and Event reasons.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Planned => "planned",
-            Self::Reminted { .. } => "reminted",
-            Self::Escalated { .. } => "escalated",
-            Self::Failed => "failed",
-            Self::Skipped { .. } => "skipped",
-            Self::Error { .. } => "error",
-        }
+        OutcomeKind::from(self).into()
     }
 
     /// Whether a person should look (a Warning rather than a Normal Event).
