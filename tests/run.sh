@@ -26,6 +26,7 @@
 #   CUSTODY_TEST_NODE_LOOPBACK tests/harness/loopback.cjs (absolute): makes listen() bind 127.0.0.1
 #   CUSTODY_TEST_BASKET_SERVER tests/py/basket_server.py (absolute)
 #   CUSTODY_TEST_ORDER_GRAPH   tests/py/order_graph.py (absolute)
+#   CUSTODY_TEST_HITL_AGENT    tests/py/hitl_agent.py (absolute): the create_agent HITL agent
 #   CUSTODY_TEST_KUBECONFIG    admin kubeconfig of the test control plane
 #   CUSTODY_TEST_K8S_BIN       directory with kubectl and helm (and the control plane's binaries)
 #   CUSTODY_TEST_NODE          1: the cluster has a node (tests/pods.rs runs real Pods)
@@ -146,6 +147,7 @@ export CUSTODY_TEST_EVERYTHING="$everything"
 export CUSTODY_TEST_NODE_LOOPBACK="$root/tests/harness/loopback.cjs"
 export CUSTODY_TEST_BASKET_SERVER="$root/tests/py/basket_server.py"
 export CUSTODY_TEST_ORDER_GRAPH="$root/tests/py/order_graph.py"
+export CUSTODY_TEST_HITL_AGENT="$root/tests/py/hitl_agent.py"
 export CUSTODY_TEST_KUBECONFIG="$kubeconfig"
 export CUSTODY_TEST_K8S_BIN="$k8s_bin"
 

@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod handle;
 pub mod path;
+pub mod pending;
 pub mod policy;
 pub mod recovery;
 pub mod template;

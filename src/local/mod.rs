@@ -3,8 +3,11 @@
 //! Every `*.yaml`/`*.yml` file in a directory (not recursive) may hold several documents. Kinds
 //! custody knows (`MCPServer`, `HandleClass`, `CheckpointStore` of `custody.dev/v1alpha1`, and
 //! `v1` `Secret`) are parsed into the cluster types and validated; documents of other kinds are
-//! ignored with a warning. A resource without a namespace is in `default`.
+//! ignored with a warning. A resource without a namespace is in `default`. Two documents naming
+//! the same kind, namespace and name are an error naming both, as the API server would keep only
+//! one of them (a stray `basket-old.yaml` must not silently decide which URL is probed).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -31,9 +34,10 @@ impl Resources {
             .collect();
         files.sort();
         let mut out = Self::default();
+        let mut seen = Seen::new();
         for path in files {
             let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-            out.add_file(&path, &text)?;
+            out.add_file(&path, &text, &mut seen)?;
         }
         Ok(out)
     }
@@ -44,11 +48,11 @@ impl Resources {
     /// [`LoadError::Invalid`] naming the document and field.
     pub fn parse(path: &Path, text: &str) -> Result<Self, LoadError> {
         let mut out = Self::default();
-        out.add_file(path, text)?;
+        out.add_file(path, text, &mut Seen::new())?;
         Ok(out)
     }
 
-    fn add_file(&mut self, path: &Path, text: &str) -> Result<(), LoadError> {
+    fn add_file(&mut self, path: &Path, text: &str, seen: &mut Seen) -> Result<(), LoadError> {
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let invalid = |kind: &str, message: String| LoadError::Invalid {
                 path: path.to_owned(),
@@ -83,11 +87,24 @@ impl Resources {
                 .unwrap_or("default");
             let kind = format!("{kind} {ns}/{name}");
             let custody = api_version == format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION);
-            match (
-                custody,
-                kind.split(' ').next().unwrap_or_default(),
-                api_version.as_str(),
-            ) {
+            let kind_name = kind.split(' ').next().unwrap_or_default();
+            let read = matches!(
+                (custody, kind_name, api_version.as_str()),
+                (true, "MCPServer" | "HandleClass" | "CheckpointStore", _)
+                    | (false, "Secret", "v1")
+            );
+            if read {
+                let here = format!("{} document {}", path.display(), i + 1);
+                if let Some(first) = seen.insert(kind.clone(), here) {
+                    return Err(invalid(
+                        &kind,
+                        format!(
+                            "defined twice: also in {first} (names are unique per kind and namespace, as in a cluster)"
+                        ),
+                    ));
+                }
+            }
+            match (custody, kind_name, api_version.as_str()) {
                 (true, "MCPServer", _) => {
                     let s: MCPServer = typed(value).map_err(|m| invalid(&kind, m))?;
                     validate::mcp_server(&s.spec)
@@ -148,6 +165,9 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
 
 use serde::Deserialize as _;
 
+/// `Kind namespace/name` → `file document N` of the resources read so far.
+type Seen = BTreeMap<String, String>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +179,7 @@ mod tests {
             .add_file(
                 Path::new("servers.yaml"),
                 "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: ftp://x/mcp\n",
+                &mut Seen::new(),
             )
             .unwrap_err()
             .to_string();
@@ -170,6 +191,7 @@ mod tests {
             .add_file(
                 Path::new("s.yaml"),
                 "---\n---\napiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: soon\n",
+                &mut Seen::new(),
             )
             .unwrap_err()
             .to_string();
@@ -177,5 +199,37 @@ mod tests {
             e.contains("(MCPServer default/b): spec.timeoutSeconds: invalid type"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_resource_defined_twice_names_both_places() {
+        let server = |port: u16| {
+            format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n"
+            )
+        };
+        let mut seen = Seen::new();
+        let mut r = Resources::default();
+        r.add_file(Path::new("a.yaml"), &server(1), &mut seen)
+            .unwrap();
+        let e = r
+            .add_file(
+                Path::new("b.yaml"),
+                &format!("---\n---\n{}", server(2)),
+                &mut seen,
+            )
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "b.yaml: document 2 (MCPServer default/basket): defined twice: also in a.yaml document 1 (names are unique per kind and namespace, as in a cluster)"
+        );
+        // the same name in another namespace, or of another kind, is another resource
+        let other_ns = server(3).replace("{name: basket}", "{name: basket, namespace: shop}");
+        r.add_file(Path::new("c.yaml"), &other_ns, &mut seen)
+            .unwrap();
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: basket}\n";
+        r.add_file(Path::new("d.yaml"), secret, &mut seen).unwrap();
+        assert_eq!(r.servers.len(), 2);
     }
 }

@@ -31,6 +31,8 @@ pub mod sink;
 use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, Store, StoreError};
 use crate::crd::{StoreMode, SweepSummary};
 use crate::domain::handle::{self, Holding};
+use crate::domain::pending::MESSAGES_CHANNEL;
+use crate::domain::policy::OnGone;
 use crate::domain::template::Context;
 use crate::domain::verdict::{self, Decision, GoneBy, Precheck, ProbeOutcome, Verdict};
 pub use crate::mcp::ServerContact;
@@ -338,6 +340,15 @@ pub async fn run_with(
                 .chain(c.action.channels())
                 .map(str::to_owned)
         })
+        // A re-minting class reads the conversation for tool calls that hold the handle
+        // (domain::pending); the others never decode it.
+        .chain(
+            target
+                .classes
+                .iter()
+                .any(|c| c.action.on_gone == OnGone::Remint)
+                .then(|| MESSAGES_CHANNEL.to_owned()),
+        )
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub mod agent;
 pub mod checkpoints;
 pub mod failpoint;
 pub mod fixtures;

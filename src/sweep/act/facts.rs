@@ -7,6 +7,7 @@ use serde_json::Value;
 use crate::checkpoint::Channel;
 use crate::domain::handle::HandleRecord;
 use crate::domain::path::StatePath;
+use crate::domain::pending::{self, MESSAGES_CHANNEL};
 use crate::domain::policy::{self, Case, Plan};
 use crate::domain::verdict::{GoneBy, Verdict};
 use crate::plan::ClassPlan;
@@ -26,6 +27,10 @@ pub struct Facts {
     pub items: Option<Value>,
     /// The value at `verdictPath`.
     pub verdict_record: Option<Value>,
+    /// A tool call waiting to run whose arguments carry the handle (its name): a re-mint would
+    /// leave it spending the old handle, so the thread is escalated instead
+    /// ([`pending::call_holding`]).
+    pub pending_call: Option<String>,
 }
 
 impl Facts {
@@ -37,6 +42,10 @@ impl Facts {
         record: Option<HandleRecord>,
     ) -> Self {
         let at = |path: Option<&StatePath>| path.and_then(|p| state_value(channels, p)).cloned();
+        let pending_call = match (channels.get(MESSAGES_CHANNEL), &record) {
+            (Some(Channel::Value(messages)), Some(r)) => pending::call_holding(messages, &r.value),
+            _ => None,
+        };
         Self {
             expect_interrupt,
             record,
@@ -44,6 +53,7 @@ impl Facts {
             mint_inputs: at(class.action.mint_inputs_path.as_ref()),
             items: at(class.action.replay.as_ref().map(|r| &r.items_path)),
             verdict_record: at(class.action.verdict_path.as_ref()),
+            pending_call,
         }
     }
 }

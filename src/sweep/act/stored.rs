@@ -141,6 +141,11 @@ pub(super) fn ledger_plan(
     if plan != Plan::Remint {
         return Ok(Stored::new(p, None));
     }
+    if let Some(tool) = &facts.pending_call {
+        return Err(format!(
+            "the tool call {tool} waiting for the thread to resume carries the handle, and would spend the old one after a re-mint"
+        ));
+    }
     let a = &class.action;
     let (Some(mint), Some(path)) = (&a.mint, &a.mint_inputs_path) else {
         return Err(PlanError::NoMint);
