@@ -84,6 +84,11 @@ impl Stored {
 /// Why a row's re-mint cannot be planned (it is escalated instead, with nothing minted).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub(super) enum PlanError {
+    /// A tool call waiting for the thread to resume carries the handle (the tool's name).
+    #[error(
+        "the tool call {0} waiting for the thread to resume carries the handle, and would spend the old one after a re-mint"
+    )]
+    PendingCall(String),
     /// The class has no `mint` or no `mintInputsPath`.
     #[error("the handle class has no mint or mintInputsPath")]
     NoMint,
@@ -142,9 +147,7 @@ pub(super) fn ledger_plan(
         return Ok(Stored::new(p, None));
     }
     if let Some(tool) = &facts.pending_call {
-        return Err(format!(
-            "the tool call {tool} waiting for the thread to resume carries the handle, and would spend the old one after a re-mint"
-        ));
+        return Err(PlanError::PendingCall(tool.clone()));
     }
     let a = &class.action;
     let (Some(mint), Some(path)) = (&a.mint, &a.mint_inputs_path) else {
