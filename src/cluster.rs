@@ -11,7 +11,7 @@ use crate::checkpoint::Shard;
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, ShardSweep, SweepSummary};
 use crate::mcp::ServerConfig;
 use crate::plan::Target;
-use crate::plan::{LoadError, Resources};
+use crate::plan::{LeftOutClass, LoadError, Resources};
 
 /// Field manager of the sweep's status writes; the controller writes conditions under its own,
 /// so server-side apply keeps both.
@@ -91,12 +91,26 @@ pub async fn server_config(
     Ok(configs.remove(0))
 }
 
+/// The sweep target of one CheckpointStore, and the HandleClasses left out of it.
+pub struct StoreTarget {
+    /// What the sweep takes.
+    pub target: Target,
+    /// Classes of the namespace that cannot be used, by name, with why (the field and the
+    /// problem): the sweep goes on without them and reports them.
+    pub left_out: Vec<LeftOutClass>,
+}
+
 /// Builds the sweep target of one CheckpointStore from the API: the store, every HandleClass and
-/// MCPServer of its namespace, and the Secrets they reference.
+/// MCPServer of its namespace, and the Secrets they reference. A HandleClass that cannot be used
+/// is left out (see [`Resources::targets_without_bad_classes`]), not an error.
 ///
 /// # Errors
-/// The store does not exist, a reference does not resolve, or an API error.
-pub async fn store_target(client: &Client, ns: &str, name: &str) -> Result<Target, ClusterError> {
+/// The store does not exist, one of its own references does not resolve, or an API error.
+pub async fn store_target(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<StoreTarget, ClusterError> {
     let store: CheckpointStore = Api::namespaced(client.clone(), ns)
         .get(name)
         .await
@@ -123,7 +137,8 @@ pub async fn store_target(client: &Client, ns: &str, name: &str) -> Result<Targe
         stores: vec![store],
         secrets,
     };
-    Ok(resources.targets()?.remove(0))
+    let (target, left_out) = resources.targets_without_bad_classes()?.remove(0);
+    Ok(StoreTarget { target, left_out })
 }
 
 /// Writes a sweep's summary to the CheckpointStore's `status.lastSweep` (server-side apply under
@@ -226,12 +241,26 @@ pub fn merge_shards(shards: &[ShardSweep], count: u32, run: Option<&str>) -> Opt
         for (kind, n) in &t.audit {
             *total.audit.entry(kind.clone()).or_default() += n;
         }
+        for (reason, n) in &t.skipped_by_reason {
+            *total.skipped_by_reason.entry(reason.clone()).or_default() += n;
+        }
+        for (reason, n) in &t.probe_errors {
+            *total.probe_errors.entry(reason.clone()).or_default() += n;
+        }
+        // Every shard reads the same classes, so they agree; a union keeps a class one shard
+        // saw change mid-run.
+        for class in &t.skipped_classes {
+            if !total.skipped_classes.contains(class) {
+                total.skipped_classes.push(class.clone());
+            }
+        }
         total.duration_ms = total.duration_ms.max(t.duration_ms);
         // RFC 3339 in UTC with whole seconds (`Z`): text order is time order.
         if t.finished_at > total.finished_at {
             total.finished_at.clone_from(&t.finished_at);
         }
     }
+    total.skipped_classes.sort_unstable();
     Some(total)
 }
 
@@ -311,11 +340,23 @@ impl crate::sweep::act::ActionSink for CollectingSink {
 pub const MAX_SWEEP_EVENTS: usize = 50;
 
 impl CollectingSink {
+    /// Notes a HandleClass the sweep left out (a Warning `HandleClassSkipped` Event on the store,
+    /// naming the field); the sweep goes on with the other classes.
+    pub fn class_skipped(&self, class: &str, why: &LoadError) {
+        tracing::warn!(class, error = %why, "HandleClass left out of the sweep");
+        self.events
+            .lock()
+            .expect("sink lock")
+            .push(true, "HandleClassSkipped", || {
+                format!("HandleClass {class} left out of this sweep: {why}")
+            });
+    }
+
     /// Publishes the collected actions as Events on the CheckpointStore (at most
     /// [`MAX_SWEEP_EVENTS`]; how many more there were is logged); failures are logged, never
     /// fatal.
     pub async fn publish(&self, client: &Client, ns: &str, name: &str) {
-        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        use kube::runtime::events::{Event, EventType, Reporter};
         let Collected {
             kept: events,
             left_out,
@@ -334,7 +375,6 @@ impl CollectingSink {
             controller: SWEEP_FIELD_MANAGER.into(),
             instance: std::env::var("HOSTNAME").ok(),
         };
-        let recorder = Recorder::new(client.clone(), reporter);
         let reference = kube::Resource::object_ref(&store, &());
         for (warning, reason, note) in events {
             let event = Event {
@@ -348,11 +388,34 @@ impl CollectingSink {
                 action: "Sweep".into(),
                 secondary: None,
             };
-            if let Err(e) = recorder.publish(&event, &reference).await {
+            if let Err(e) = publish_event(client, &reporter, &event, &reference).await {
                 tracing::warn!(error = %e, "cannot publish Event");
             }
         }
     }
+}
+
+/// Publishes `event` about `regarding` as an Event object of its own.
+///
+/// kube's [`Recorder`](kube::runtime::events::Recorder) folds Events of the same type, reason
+/// and action about the same object into one series and keeps the first Event's note
+/// (kube-runtime 5.0 `Recorder::publish` clones its cached Event and changes only the series), so
+/// a later cause would show under an earlier message, and one sweep's Events about 50 threads as
+/// the first thread's. custody publishes an Event only when something changed (the controller
+/// compares with the persisted status; a sweep's notes name each thread), so it needs no
+/// folding: each Event gets a recorder, and so a cache, of its own.
+///
+/// # Errors
+/// The API server refused the Event.
+pub async fn publish_event(
+    client: &Client,
+    reporter: &kube::runtime::events::Reporter,
+    event: &kube::runtime::events::Event,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+) -> Result<(), kube::Error> {
+    kube::runtime::events::Recorder::new(client.clone(), reporter.clone())
+        .publish(event, regarding)
+        .await
 }
 
 /// Splits `namespace/name`.
@@ -438,5 +501,24 @@ mod tests {
         assert_eq!(total.actions["reminted"], 2);
         assert_eq!(total.duration_ms, 40);
         assert_eq!(total.finished_at, "2026-11-30T04:00:05Z");
+    }
+
+    #[test]
+    fn shards_merge_skip_and_error_counts_and_skipped_classes() {
+        let mut a = shard(0, 2, "job-2", 1, "2026-11-30T04:00:05Z");
+        let mut b = shard(1, 2, "job-2", 1, "2026-11-30T04:00:03Z");
+        a.summary.skipped_by_reason = [("decode".to_owned(), 2)].into();
+        b.summary.skipped_by_reason =
+            [("decode".to_owned(), 1), ("too_large".to_owned(), 1)].into();
+        a.summary.probe_errors = [("timeout".to_owned(), 3)].into();
+        a.summary.skipped_classes = vec!["broken".to_owned()];
+        b.summary.skipped_classes = vec!["broken".to_owned(), "also".to_owned()];
+        let total = merge_shards(&[a, b], 2, Some("job-2")).unwrap();
+        assert_eq!(
+            total.skipped_by_reason,
+            [("decode".to_owned(), 3), ("too_large".to_owned(), 1)].into()
+        );
+        assert_eq!(total.probe_errors, [("timeout".to_owned(), 3)].into());
+        assert_eq!(total.skipped_classes, ["also", "broken"]);
     }
 }

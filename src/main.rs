@@ -30,11 +30,12 @@ enum Command {
 
 #[derive(clap::Args)]
 struct DiscoverArgs {
-    /// Directory of resource YAML files (local mode): MCPServers and the Secrets they reference.
+    /// Resource YAML file, or directory of them (local mode): MCPServers and the Secrets they
+    /// reference.
     #[arg(
         short = 'f',
         long = "filename",
-        value_name = "DIR",
+        value_name = "PATH",
         env = "CUSTODY_RESOURCES"
     )]
     dir: PathBuf,
@@ -56,12 +57,12 @@ struct DiscoverArgs {
 
 #[derive(clap::Args)]
 struct SweepArgs {
-    /// Directory of resource YAML files (local mode): MCPServers, HandleClasses,
+    /// Resource YAML file, or directory of them (local mode): MCPServers, HandleClasses,
     /// CheckpointStores and the Secrets they reference.
     #[arg(
         short = 'f',
         long = "filename",
-        value_name = "DIR",
+        value_name = "PATH",
         env = "CUSTODY_RESOURCES",
         required_unless_present = "store",
         conflicts_with = "store"
@@ -99,12 +100,18 @@ struct SweepArgs {
     egress: custody::mcp::egress::EgressOptions,
 }
 
+/// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
+/// at WARN. rmcp's transport worker logs every failed request at ERROR as the Debug dump of
+/// reqwest's error; custody reports the same failure once, with its cause, in its own message,
+/// so that target is off (`RUST_LOG=rmcp::transport::worker=error` shows it).
+const DEFAULT_LOG: &str = "warn,custody=info,rmcp::transport::worker=off";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,custody=info".into()),
+                .unwrap_or_else(|_| DEFAULT_LOG.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -144,11 +151,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The Kubernetes client for `--store`. kube's own error ("Failed to infer configuration")
+/// does not say where it looked; say it, once.
+async fn cluster_client() -> anyhow::Result<kube::Client> {
+    kube::Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach a Kubernetes cluster: {e} (custody reads the kubeconfig from \
+             $KUBECONFIG or ~/.kube/config, or the in-cluster ServiceAccount inside a Pod; \
+             -f PATH sweeps local files without a cluster)"
+        )
+    })
+}
+
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let resources = Resources::load(&args.dir)?;
     let mut servers = resources.server_configs()?;
     if servers.is_empty() {
-        anyhow::bail!("no MCPServer among the files in {}", args.dir.display());
+        anyhow::bail!("no MCPServer in {}", args.dir.display());
     }
     for (cfg, _) in &mut servers {
         cfg.max_response_bytes = args.max_response_bytes;
@@ -185,18 +204,27 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let cluster = match &args.store {
         Some(store) => {
             let (ns, name) = custody::cluster::parse_ref(store).map_err(anyhow::Error::msg)?;
-            Some((kube::Client::try_default().await?, ns, name))
+            Some((cluster_client().await?, ns, name))
         }
         None => None,
     };
+    let events = custody::cluster::CollectingSink::default();
+    // HandleClasses of the store's namespace that cannot be used: left out, reported in the
+    // sweep's warnings, `status.lastSweep.skippedClasses` and an Event each.
+    let mut left_out = Vec::new();
     let targets = match (&cluster, &args.dir) {
         (Some((client, ns, name)), _) => {
-            vec![custody::cluster::store_target(client, ns, name).await?]
+            let t = custody::cluster::store_target(client, ns, name).await?;
+            for (class, why) in &t.left_out {
+                events.class_skipped(class, why);
+                left_out.push((class.clone(), why.to_string()));
+            }
+            vec![t.target]
         }
         (None, Some(dir)) => {
             let targets = Resources::load(dir)?.targets()?;
             if targets.is_empty() {
-                anyhow::bail!("no CheckpointStore among the files in {}", dir.display());
+                anyhow::bail!("no CheckpointStore in {}", dir.display());
             }
             targets
         }
@@ -205,10 +233,18 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let now = chrono::Utc::now();
     let mut finished = Vec::new();
     let mut failures = Vec::new();
-    let events = custody::cluster::CollectingSink::default();
     // Rows are written as each batch finishes, never held: memory stays flat with the store.
     let mut out = report::SweepWriter::new(std::io::BufWriter::new(std::io::stdout()), args.output);
     for target in &targets {
+        // `--apply` cannot make an observing store act; a silent no-op would look like a sweep
+        // that found nothing to do.
+        if args.apply && target.mode == custody::crd::StoreMode::Observe {
+            eprintln!(
+                "warning: CheckpointStore {} has spec.mode observe: --apply acts only on stores \
+                 with mode: act, so this sweep only plans",
+                target.store
+            );
+        }
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
             shard: args.shard,
@@ -221,7 +257,15 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         };
         out.begin_store(&target.store);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
-            Ok(f) => {
+            Ok(mut f) => {
+                let mut warnings: Vec<String> = left_out
+                    .iter()
+                    .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
+                    .collect();
+                warnings.append(&mut f.warnings);
+                f.warnings = warnings;
+                f.summary.skipped_classes = left_out.iter().map(|(c, _)| c.clone()).collect();
+                f.summary.skipped_classes.sort_unstable();
                 out.end_store(Ok(&f));
                 finished.push(f);
             }

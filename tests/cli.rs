@@ -153,3 +153,76 @@ fn a_url_with_an_empty_port_is_refused_naming_the_field() {
         "{err}"
     );
 }
+
+/// `-f` takes one file as well as a directory, as `kubectl apply -f` does.
+#[test]
+fn filename_takes_a_single_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let file = support::write_file(
+        dir.path(),
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: lone}}\n\
+             spec: {{url: \"http://127.0.0.1:{port}/mcp\", timeoutSeconds: 2}}\n"
+        ),
+    );
+    let out = support::custody(&["discover", "-f", file.to_str().unwrap(), "-o", "json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("\"lone\""), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "error: discovery failed for lone",
+        "the closed port is the only failure"
+    );
+}
+
+/// `--store` without a reachable cluster says where custody looked, once.
+#[test]
+fn no_cluster_names_kubeconfig_once() {
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--store", "shop/orders"])
+        .env("KUBECONFIG", home.path().join("missing"))
+        .env("HOME", home.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("cannot reach a Kubernetes cluster").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("$KUBECONFIG or ~/.kube/config"), "{stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "printed once, nothing else:\n{stderr}"
+    );
+}
+
+/// `--apply` on a store with `mode: observe` says that it changes nothing, before sweeping.
+#[test]
+fn apply_on_an_observing_store_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    support::basket_resources(
+        dir.path(),
+        &format!("http://127.0.0.1:{port}/mcp"),
+        "auto",
+        "sqlite",
+        "sqlite://missing.sqlite",
+    );
+    let out = support::custody(&["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().next().is_some_and(|l| l
+            == "warning: CheckpointStore default/orders has spec.mode observe: --apply acts only \
+                on stores with mode: act, so this sweep only plans"),
+        "{stderr}"
+    );
+}

@@ -589,7 +589,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     .await;
     assert_eq!(
         condition(&down, "Discovered").unwrap()["reason"],
-        "ConnectFailed"
+        "ConnectionRefused"
     );
     let rv = down["metadata"]["resourceVersion"].as_str().unwrap();
     let writes = modifications(&api, "down", rv, Duration::from_secs(10), false).await;
@@ -611,7 +611,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
         &ns,
         "MCPServer",
         "down",
-        "DiscoveryFailed",
+        "ConnectionRefused",
         "Warning",
     )
     .await;
@@ -664,10 +664,18 @@ async fn health_flips_with_events_and_transition_times() {
     )
     .await;
     let unhealthy = condition(&obj, "Healthy").unwrap();
-    assert_eq!(unhealthy["reason"], "Unreachable");
+    assert_eq!(unhealthy["reason"], "ConnectionRefused");
     let down_since = unhealthy["lastTransitionTime"].clone();
     assert!(time(&down_since) > time(&healthy_since), "{unhealthy}");
-    let event = wait_event(&client, &ns, "MCPServer", "flip", "Unhealthy", "Warning").await;
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "flip",
+        "ConnectionRefused",
+        "Warning",
+    )
+    .await;
     assert_eq!(
         event.reporting_controller.as_deref(),
         Some("custody-controller")
@@ -683,6 +691,115 @@ async fn health_flips_with_events_and_transition_times() {
     let obj = wait_conditions(&client, &ns, "MCPServer", "flip", &[("Healthy", "True")]).await;
     assert!(time(&condition(&obj, "Healthy").unwrap()["lastTransitionTime"]) > time(&down_since));
     wait_event(&client, &ns, "MCPServer", "flip", "Healthy", "Normal").await;
+}
+
+/// Each way of failing to reach an MCP server is its own reason in `Discovered`/`Healthy`/`Ready`,
+/// its own Warning Event and its own `custody_reconcile_failures_total` reason: a 401 (the
+/// basket server requiring a bearer token), a closed port, a server that never answers, an
+/// `https` URL to a plain HTTP server, a reply that is not JSON. When the cause at one URL
+/// changes (the closed port starts answering 401), a new Event says so with the current message.
+#[tokio::test]
+async fn mcp_failures_have_distinct_causes_and_current_event_messages() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-causes").await;
+    let locked = BasketServer::start(&[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    let hang = support::Peer::misbehaving("hang");
+    let plain = BasketServer::start(&[]);
+    let not_json = support::Peer::misbehaving("invalid_json");
+    let closed = support::free_port();
+    let servers = [
+        ("auth", locked.url(), "AuthFailed", "AuthFailed"),
+        (
+            "refused",
+            format!("http://127.0.0.1:{closed}/mcp"),
+            "ConnectionRefused",
+            "ConnectionRefused",
+        ),
+        ("hang", hang.url(), "Timeout", "Timeout"),
+        (
+            "tls",
+            format!("https://127.0.0.1:{}/mcp", plain.port),
+            "TlsFailed",
+            "TlsFailed",
+        ),
+        // The handshake works; tools/list's reply is truncated JSON.
+        ("protocol", not_json.url(), "ProtocolError", "Answered"),
+    ];
+    for (name, url, _, _) in &servers {
+        apply(
+            &client,
+            &ns,
+            &object("MCPServer", name, json!({"url": url, "timeoutSeconds": 2})),
+        )
+        .await;
+    }
+    for (name, _, discovered, healthy) in &servers {
+        let obj = eventually(&format!("MCPServer {name}: {discovered}"), async || {
+            let o = get(&client, &ns, "MCPServer", name).await.unwrap();
+            let reason = |t| condition(&o, t).map(|c| c["reason"].clone());
+            if reason("Discovered") == Some(json!(discovered))
+                && reason("Healthy") == Some(json!(healthy))
+            {
+                Ok(o)
+            } else {
+                Err(o["status"]["conditions"].to_string())
+            }
+        })
+        .await;
+        let ready = condition(&obj, "Ready").unwrap();
+        assert_eq!(
+            (&ready["status"], &ready["reason"]),
+            (&json!("False"), &json!(discovered)),
+            "{ready}"
+        );
+        let event = wait_event(&client, &ns, "MCPServer", name, discovered, "Warning").await;
+        let note = event.note.unwrap_or_default();
+        assert!(note.starts_with("discovery failed: "), "{name}: {note}");
+    }
+    let auth = get(&client, &ns, "MCPServer", "auth").await.unwrap();
+    let message = condition(&auth, "Discovered").unwrap()["message"].clone();
+    assert!(message.as_str().unwrap().contains("401"), "{message}");
+    assert!(!message.to_string().contains("s3cret"), "{message}");
+    let text = infra.metrics().await;
+    for reason in ["auth", "refused", "timeout", "tls", "protocol"] {
+        let series =
+            format!("custody_reconcile_failures_total{{kind=\"MCPServer\",reason=\"{reason}\"}}");
+        assert!(
+            metric(&text, &series).is_some_and(|n| n >= 1.0),
+            "{series} in:\n{text}"
+        );
+    }
+
+    // The closed port starts answering 401: the cause, the condition and a new Event follow.
+    let _now_locked = BasketServer::on(closed, &[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    let obj = eventually("MCPServer refused: AuthFailed", async || {
+        let o = get(&client, &ns, "MCPServer", "refused").await.unwrap();
+        let reason = |t| condition(&o, t).map(|c| c["reason"].clone());
+        if reason("Discovered") == Some(json!("AuthFailed"))
+            && reason("Healthy") == Some(json!("AuthFailed"))
+        {
+            Ok(o)
+        } else {
+            Err(o["status"]["conditions"].to_string())
+        }
+    })
+    .await;
+    let message = condition(&obj, "Healthy").unwrap()["message"].clone();
+    assert!(message.as_str().unwrap().contains("401"), "{message}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "refused",
+        "AuthFailed",
+        "Warning",
+    )
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("401"), "{note}");
+    assert!(!note.contains("connection refused"), "{note}");
 }
 
 /// Waits until `lastHealthCheckTime` moves past the one in `obj`; returns the object then.
@@ -1009,6 +1126,140 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
         .await
         .unwrap();
     assert_eq!(&again["status"]["lastSweep"], last);
+}
+
+/// One HandleClass the API server accepts but custody's validation refuses (a template typo),
+/// and one whose MCPServer does not exist, next to the example class: the sweep leaves both out
+/// and sweeps the example class (exit 0, every parked thread judged), and says so in its
+/// warnings, `status.lastSweep.skippedClasses` and a `HandleClassSkipped` Event naming the
+/// field; the bad class's own `Valid` condition names it too.
+#[tokio::test]
+async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-badclass").await;
+    let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_badclass").await;
+    let typo = merged(
+        basket_class(),
+        json!({"statePath": "other", "probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+    );
+    apply(&client, &ns, &object("HandleClass", "typo", typo)).await;
+    let orphan = merged(
+        basket_class(),
+        json!({"serverRef": "nowhere", "statePath": "other"}),
+    );
+    apply(&client, &ns, &object("HandleClass", "orphan", orphan)).await;
+    apply(
+        &client,
+        &ns,
+        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "orders"},
+                "spec": {"backend": "postgres", "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}}),
+    )
+    .await;
+    let class = wait_conditions(&client, &ns, "HandleClass", "typo", &[("Valid", "False")]).await;
+    let message = condition(&class, "Valid").unwrap()["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .starts_with("spec.probe.arguments.basket_id: "),
+        "{message}"
+    );
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "custody {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let typo_warning = format!(
+        "HandleClass typo left out: HandleClass {}/typo: spec.probe.arguments.basket_id: ",
+        &*ns
+    );
+    assert!(
+        stdout.contains(&typo_warning),
+        "want {typo_warning:?} in:\n{stdout}"
+    );
+    let orphan_warning = format!(
+        "HandleClass orphan left out: HandleClass {}/orphan: spec.serverRef: no MCPServer \"nowhere\"",
+        &*ns
+    );
+    assert!(
+        stdout.contains(&orphan_warning),
+        "want {orphan_warning:?} in:\n{stdout}"
+    );
+
+    let parked: Vec<&str> = manifest["threads"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["parked"] == true)
+        .map(|t| t["expected"].as_str().unwrap())
+        .collect();
+    let store = eventually("status.lastSweep", async || {
+        let o = get(&client, &ns, "CheckpointStore", "orders")
+            .await
+            .unwrap();
+        if o["status"]["lastSweep"].is_object() {
+            Ok(o)
+        } else {
+            Err(o["status"].to_string())
+        }
+    })
+    .await;
+    let last = &store["status"]["lastSweep"];
+    assert_eq!(last["parkedThreads"], parked.len(), "{last}");
+    for verdict in ["ok", "gone", "absent", "unknown"] {
+        let n = parked.iter().filter(|e| **e == verdict).count();
+        assert_eq!(last[verdict], n, "{verdict}: {last}");
+    }
+    assert_eq!(last["skippedClasses"], json!(["orphan", "typo"]), "{last}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "HandleClassSkipped",
+        "Warning",
+    )
+    .await;
+    let notes: Vec<String> = events(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .into_iter()
+        .filter(|e| e.reason == event.reason)
+        .filter_map(|e| e.note)
+        .collect();
+    assert!(
+        notes.iter().any(
+            |n| n.starts_with("HandleClass typo left out of this sweep: ")
+                && n.contains("spec.probe.arguments.basket_id")
+        ),
+        "{notes:?}"
+    );
+    assert!(
+        notes.iter().any(|n| n.contains("spec.serverRef")),
+        "{notes:?}"
+    );
 }
 
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.

@@ -132,7 +132,8 @@ pub const PENDING: &str = "Pending";
 pub const CATALOG_LISTED: &str = "CatalogListed";
 /// Reason (`Healthy`): the health check was answered.
 pub const ANSWERED: &str = "Answered";
-/// Reason (`Healthy`): the health check was not answered.
+/// Reason (`Healthy`): the health check failed without a category (not seen in practice: every
+/// failed check has one, named by the reasons below).
 pub const UNREACHABLE: &str = "Unreachable";
 /// Reason (`Ready`): discovered and healthy.
 pub const DISCOVERED_AND_HEALTHY: &str = "DiscoveredAndHealthy";
@@ -142,11 +143,18 @@ pub const CATALOG_CHANGED: &str = "CatalogChanged";
 pub const CATALOG_DISCOVERED: &str = "CatalogDiscovered";
 /// Reason (Event): the server answers its health check again.
 pub const HEALTHY_AGAIN: &str = "Healthy";
-/// Reason (Event): the server stopped answering its health check.
-pub const UNHEALTHY: &str = "Unhealthy";
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): the server refused custody's credentials
+/// (category `auth`: HTTP 401 or 403; check `headers`/`headersFrom`).
+pub const AUTH_FAILED: &str = "AuthFailed";
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): nothing accepts connections at the URL
+/// (category `refused`).
+pub const CONNECTION_REFUSED: &str = "ConnectionRefused";
+/// Reason (`Discovered`, `Healthy`, `Ready`, Event): the TLS handshake or certificate check
+/// failed (category `tls`).
+pub const TLS_FAILED: &str = "TlsFailed";
 /// Reason (`Discovered`, Event): discovery failed in a way no narrower reason names.
 pub const DISCOVERY_FAILED: &str = "DiscoveryFailed";
-/// Reason (`Discovered`): discovery timed out (category `timeout`).
+/// Reason (`Discovered`, `Healthy`, Event): timed out (category `timeout`).
 pub const TIMEOUT: &str = "Timeout";
 /// Reason (`Discovered`): the connection failed (category `connect`); also a CheckpointStore's
 /// `Reachable` when the database does not answer.
@@ -229,14 +237,6 @@ pub fn merge(
             }
         })
         .collect()
-}
-
-/// The status of a condition type, if present.
-pub fn status_of<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
-    conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.as_str())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
-use super::conditions::{self, Cond, merge, status_of};
+use super::conditions::{self, Cond, merge};
 use super::metrics::{FailureLabels, KindLabels, ObjectLabels};
 use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
 use crate::cluster;
@@ -142,7 +142,8 @@ pub(super) async fn reconcile(
                         reason: e.category(),
                     })
                     .inc();
-                observed.discovery_error = Some((e.category(), e.to_string()));
+                let message = crate::mcp::cause::explained(e.category(), &e.to_string());
+                observed.discovery_error = Some((e.category(), message));
             }
         }
         ctx.metrics
@@ -309,8 +310,8 @@ fn status(
         }
         Some(h) => Cond::no(
             conditions::HEALTHY,
-            conditions::UNREACHABLE,
-            h.reason.clone(),
+            h.category.map_or(conditions::UNREACHABLE, reason_of),
+            health_message(h),
         ),
         None => Cond::unknown(conditions::HEALTHY, conditions::PENDING, "not checked yet"),
     };
@@ -376,11 +377,19 @@ fn status(
     }
 }
 
+/// A failed health check's reason, explained as discovery errors are.
+fn health_message(h: &discovery::Health) -> String {
+    crate::mcp::cause::explained(h.category.unwrap_or_default(), &h.reason)
+}
+
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
         "timeout" => conditions::TIMEOUT,
         "connect" => conditions::CONNECT_FAILED,
+        "auth" => conditions::AUTH_FAILED,
+        "refused" => conditions::CONNECTION_REFUSED,
+        "tls" => conditions::TLS_FAILED,
         "transport" => conditions::TRANSPORT_FAILED,
         "protocol" => conditions::PROTOCOL_ERROR,
         "too_large" => conditions::RESPONSE_TOO_LARGE,
@@ -437,32 +446,57 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
             .server_healthy
             .get_or_create(&labels)
             .set(i64::from(h.healthy));
-        let was = status_of(&current.conditions, conditions::HEALTHY);
-        let now = if h.healthy {
-            conditions::TRUE
-        } else {
-            conditions::FALSE
-        };
-        if was != Some(now) && !(was.is_none() && h.healthy) {
-            let (type_, reason) = if h.healthy {
-                (EventType::Normal, conditions::HEALTHY_AGAIN)
-            } else {
-                (EventType::Warning, conditions::UNHEALTHY)
-            };
-            ctx.event(server, type_, reason, h.reason.clone()).await;
+    }
+    for (type_, reason, note) in failure_events(current, o) {
+        ctx.event(server, type_, reason, note).await;
+    }
+}
+
+/// The Events for what changed since the persisted status: `Healthy` (Normal) when health comes
+/// back, and a Warning named for the cause (`AuthFailed`, `ConnectionRefused`, `TlsFailed`,
+/// `Timeout`, `ProtocolError`, …) whenever discovery or the health check starts failing or fails
+/// for another cause than the status says, with the current message. A health failure of the
+/// cause a discovery failure just reported is not repeated.
+fn failure_events(
+    current: &MCPServerStatus,
+    o: &Observed,
+) -> Vec<(EventType, &'static str, String)> {
+    let was = |type_: &str| current.conditions.iter().find(|c| c.type_ == type_);
+    let changed = |type_: &str, reason: &str| {
+        was(type_).is_none_or(|c| c.status != conditions::FALSE || c.reason != reason)
+    };
+    let mut out = Vec::new();
+    if let Some((category, message)) = &o.discovery_error {
+        let reason = reason_of(category);
+        if changed(conditions::DISCOVERED, reason) {
+            out.push((
+                EventType::Warning,
+                reason,
+                format!("discovery failed: {message}"),
+            ));
         }
     }
-    if let Some((_, message)) = &o.discovery_error
-        && status_of(&current.conditions, conditions::DISCOVERED) != Some(conditions::FALSE)
-    {
-        ctx.event(
-            server,
-            EventType::Warning,
-            conditions::DISCOVERY_FAILED,
-            message.clone(),
-        )
-        .await;
+    if let Some(h) = &o.health {
+        if h.healthy {
+            if was(conditions::HEALTHY).is_some_and(|c| c.status == conditions::FALSE) {
+                out.push((
+                    EventType::Normal,
+                    conditions::HEALTHY_AGAIN,
+                    h.reason.clone(),
+                ));
+            }
+        } else {
+            let reason = h.category.map_or(conditions::UNREACHABLE, reason_of);
+            if changed(conditions::HEALTHY, reason) && !out.iter().any(|(_, r, _)| *r == reason) {
+                out.push((
+                    EventType::Warning,
+                    reason,
+                    format!("health check failed: {}", health_message(h)),
+                ));
+            }
+        }
     }
+    out
 }
 
 #[cfg(test)]

@@ -105,14 +105,18 @@ pub fn skip_reasons() -> impl Iterator<Item = &'static str> {
 }
 
 /// Label values of `custody_sweep_probe_errors`: [`McpError::category`]'s names.
-pub const PROBE_ERROR_REASONS: [&str; 7] = [
+/// (`timeout` and `protocol` are connect causes and request categories alike: listed once.)
+pub const PROBE_ERROR_REASONS: [&str; 10] = [
     "config",
-    "timeout",
-    "connect",
+    crate::mcp::cause::CONNECT,
     REQUEST_CATEGORIES[0],
     REQUEST_CATEGORIES[1],
     REQUEST_CATEGORIES[2],
     REQUEST_CATEGORIES[3],
+    REQUEST_CATEGORIES[4],
+    REQUEST_CATEGORIES[5],
+    REQUEST_CATEGORIES[6],
+    REQUEST_CATEGORIES[7],
 ];
 
 /// Every metric the controller exports.
@@ -212,6 +216,16 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader lease",
             m.leader.clone(),
+        );
+        // An Info metric: `custody_build_info{version="…"} 1`, so a dashboard can tell which
+        // build runs.
+        r.register(
+            "build",
+            "custody's build",
+            prometheus_client::metrics::info::Info::new(vec![(
+                "version",
+                env!("CARGO_PKG_VERSION"),
+            )]),
         );
         m
     }
@@ -316,6 +330,19 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_names_the_version() {
+        let mut registry = Registry::default();
+        Metrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let line = format!(
+            "custody_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.lines().any(|l| l == line), "{text}");
+    }
 
     #[test]
     fn sweep_reasons_become_bounded_gauges() {

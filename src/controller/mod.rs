@@ -26,7 +26,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -123,8 +123,8 @@ pub struct Context {
     pub client: Client,
     /// Metrics.
     pub metrics: Metrics,
-    /// One Event recorder for the process (its cache deduplicates repeated Events).
-    pub recorder: Recorder,
+    /// Who publishes the controller's Events ([`crate::cluster::publish_event`]).
+    pub reporter: Reporter,
     /// Latest observations per MCPServer (`namespace/name`).
     pub observed: RwLock<HashMap<String, Observed>>,
     /// Options.
@@ -225,7 +225,10 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+        let regarding = obj.object_ref(&());
+        if let Err(e) =
+            crate::cluster::publish_event(&self.client, &self.reporter, &event, &regarding).await
+        {
             tracing::warn!(reason, error = %e, "cannot publish Event");
         }
     }
@@ -298,7 +301,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics,
-        recorder: Recorder::new(client.clone(), reporter),
+        reporter,
         observed: RwLock::default(),
         opts: opts.clone(),
         lease: LeaseFence::new(
@@ -532,7 +535,7 @@ async fn controllers(ctx: Arc<Context>) {
                     if let Some((ns, name)) = deleted(&r) {
                         forget_server(&ctx, ns, name).await;
                     }
-                    drain("MCPServer")(r).await;
+                    drain("MCPServer", &ctx)(r).await;
                 }
             }
         });
@@ -558,7 +561,7 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("AgentAssignment"),
             ctx.clone(),
         )
-        .for_each(drain("AgentAssignment"));
+        .for_each(drain("AgentAssignment", &ctx));
 
     let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone());
     let class_store = classes.store();
@@ -577,7 +580,7 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("HandleClass"),
             ctx.clone(),
         )
-        .for_each(drain("HandleClass"));
+        .for_each(drain("HandleClass", &ctx));
 
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),
@@ -619,7 +622,7 @@ async fn controllers(ctx: Arc<Context>) {
                 if let Some((ns, name)) = deleted(&r) {
                     ctx.metrics.forget_store(&ns, &name);
                 }
-                drain("CheckpointStore")(r)
+                drain("CheckpointStore", &ctx)(r)
             }
         });
 
@@ -651,18 +654,55 @@ async fn forget_server(ctx: &Context, namespace: String, name: String) {
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error
-/// policy; what remains here are watch and queue errors.
-fn drain<K, E: std::fmt::Display>(
+/// policy; what remains are watch errors (of the kind or of what it owns or watches: a 403 when
+/// RBAC lacks `list`/`watch`, an unknown resource when a CRD is missing), logged at WARN and
+/// counted in `custody_reconcile_failures_total{kind, reason}` ([`watch_failure`]); the watcher
+/// retries with backoff.
+fn drain<K>(
     kind: &'static str,
-) -> impl Fn(Result<(ObjectRef<K>, Action), E>) -> futures::future::Ready<()>
+    ctx: &Arc<Context>,
+) -> impl Fn(ControllerResult<K>) -> futures::future::Ready<()>
 where
     K: Resource,
 {
+    let ctx = ctx.clone();
     move |r| {
-        if let Err(e) = r {
-            tracing::debug!(kind, error = %e, "controller");
+        use kube::runtime::controller::Error as C;
+        match r {
+            Err(C::QueueError(e)) => {
+                let reason = watch_failure(&e);
+                tracing::warn!(kind, reason, error = %e, "watch failed; retrying");
+                ctx.metrics
+                    .failures
+                    .get_or_create(&metrics::FailureLabels { kind, reason })
+                    .inc();
+            }
+            Err(e) => tracing::debug!(kind, error = %e, "controller"),
+            Ok(_) => {}
         }
         futures::future::ready(())
+    }
+}
+
+/// What a controller's stream yields for one object.
+type ControllerResult<K> =
+    Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<Error, watcher::Error>>;
+
+/// The `reason` label of a failed watch or list: `watch_forbidden` for HTTP 403 (the
+/// ServiceAccount may not list or watch the resource), `watch_not_found` for 404 (the resource
+/// is not served: a missing CRD), else `watch`.
+fn watch_failure(e: &watcher::Error) -> &'static str {
+    let code = match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+        watcher::Error::WatchError(s) => Some(s.code),
+        _ => None,
+    };
+    match code {
+        Some(403) => "watch_forbidden",
+        Some(404) => "watch_not_found",
+        _ => "watch",
     }
 }
 
@@ -751,7 +791,7 @@ pub(crate) mod fixtures {
         let ctx = Context {
             client: client.clone(),
             metrics: Metrics::new(&mut Registry::default()),
-            recorder: Recorder::new(client.clone(), reporter),
+            reporter,
             observed: RwLock::default(),
             opts: Wrapper::parse_from(["custody"]).opts,
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
@@ -799,5 +839,31 @@ pub(crate) mod fixtures {
                 .unwrap(),
         );
         sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    #[test]
+    fn watch_failures_name_forbidden_and_missing_resources() {
+        let api = |code| kube::Error::Api(Box::new(Status::failure("no", "No").with_code(code)));
+        assert_eq!(
+            watch_failure(&watcher::Error::InitialListFailed(api(403))),
+            "watch_forbidden"
+        );
+        assert_eq!(
+            watch_failure(&watcher::Error::WatchError(Box::new(
+                Status::failure("gone", "NotFound").with_code(404)
+            ))),
+            "watch_not_found"
+        );
+        assert_eq!(
+            watch_failure(&watcher::Error::WatchFailed(api(500))),
+            "watch"
+        );
+        assert_eq!(watch_failure(&watcher::Error::NoResourceVersion), "watch");
     }
 }

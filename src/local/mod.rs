@@ -1,6 +1,7 @@
 //! Local mode: the same resources as in a cluster, read from YAML files.
 //!
-//! Every `*.yaml`/`*.yml` file in a directory (not recursive) may hold several documents. Kinds
+//! `-f PATH` names one YAML file or a directory: every `*.yaml`/`*.yml` file in it (not
+//! recursive), as `kubectl apply -f` reads either. A file may hold several documents. Kinds
 //! custody knows (`MCPServer`, `HandleClass`, `CheckpointStore` of `custody.dev/v1alpha1`, and
 //! `v1` `Secret`) are parsed into the cluster types and validated; documents of other kinds are
 //! ignored with a warning. A resource without a namespace is in `default`. Two documents naming
@@ -17,15 +18,20 @@ use crate::plan::label;
 pub use crate::plan::{LoadError, Resources};
 
 impl Resources {
-    /// Reads and validates every YAML file in `dir`.
+    /// Reads and validates the YAML file `path`, or every YAML file in the directory `path`.
     ///
     /// # Errors
     /// [`LoadError::Io`] or [`LoadError::Invalid`] naming the file, document and field.
-    pub fn load(dir: &Path) -> Result<Self, LoadError> {
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| LoadError::Io { path, source }
         };
+        if std::fs::metadata(path).map_err(io(path))?.is_file() {
+            let text = std::fs::read_to_string(path).map_err(io(path))?;
+            return Self::parse(path, &text);
+        }
+        let dir = path;
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(io(dir))?
             .filter_map(Result::ok)

@@ -389,6 +389,10 @@ pub struct Health {
     pub healthy: bool,
     /// `server/discover answered`, `ping answered`, or the failure.
     pub reason: String,
+    /// The failure's [`McpError::category`] (`timeout` for the whole check's deadline); `None`
+    /// when healthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<&'static str>,
     /// Time to the answer, in milliseconds.
     pub latency_ms: u64,
 }
@@ -410,21 +414,22 @@ pub async fn check_health(cfg: &ServerConfig) -> Health {
         Ok::<_, McpError>(reason)
     })
     .await;
-    let (healthy, reason) = match result {
-        Ok(Ok(reason)) => (true, reason.to_owned()),
-        Ok(Err(e)) => (false, e.to_string()),
+    let (reason, category) = match result {
+        Ok(Ok(reason)) => (reason.to_owned(), None),
+        Ok(Err(e)) => (e.to_string(), Some(e.category())),
         Err(_) => (
-            false,
             format!(
                 "server {}: health check timed out after {:?}",
                 cfg.name, cfg.timeout
             ),
+            Some("timeout"),
         ),
     };
     Health {
         server: cfg.name.clone(),
-        healthy,
+        healthy: category.is_none(),
         reason,
+        category,
         latency_ms: started.elapsed().as_millis() as u64,
     }
 }

@@ -34,6 +34,7 @@ use serde_json::{Map, Value};
 
 use crate::domain::verdict::ProbeOutcome;
 
+pub mod cause;
 pub mod discovery;
 pub mod egress;
 pub mod sessions;
@@ -124,6 +125,8 @@ pub enum McpError {
         server: String,
         /// rmcp's error text.
         reason: String,
+        /// Why, from [`cause::CONNECT_CAUSES`].
+        cause: &'static str,
     },
     /// A request failed: transport error, JSON-RPC error, or an unusable reply.
     #[error("server {server}: {method} failed: {reason}")]
@@ -146,17 +149,27 @@ pub enum McpError {
 /// JSON, invalid UTF-8, a wrong content type, a result of another kind, an id that is not
 /// exactly the request's; see [`strict`]),
 /// `too_large` (a JSON reply over [`ServerConfig::max_response_bytes`]), `rpc_error` (the server
-/// answered with a JSON-RPC error).
-pub const REQUEST_CATEGORIES: [&str; 4] = ["transport", "protocol", "too_large", "rpc_error"];
+/// answered with a JSON-RPC error), and the transport failures [`cause`] names: `auth` (HTTP 401
+/// or 403), `refused`, `tls`, `timeout` (the HTTP client's own timeout).
+pub const REQUEST_CATEGORIES: [&str; 8] = [
+    "transport",
+    "protocol",
+    "too_large",
+    "rpc_error",
+    cause::AUTH,
+    cause::REFUSED,
+    cause::TLS,
+    cause::TIMEOUT,
+];
 
 impl McpError {
-    /// A bounded category for metric labels: `config`, `timeout`, `connect`, or one of
-    /// [`REQUEST_CATEGORIES`]. Never error text.
+    /// A bounded category for metric labels: `config`, `timeout`, one of
+    /// [`cause::CONNECT_CAUSES`] or of [`REQUEST_CATEGORIES`]. Never error text.
     pub fn category(&self) -> &'static str {
         match self {
             Self::Config { .. } => "config",
             Self::Timeout { .. } => "timeout",
-            Self::Connect { .. } => "connect",
+            Self::Connect { cause, .. } => cause,
             Self::Request { category, .. } => category,
         }
     }
@@ -206,7 +219,7 @@ fn request_category(e: &rmcp::ServiceError) -> &'static str {
                 | H::UnexpectedContentType(_)
                 | H::Sse(_),
             ) => "protocol",
-            _ => "transport",
+            _ => cause::of_transport(t.error.as_ref()).unwrap_or("transport"),
         },
         S::UnexpectedResponse | S::InputRequiredRoundsExceeded { .. } => "protocol",
         _ => "transport",
@@ -495,6 +508,7 @@ fn connect_error(server: &str, e: &rmcp::service::ClientInitializeError) -> McpE
     McpError::Connect {
         server: server.to_owned(),
         reason,
+        cause: cause::of_connect(e),
     }
 }
 

@@ -63,6 +63,9 @@ pub enum LoadError {
     },
 }
 
+/// A HandleClass left out of a store's target: its name, and why it cannot be used.
+pub type LeftOutClass = (String, LoadError);
+
 /// Resources read from a directory, each with the file it came from.
 #[derive(Default)]
 pub struct Resources {
@@ -82,10 +85,37 @@ impl Resources {
     /// # Errors
     /// [`LoadError::Reference`] for a missing Secret, key, MCPServer, or an invalid selector.
     pub fn targets(&self) -> Result<Vec<Target>, LoadError> {
-        self.stores.iter().map(|s| self.target(s)).collect()
+        self.stores.iter().map(|s| self.target(s, None)).collect()
     }
 
-    fn target(&self, store: &CheckpointStore) -> Result<Target, LoadError> {
+    /// As [`Self::targets`], but a HandleClass that cannot be used (its spec fails custody's
+    /// validation, its MCPServer or a Secret of it is missing) is left out of the store's
+    /// classes instead of failing the store, and returned by name with its error. For resources from
+    /// the API server, which accepts classes custody's validation refuses: one bad class must
+    /// not stop the sweep of the others. Files are refused whole when loaded instead.
+    ///
+    /// # Errors
+    /// As [`Self::targets`], for everything but a class.
+    pub fn targets_without_bad_classes(
+        &self,
+    ) -> Result<Vec<(Target, Vec<LeftOutClass>)>, LoadError> {
+        self.stores
+            .iter()
+            .map(|s| {
+                let mut left_out = Vec::new();
+                let target = self.target(s, Some(&mut left_out))?;
+                Ok((target, left_out))
+            })
+            .collect()
+    }
+
+    /// The store's target; with `left_out`, classes that fail to compile go there instead of
+    /// failing the store.
+    fn target(
+        &self,
+        store: &CheckpointStore,
+        mut left_out: Option<&mut Vec<LeftOutClass>>,
+    ) -> Result<Target, LoadError> {
         let ns = namespace(store);
         let dsn = match (&store.spec.dsn, &store.spec.dsn_from) {
             (Some(dsn), _) => SecretString::from(dsn.clone()),
@@ -109,7 +139,11 @@ impl Resources {
             )? {
                 continue;
             }
-            classes.push(self.class_plan(class)?);
+            match (self.class_plan(class), left_out.as_deref_mut()) {
+                (Ok(plan), _) => classes.push(plan),
+                (Err(e), Some(out)) => out.push((class.name_any(), e)),
+                (Err(e), None) => return Err(e),
+            }
         }
         let audit = AuditPlan {
             grace: Duration::from_secs(store.spec.audit.grace_seconds),

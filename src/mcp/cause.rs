@@ -1,0 +1,155 @@
+//! What a failed MCP exchange came down to, from the typed errors under rmcp's (never from
+//! message text): a person does something different for each. A wrong or missing credential
+//! (`auth`), nothing listening at the address (`refused`), a TLS handshake or certificate that
+//! failed (`tls`), a server that did not answer in time (`timeout`), a reply custody cannot read
+//! (`protocol`).
+
+use std::error::Error as StdError;
+
+use rmcp::service::ClientInitializeError as Init;
+use rmcp::transport::streamable_http_client::StreamableHttpError as Http;
+
+/// The server refused the request's credentials: HTTP 401 or 403 (with or without a
+/// `WWW-Authenticate` challenge).
+pub const AUTH: &str = "auth";
+/// Nothing accepted the TCP connection (`ECONNREFUSED`): the server is down or the port wrong.
+pub const REFUSED: &str = "refused";
+/// The TLS handshake failed: an `https` URL to a server that does not speak TLS, or a
+/// certificate that does not verify.
+pub const TLS: &str = "tls";
+/// A step did not finish in time (custody's deadline or the HTTP client's connect timeout).
+pub const TIMEOUT: &str = "timeout";
+/// The server answered with something that is not the MCP reply expected.
+pub const PROTOCOL: &str = "protocol";
+/// Connecting failed for another reason (a name that does not resolve, a reset connection).
+pub const CONNECT: &str = "connect";
+
+/// Every category [`of_connect`] returns, for metric label sets.
+pub const CONNECT_CAUSES: [&str; 6] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, CONNECT];
+
+/// `message` led by what its category means for a person, for the categories whose text alone
+/// may not say it (rmcp words a 401 with a challenge as "Auth required").
+pub fn explained(category: &str, message: &str) -> String {
+    let hint = match category {
+        AUTH => {
+            "the server refused custody's credentials (HTTP 401 or 403; check spec.headers and spec.headersFrom)"
+        }
+        REFUSED => "connection refused: nothing listens at spec.url's host and port",
+        TLS => {
+            "TLS failed: an https URL to a server without TLS, or a certificate that does not verify"
+        }
+        _ => return message.to_owned(),
+    };
+    format!("{hint}: {message}")
+}
+
+/// The cause of a failed connect or negotiation. In `mode: auto`, when both eras failed, the
+/// handshake's failure decides (as in the message), unless it says nothing more than the
+/// discovery's did.
+pub fn of_connect(e: &Init) -> &'static str {
+    match e {
+        Init::LegacyFallbackFailed { discover, fallback } => match of_connect(fallback) {
+            CONNECT => of_connect(discover),
+            c => c,
+        },
+        Init::TransportError { error, .. } => of_chain(error).unwrap_or(CONNECT),
+        Init::ExpectedInitResponse(_)
+        | Init::ExpectedInitResult(_)
+        | Init::ConflictInitResponseId(..)
+        | Init::UncorrelatedErrorResponse { .. }
+        | Init::NoCompatibleProtocolVersion { .. } => PROTOCOL,
+        // A JSON-RPC error to the handshake is the server refusing it (its code and message say
+        // why, e.g. an unsupported protocol version): a connect failure.
+        _ => CONNECT,
+    }
+}
+
+/// The cause of a failed request's transport error, when it is one of [`AUTH`], [`REFUSED`],
+/// [`TLS`], [`TIMEOUT`] or [`PROTOCOL`]; `None` for any other (an HTTP 5xx, a dropped
+/// connection), which the caller names.
+pub fn of_transport(e: &(dyn StdError + 'static)) -> Option<&'static str> {
+    of_chain(e)
+}
+
+/// Walks `e` and its sources for the first error that names a cause; also into the errors that
+/// `source()` does not reach: an `io::Error`'s inner error and rmcp's `Client` variant (the HTTP
+/// client's error, which rmcp keeps without marking it as the source).
+fn of_chain(e: &(dyn StdError + 'static)) -> Option<&'static str> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(c) = of_one(e) {
+            return Some(c);
+        }
+        next = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            io.get_ref().map(|inner| inner as &(dyn StdError + 'static))
+        } else if let Some(Http::Client(r)) = e.downcast_ref::<Http<reqwest::Error>>() {
+            Some(r as &(dyn StdError + 'static))
+        } else {
+            e.source()
+        };
+    }
+    None
+}
+
+fn of_one(e: &(dyn StdError + 'static)) -> Option<&'static str> {
+    if let Some(h) = e.downcast_ref::<Http<reqwest::Error>>() {
+        return match h {
+            Http::AuthRequired(_) | Http::InsufficientScope(_) => Some(AUTH),
+            Http::Deserialize(_)
+            | Http::UnexpectedServerResponse(_)
+            | Http::UnexpectedContentType(_)
+            | Http::Sse(_) => Some(PROTOCOL),
+            _ => None,
+        };
+    }
+    if let Some(r) = e.downcast_ref::<reqwest::Error>() {
+        if r.status()
+            .is_some_and(|s| s.as_u16() == 401 || s.as_u16() == 403)
+        {
+            return Some(AUTH);
+        }
+        if r.is_timeout() {
+            return Some(TIMEOUT);
+        }
+        return None;
+    }
+    if e.downcast_ref::<rustls::Error>().is_some() {
+        return Some(TLS);
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        return match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => Some(REFUSED),
+            std::io::ErrorKind::TimedOut => Some(TIMEOUT),
+            _ => None,
+        };
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explanations_lead_the_messages_that_need_them() {
+        assert_eq!(
+            explained(AUTH, "server a: connect failed: Auth required"),
+            "the server refused custody's credentials (HTTP 401 or 403; check spec.headers and \
+             spec.headersFrom): server a: connect failed: Auth required"
+        );
+        assert_eq!(explained(TIMEOUT, "timed out"), "timed out");
+    }
+
+    #[test]
+    fn io_errors_name_their_cause_through_their_inner_error() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(of_transport(&refused), Some(REFUSED));
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert_eq!(of_transport(&tls), Some(TLS));
+        let other = std::io::Error::other("reset");
+        assert_eq!(of_transport(&other), None);
+    }
+}
