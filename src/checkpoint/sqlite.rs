@@ -51,6 +51,24 @@ WHERE CASE WHEN t.pending_interrupt OR t.metadata_size > ?1 THEN 1
 ORDER BY t.thread_id
 "#;
 
+/// The connect options of a SqliteSaver DSN, a `sqlite:` URL or a file path, for the reader and
+/// for custody's writable pool: the file must exist (a typo must not create an empty store).
+///
+/// # Errors
+/// [`StoreError::Dsn`] for a URL sqlx cannot parse.
+pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreError> {
+    let options = if dsn.starts_with("sqlite:") {
+        SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
+            backend: "sqlite",
+            dsn: dsn.to_owned(),
+            reason: e.to_string(),
+        })?
+    } else {
+        SqliteConnectOptions::new().filename(dsn)
+    };
+    Ok(options.create_if_missing(false))
+}
+
 /// A read-only pool on a SqliteSaver file.
 pub struct Reader {
     pool: SqlitePool,
@@ -58,18 +76,9 @@ pub struct Reader {
 
 impl Reader {
     pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
-        let options = if dsn.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                backend: "sqlite",
-                dsn: dsn.to_owned(),
-                reason: e.to_string(),
-            })?
-        } else {
-            SqliteConnectOptions::new().filename(dsn)
-        }
-        .read_only(true)
-        .create_if_missing(false)
-        .busy_timeout(Duration::from_secs(5));
+        let options = connect_options(dsn)?
+            .read_only(true)
+            .busy_timeout(Duration::from_secs(5));
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(options)

@@ -15,7 +15,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::verdict::Verdict;
+use super::verdict::{GoneBy, Verdict};
 
 /// What custody does with a handle that is gone (handle-custody: re-mint and replay, escalate,
 /// or fail loudly).
@@ -67,10 +67,8 @@ pub struct Case<'a> {
     pub class: &'a str,
     /// The handle the thread holds, when it holds one.
     pub handle: Option<&'a str>,
-    /// The principal the handle was minted for, when recorded.
-    pub minted_for: Option<&'a str>,
-    /// The principal the thread now runs for, when recorded.
-    pub thread_principal: Option<&'a str>,
+    /// What decided a `gone` verdict ([`crate::domain::verdict::Decision::gone_by`]).
+    pub gone_by: Option<GoneBy>,
     /// What the thread holds at the class's `verdictPath`.
     pub written: Option<&'a Value>,
 }
@@ -81,9 +79,9 @@ pub fn decide(c: &Case<'_>) -> Option<(Plan, Option<String>)> {
     let plan = match c.verdict {
         Verdict::Ok | Verdict::Unknown => return None,
         Verdict::Absent => Plan::Escalate,
-        Verdict::Gone => match (c.minted_for, c.thread_principal) {
-            (Some(a), Some(b)) if a != b => Plan::Escalate,
-            _ => match c.on_gone {
+        Verdict::Gone => match c.gone_by {
+            Some(GoneBy::OtherPrincipal) => Plan::Escalate,
+            Some(GoneBy::Probe) | None => match c.on_gone {
                 OnGone::Remint => Plan::Remint,
                 OnGone::Escalate => Plan::Escalate,
                 OnGone::Fail => Plan::Fail,
@@ -214,8 +212,7 @@ mod tests {
             on_gone,
             class: "basket",
             handle: Some("bsk_1"),
-            minted_for: Some("u1"),
-            thread_principal: Some("u1"),
+            gone_by: (verdict == Verdict::Gone).then_some(GoneBy::Probe),
             written: None,
         }
     }
@@ -225,11 +222,7 @@ mod tests {
     fn the_policy_table() {
         use Verdict::*;
         let other = Case {
-            thread_principal: Some("u2"),
-            ..case(Gone, OnGone::Remint)
-        };
-        let one_side = Case {
-            thread_principal: None,
+            gone_by: Some(GoneBy::OtherPrincipal),
             ..case(Gone, OnGone::Remint)
         };
         let cases = [
@@ -251,11 +244,6 @@ mod tests {
             ),
             ("gone: fail", case(Gone, OnGone::Fail), Some(Plan::Fail)),
             ("another principal escalates", other, Some(Plan::Escalate)),
-            (
-                "one principal unknown: onGone",
-                one_side,
-                Some(Plan::Remint),
-            ),
             (
                 "absent escalates",
                 case(Absent, OnGone::Remint),

@@ -160,6 +160,64 @@ impl Template {
     }
 }
 
+impl Template {
+    /// Fills in every placeholder but `{{handle}}`: a replay call's arguments are known before
+    /// the mint but its handle only after, so they are bound once (which also proves they can be
+    /// filled, before anything is minted) and [`Self::render`]ed with the new handle. Rendering
+    /// the result gives what rendering `self` would: substituted values are data, never
+    /// scanned for placeholders again. `ctx.handle` is not read.
+    ///
+    /// # Errors
+    /// [`TemplateError::Missing`] when a placeholder other than `{{handle}}` has no value here.
+    pub fn bind(&self, ctx: &Context<'_>) -> Result<Self, TemplateError> {
+        bind_node(&self.0, ctx, "").map(Self)
+    }
+}
+
+fn bind_node(node: &Node, ctx: &Context<'_>, path: &str) -> Result<Node, TemplateError> {
+    Ok(match node {
+        Node::Literal(v) => Node::Literal(v.clone()),
+        Node::String(pieces) => match pieces.as_slice() {
+            [Piece::Var(Var::Handle)] => Node::String(pieces.clone()),
+            [Piece::Var(var)] => Node::Literal(lookup(var, ctx, path)?),
+            pieces => Node::String(
+                pieces
+                    .iter()
+                    .map(|piece| {
+                        Ok(match piece {
+                            Piece::Var(Var::Handle) | Piece::Text(_) => piece.clone(),
+                            Piece::Var(var) => Piece::Text(match lookup(var, ctx, path)? {
+                                Value::String(s) => s,
+                                other => other.to_string(),
+                            }),
+                        })
+                    })
+                    .collect::<Result<_, TemplateError>>()?,
+            ),
+        },
+        Node::Array(items) => Node::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| bind_node(n, ctx, &format!("{path}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+        Node::Object(entries) => Node::Object(
+            entries
+                .iter()
+                .map(|(k, n)| {
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    Ok((k.clone(), bind_node(n, ctx, &child)?))
+                })
+                .collect::<Result<_, TemplateError>>()?,
+        ),
+    })
+}
+
 fn parse_node(v: &Value, path: &str, scope: Scope) -> Result<Node, TemplateError> {
     Ok(match v {
         Value::String(s) => Node::String(parse_string(s, path, scope)?),
@@ -436,6 +494,56 @@ mod tests {
         assert_eq!(
             t.render(&c).unwrap_err().to_string(),
             "argument who: no value for {{principal}}"
+        );
+    }
+
+    #[test]
+    fn binding_first_renders_the_same() {
+        let t = Template::parse_in(
+            &args(json!({
+                "basket_id": "{{handle}}",
+                "label": "{{item.sku}} into {{handle}} for {{principal}}",
+                "qty": "{{item.qty}}",
+                "note": "{{record.note}}",
+                "nested": {"ids": ["{{handle}}", "{{thread_id}}", 7]},
+            })),
+            Scope::Replay,
+        )
+        .unwrap();
+        // A value that looks like a placeholder is data: binding must not expose it to the
+        // handle's substitution.
+        let record = json!({"note": "{{handle}} stays literal"});
+        let item = json!({"sku": "widget", "qty": 2});
+        let c = Context {
+            handle: "bsk_2",
+            item: Some(&item),
+            ..ctx(&record)
+        };
+        let unbound = Context { handle: "", ..c };
+        let bound = t.bind(&unbound).unwrap();
+        assert_eq!(bound.render(&c).unwrap(), t.render(&c).unwrap());
+        assert_eq!(
+            Value::Object(bound.render(&c).unwrap()),
+            json!({
+                "basket_id": "bsk_2",
+                "label": "widget into bsk_2 for user-1",
+                "qty": 2,
+                "note": "{{handle}} stays literal",
+                "nested": {"ids": ["bsk_2", "t-1", 7]},
+            })
+        );
+        let no_principal = Context {
+            principal: None,
+            ..unbound
+        };
+        assert_eq!(
+            t.bind(&no_principal).unwrap_err(),
+            t.render(&Context {
+                principal: None,
+                ..c
+            })
+            .unwrap_err(),
+            "binding fails where rendering would"
         );
     }
 }

@@ -49,6 +49,17 @@ impl Verdict {
     }
 }
 
+/// What decided a `gone` verdict. The action policy follows the class's `onGone` for a probe's
+/// `gone` but escalates a handle minted for another principal, so it reads the cause here
+/// instead of comparing the principals again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GoneBy {
+    /// The probe's answer (step 4).
+    Probe,
+    /// The handle was minted for another principal than the thread now runs for (step 2).
+    OtherPrincipal,
+}
+
 /// A verdict with the reason a person reads at 3 a.m.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Decision {
@@ -56,6 +67,9 @@ pub struct Decision {
     pub verdict: Verdict,
     /// Why, in one line.
     pub reason: String,
+    /// What decided it: `Some` exactly when the verdict is `gone`.
+    #[serde(skip)]
+    pub gone_by: Option<GoneBy>,
 }
 
 impl Decision {
@@ -63,6 +77,15 @@ impl Decision {
         Self {
             verdict,
             reason: reason.into(),
+            gone_by: None,
+        }
+    }
+
+    fn gone(by: GoneBy, reason: impl Into<String>) -> Self {
+        Self {
+            verdict: Verdict::Gone,
+            reason: reason.into(),
+            gone_by: Some(by),
         }
     }
 }
@@ -99,8 +122,8 @@ pub fn precheck(
     if let (Some(minted_for), Some(current)) = (record.principal.as_deref(), thread_principal)
         && minted_for != current
     {
-        return Precheck::Decided(Decision::new(
-            Verdict::Gone,
+        return Precheck::Decided(Decision::gone(
+            GoneBy::OtherPrincipal,
             format!("minted for principal {minted_for}, thread now runs as {current}"),
         ));
     }
@@ -208,8 +231,8 @@ pub fn judge(outcome: &ProbeOutcome, rule: &GoneRule) -> Decision {
             let matched = rule.prefixes.iter().any(|p| text.starts_with(p.as_str()))
                 || rule.regex.as_ref().is_some_and(|r| r.is_match(text));
             if !narrowed || matched {
-                Decision::new(
-                    Verdict::Gone,
+                Decision::gone(
+                    GoneBy::Probe,
                     format!("probe answered isError: {}", first_line(text)),
                 )
             } else {
@@ -235,8 +258,8 @@ pub fn judge(outcome: &ProbeOutcome, rule: &GoneRule) -> Decision {
                         other => other.to_string(),
                     };
                     if equals.contains(&text) {
-                        return Decision::new(
-                            Verdict::Gone,
+                        return Decision::gone(
+                            GoneBy::Probe,
                             format!("probe answered {}={text}", path.join(".")),
                         );
                     }
@@ -343,6 +366,13 @@ mod tests {
                 None,
             ),
             (
+                "no principal recorded with the handle → no comparison",
+                record(None, Some(10), None),
+                Some("u2"),
+                None,
+                None,
+            ),
+            (
                 "record ttl not elapsed",
                 record(Some("u1"), Some(10), Some(60)),
                 Some("u1"),
@@ -408,6 +438,7 @@ mod tests {
             d.reason,
             "minted for principal user-1, thread now runs as user-2"
         );
+        assert_eq!(d.gone_by, Some(GoneBy::OtherPrincipal));
     }
 
     fn answered(is_error: bool, text: &str, structured: Option<Value>) -> ProbeOutcome {
@@ -515,7 +546,13 @@ mod tests {
             ),
         ];
         for (name, outcome, rule, want) in cases {
-            assert_eq!(judge(&outcome, rule).verdict, want, "{name}");
+            let d = judge(&outcome, rule);
+            assert_eq!(d.verdict, want, "{name}");
+            assert_eq!(
+                d.gone_by,
+                (want == Gone).then_some(GoneBy::Probe),
+                "a probe's gone says so: {name}"
+            );
         }
     }
 

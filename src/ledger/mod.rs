@@ -31,6 +31,9 @@ pub enum LedgerError {
     /// Migrating custody's tables failed.
     #[error("ledger migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The entry filed under this key was deleted while an intent was being recorded.
+    #[error("ledger entry {0} vanished while an intent was being recorded")]
+    Vanished(String),
     /// A row holds a value this version of custody does not understand.
     #[error("ledger entry {key}: {reason}")]
     Corrupt {
@@ -176,6 +179,36 @@ pub struct NewEntry<'a> {
     pub plan: &'a Value,
 }
 
+/// What [`Ledger::record_intent`] found.
+#[derive(Clone, Debug)]
+pub enum Recorded {
+    /// The intent as written, to be driven from the start.
+    Ours(Entry),
+    /// An entry an earlier sweep filed under the same key, done or not.
+    Earlier(Entry),
+}
+
+impl Entry {
+    /// The entry a new intent becomes.
+    fn intent(e: &NewEntry<'_>) -> Self {
+        Self {
+            key: e.key.to_owned(),
+            thread_id: e.thread_id.to_owned(),
+            checkpoint_ns: e.checkpoint_ns.to_owned(),
+            checkpoint_id: e.checkpoint_id.to_owned(),
+            handle_class: e.handle_class.to_owned(),
+            action: e.action,
+            state: State::Intent,
+            plan: e.plan.clone(),
+            new_handle: None,
+            replay_calls: Vec::new(),
+            replay_started: 0,
+            replay_done: 0,
+            outcome: None,
+        }
+    }
+}
+
 /// The ledger tables of one checkpoint database.
 #[derive(Clone)]
 pub struct Ledger {
@@ -222,20 +255,59 @@ impl Ledger {
         Ok(Self { pool })
     }
 
-    /// Records an intent. Returns `None` when it is new, or the existing entry with that key.
+    /// Records an intent: one `INSERT … ON CONFLICT DO NOTHING RETURNING`, and a `SELECT` of
+    /// the entry already filed under the key only when there is one.
     ///
     /// # Errors
     /// [`LedgerError::Query`].
-    pub async fn record_intent(&self, e: &NewEntry<'_>) -> Result<Option<Entry>, LedgerError> {
+    pub async fn record_intent(&self, e: &NewEntry<'_>) -> Result<Recorded, LedgerError> {
         let now = Utc::now();
         const SQL: &str = "INSERT INTO custody_actions (idempotency_key, thread_id, checkpoint_ns, checkpoint_id, handle_class, action, state, plan, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, 'intent', $7, $8, $8) ON CONFLICT (idempotency_key) DO NOTHING";
-        run!(&self.pool, SQL, e.key, e.thread_id, e.checkpoint_ns, e.checkpoint_id, e.handle_class, e.action.as_str(), Json(e.plan), now; execute)?;
-        let existing = self.get(e.key).await?;
-        Ok(existing.filter(|x| {
-            // Ours if it is still the untouched intent we just wrote.
-            !(x.state == State::Intent && x.plan == *e.plan && x.replay_started == 0)
-        }))
+             VALUES ($1, $2, $3, $4, $5, $6, 'intent', $7, $8, $8) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key";
+        let inserted: Option<String> = match &self.pool {
+            WritePool::Postgres(p) => {
+                sqlx::query_scalar(SQL)
+                    .bind(e.key)
+                    .bind(e.thread_id)
+                    .bind(e.checkpoint_ns)
+                    .bind(e.checkpoint_id)
+                    .bind(e.handle_class)
+                    .bind(e.action.as_str())
+                    .bind(Json(e.plan))
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await?
+            }
+            WritePool::Sqlite(p, _) => {
+                sqlx::query_scalar(lite(SQL))
+                    .bind(e.key)
+                    .bind(e.thread_id)
+                    .bind(e.checkpoint_ns)
+                    .bind(e.checkpoint_id)
+                    .bind(e.handle_class)
+                    .bind(e.action.as_str())
+                    .bind(Json(e.plan))
+                    .bind(now)
+                    .fetch_optional(p)
+                    .await?
+            }
+        };
+        if inserted.is_some() {
+            return Ok(Recorded::Ours(Entry::intent(e)));
+        }
+        let Some(existing) = self.get(e.key).await? else {
+            // Deleted between the two statements: nothing of it is left, so the next sweep
+            // starts afresh.
+            return Err(LedgerError::Vanished(e.key.to_owned()));
+        };
+        // An untouched intent with the same plan is the one this intent would have written.
+        if existing.state == State::Intent
+            && existing.plan == *e.plan
+            && existing.replay_started == 0
+        {
+            return Ok(Recorded::Ours(existing));
+        }
+        Ok(Recorded::Earlier(existing))
     }
 
     /// One entry by key.

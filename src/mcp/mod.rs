@@ -37,10 +37,13 @@ use crate::domain::verdict::ProbeOutcome;
 pub mod cause;
 pub mod discovery;
 pub mod egress;
+pub mod sessions;
 mod strict;
 
-/// Calls in flight at once on one server (probes, audit lookups): the fan-out bound every
-/// caller of many servers shares. Bounded so a sweep over thousands of distinct
+pub use sessions::{ServerContact, Sessions, Unreachable, fan_out};
+
+/// Calls in flight at once on one server (probes, audit lookups): the bound of [`fan_out`],
+/// which every caller of many servers goes through. Bounded so a sweep over thousands of distinct
 /// handles does not hit a server with thousands of parallel requests (rate limits are shared
 /// with the agents themselves).
 pub const PROBES_PER_SERVER: usize = 8;

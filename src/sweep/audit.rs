@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
@@ -35,7 +34,7 @@ use crate::domain::audit::{AuditOutcome, Lookup, LookupRule, Settlement, Status,
 use crate::domain::policy::{AuditRef, VerdictRecord, Written};
 use crate::domain::template::Context;
 use crate::ledger::audit::{self as store, Record};
-use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+use crate::mcp::{Connection, PROBES_PER_SERVER, ServerConfig, Sessions, fan_out};
 use crate::plan::AuditPlan;
 
 /// Records claimed at once. Bounds the row locks (PostgreSQL) or leases (SQLite) one sweeper
@@ -106,7 +105,7 @@ pub enum AuditError {
     Query(#[from] sqlx::Error),
 }
 
-/// What one [`step`] did.
+/// What one [`Settler::step`] did.
 enum Step {
     /// Nothing left that is due.
     Done,
@@ -114,126 +113,147 @@ enum Step {
     Handled { last_id: i64 },
 }
 
-/// Settles every due pending record of one store: batches until none is left.
+/// What settling one store's records needs, for each of its batches.
+#[derive(Clone, Copy)]
+struct Settler<'a> {
+    pool: &'a WritePool,
+    sessions: &'a Sessions<'a>,
+    store: &'a str,
+    plan: &'a AuditPlan,
+    now: DateTime<Utc>,
+    sink: &'a dyn ActionSink,
+}
+
+/// Settles every due pending record of one store: batches until none is left. Lookups go
+/// through the sweep's `sessions`.
 ///
 /// # Errors
 /// [`AuditError::Query`] when the database fails; records handled by earlier batches stay
 /// settled, and the report so far is lost with the error only in that it is not returned.
 pub async fn reconcile(
     pool: &WritePool,
+    sessions: &Sessions<'_>,
     store: &str,
     plan: &AuditPlan,
     now: DateTime<Utc>,
     sink: &dyn ActionSink,
 ) -> Result<AuditReport, AuditError> {
+    let settler = Settler {
+        pool,
+        sessions,
+        store,
+        plan,
+        now,
+        sink,
+    };
     let mut report = AuditReport::default();
     let mut after = 0;
-    while let Step::Handled { last_id } =
-        step(pool, store, plan, now, after, sink, &mut report).await?
-    {
+    while let Step::Handled { last_id } = settler.step(after, &mut report).await? {
         after = last_id;
     }
     Ok(report)
 }
 
-/// Claims one batch, looks its records up, and completes them in one transaction.
-async fn step(
-    pool: &WritePool,
-    store: &str,
-    plan: &AuditPlan,
-    now: DateTime<Utc>,
-    after: i64,
-    sink: &dyn ActionSink,
-    report: &mut AuditReport,
-) -> Result<Step, AuditError> {
-    let cutoff = now - chrono::Duration::from_std(plan.grace).unwrap_or(chrono::Duration::MAX);
-    let longest = plan
-        .servers
-        .iter()
-        .map(|s| s.server.timeout)
-        .max()
-        .unwrap_or_default();
-    let rounds = 1 + BATCH.div_ceil(PROBES_PER_SERVER) as u32;
-    let (claim, records) = store::claim(
-        pool,
-        now,
-        cutoff,
-        after,
-        BATCH,
-        longest * rounds + LEASE_SLACK,
-    )
-    .await?;
-    let Some(last_id) = records.last().map(|r| r.id) else {
-        return Ok(Step::Done);
-    };
-    failpoint("after-claim");
-    let (lookups, sent) = look_up(plan, &records).await;
-    report.lookups += sent;
-    failpoint("after-lookup");
-    let (mut tx, lease) = claim.completing(pool).await?;
-    let token = lease.as_ref().map(store::Lease::token);
-    let mut entries = Vec::with_capacity(records.len());
-    for (record, lookup) in records.iter().zip(lookups) {
-        let settlement = settle(lookup, record.age, plan.max_age);
-        let at = now.to_rfc3339_opts(SecondsFormat::Secs, true);
-        let (status, resolution, outcome, server_id, detail) = match settlement {
-            Settlement::Pending { error } => {
-                store::release(&mut tx, token, record.id).await?;
-                tracing::warn!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
-                entries.push(entry(record, AuditOutcome::Error, None, error));
-                continue;
-            }
-            Settlement::Committed { server_id } => {
-                let detail = format!("found by {}", rule_tool(plan, record));
-                let resolution =
-                    json!({"by": "custody", "server_id": server_id, "detail": detail, "at": at});
-                (
-                    Status::Committed,
-                    resolution,
-                    AuditOutcome::Committed,
-                    Some(server_id),
-                    detail,
-                )
-            }
-            Settlement::NotCommitted { detail } => {
-                let resolution = json!({"by": "custody", "detail": detail, "at": at});
-                (
-                    Status::NotCommitted,
-                    resolution,
-                    AuditOutcome::NotCommitted,
-                    None,
-                    detail,
-                )
-            }
-            Settlement::Unknown { reason } => {
-                let verdict = escalate(&mut tx, plan, record, &reason, now).await?;
-                let detail = format!("{reason}; {verdict}");
-                let resolution = json!({"by": "custody", "detail": detail, "at": at});
-                (
-                    Status::Unknown,
-                    resolution,
-                    AuditOutcome::Unknown,
-                    None,
-                    detail,
-                )
-            }
+impl Settler<'_> {
+    /// Claims one batch, looks its records up, and completes them in one transaction.
+    async fn step(&self, after: i64, report: &mut AuditReport) -> Result<Step, AuditError> {
+        let Self {
+            pool,
+            sessions,
+            store,
+            plan,
+            now,
+            sink,
+        } = *self;
+        let cutoff = now - chrono::Duration::from_std(plan.grace).unwrap_or(chrono::Duration::MAX);
+        let longest = plan
+            .servers
+            .iter()
+            .map(|s| s.server.timeout)
+            .max()
+            .unwrap_or_default();
+        let rounds = 1 + BATCH.div_ceil(PROBES_PER_SERVER) as u32;
+        let (claim, records) = store::claim(
+            pool,
+            now,
+            cutoff,
+            after,
+            BATCH,
+            longest * rounds + LEASE_SLACK,
+        )
+        .await?;
+        let Some(last_id) = records.last().map(|r| r.id) else {
+            return Ok(Step::Done);
         };
-        let outcome = if store::finish(&mut tx, token, record.id, status, &resolution, now).await? {
-            outcome
-        } else {
-            AuditOutcome::Skipped
-        };
-        entries.push(entry(record, outcome, server_id, detail));
+        failpoint("after-claim");
+        let (lookups, sent) = look_up(plan, sessions, &records).await;
+        report.lookups += sent;
+        failpoint("after-lookup");
+        let (mut tx, lease) = claim.completing(pool).await?;
+        let token = lease.as_ref().map(store::Lease::token);
+        let mut entries = Vec::with_capacity(records.len());
+        for (record, lookup) in records.iter().zip(lookups) {
+            let settlement = settle(lookup, record.age, plan.max_age);
+            let at = now.to_rfc3339_opts(SecondsFormat::Secs, true);
+            let (status, resolution, outcome, server_id, detail) = match settlement {
+                Settlement::Pending { error } => {
+                    store::release(&mut tx, token, record.id).await?;
+                    tracing::warn!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
+                    entries.push(entry(record, AuditOutcome::Error, None, error));
+                    continue;
+                }
+                Settlement::Committed { server_id } => {
+                    let detail = format!("found by {}", rule_tool(plan, record));
+                    let resolution = json!({"by": "custody", "server_id": server_id, "detail": detail, "at": at});
+                    (
+                        Status::Committed,
+                        resolution,
+                        AuditOutcome::Committed,
+                        Some(server_id),
+                        detail,
+                    )
+                }
+                Settlement::NotCommitted { detail } => {
+                    let resolution = json!({"by": "custody", "detail": detail, "at": at});
+                    (
+                        Status::NotCommitted,
+                        resolution,
+                        AuditOutcome::NotCommitted,
+                        None,
+                        detail,
+                    )
+                }
+                Settlement::Unknown { reason } => {
+                    let verdict = escalate(&mut tx, plan, record, &reason, now).await?;
+                    let detail = format!("{reason}; {verdict}");
+                    let resolution = json!({"by": "custody", "detail": detail, "at": at});
+                    (
+                        Status::Unknown,
+                        resolution,
+                        AuditOutcome::Unknown,
+                        None,
+                        detail,
+                    )
+                }
+            };
+            let outcome =
+                if store::finish(&mut tx, token, record.id, status, &resolution, now).await? {
+                    outcome
+                } else {
+                    AuditOutcome::Skipped
+                };
+            entries.push(entry(record, outcome, server_id, detail));
+        }
+        failpoint("before-commit");
+        tx.commit().await?;
+        drop(lease);
+        failpoint("after-commit");
+        for e in entries {
+            sink.audit(&AuditEvent { store, entry: &e });
+            report.records.push(e);
+        }
+        Ok(Step::Handled { last_id })
     }
-    failpoint("before-commit");
-    tx.commit().await?;
-    drop(lease);
-    failpoint("after-commit");
-    for e in entries {
-        sink.audit(&AuditEvent { store, entry: &e });
-        report.records.push(e);
-    }
-    Ok(Step::Handled { last_id })
 }
 
 /// Stops the process at `audit::<name>` in failpoint builds (the kill -9 tests, tests/faults.rs):
@@ -288,60 +308,41 @@ fn rule_tool(plan: &AuditPlan, r: &Record) -> String {
     )
 }
 
-/// Looks every record up: one connection per server, servers in parallel, at most
-/// [`PROBES_PER_SERVER`] calls in flight per server, each bounded by the server's timeout.
+/// Looks every record up through the sweep's sessions ([`fan_out`]: servers in parallel, at
+/// most [`PROBES_PER_SERVER`] calls in flight per server, each bounded by the server's timeout).
 /// Returns one [`Lookup`] per record, in order, and the number of calls sent.
-async fn look_up(plan: &AuditPlan, records: &[Record]) -> (Vec<Lookup>, u64) {
-    let mut by_server: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, r) in records.iter().enumerate() {
-        by_server.entry(r.server.as_str()).or_default().push(i);
-    }
-    let groups: Vec<Vec<(usize, Lookup, bool)>> = futures::stream::iter(by_server)
-        .map(|(server, indices)| async move {
-            let Some(config) = plan
-                .servers
-                .iter()
-                .find(|s| s.server.name == server)
-                .map(|s| &s.server)
-            else {
+async fn look_up(
+    plan: &AuditPlan,
+    sessions: &Sessions<'_>,
+    records: &[Record],
+) -> (Vec<Lookup>, u64) {
+    let looked_up = fan_out(
+        0..records.len(),
+        |&i| records[i].server.as_str(),
+        |i| async move {
+            let server = records[i].server.as_str();
+            if !plan.servers.iter().any(|s| s.server.name == server) {
                 let why = format!(
                     "no MCPServer {server} with reconciliation rules in the store's namespace"
                 );
-                return indices
-                    .into_iter()
-                    .map(|i| (i, Lookup::Failed(why.clone()), false))
-                    .collect();
-            };
-            let conn = match Connection::connect(config).await {
-                Ok(c) => c,
-                Err(e) => {
-                    let why = format!("cannot reach {server}: {e}");
-                    return indices
-                        .into_iter()
-                        .map(|i| (i, Lookup::Failed(why.clone()), false))
-                        .collect();
+                return (i, Lookup::Failed(why), false);
+            }
+            match sessions.get(server).await {
+                Err(u) => {
+                    let why = format!("cannot reach {server}: {}", u.reason);
+                    (i, Lookup::Failed(why), false)
                 }
-            };
-            let out = futures::stream::iter(indices)
-                .map(|i| {
-                    let conn = &conn;
-                    async move {
-                        let (lookup, sent) = look_up_one(plan, conn, &records[i]).await;
-                        (i, lookup, sent)
-                    }
-                })
-                .buffer_unordered(PROBES_PER_SERVER)
-                .collect::<Vec<_>>()
-                .await;
-            conn.close().await;
-            out
-        })
-        .buffer_unordered(SERVERS_IN_PARALLEL)
-        .collect()
-        .await;
+                Ok(conn) => {
+                    let (lookup, sent) = look_up_one(plan, conn, &records[i]).await;
+                    (i, lookup, sent)
+                }
+            }
+        },
+    )
+    .await;
     let mut out = vec![Lookup::Failed("not looked up".into()); records.len()];
     let mut sent = 0;
-    for (i, lookup, was_sent) in groups.into_iter().flatten() {
+    for (i, lookup, was_sent) in looked_up {
         out[i] = lookup;
         sent += u64::from(was_sent);
     }

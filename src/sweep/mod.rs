@@ -9,14 +9,15 @@
 //! to a [`RowSink`] and are dropped, so memory stays flat in the number of threads (only the
 //! probe cache grows, with the number of distinct handles). Probes are deduplicated:
 //! one handle on one server is probed once per sweep however many threads (and batches) hold
-//! it, and each server gets one connection per sweep. Servers are probed concurrently; a server
-//! that hangs costs its own timeout only.
+//! it, and each server gets one session per sweep ([`crate::mcp::Sessions`]), which the audit
+//! lookups, mints and replays of an acting sweep use too. Servers are probed concurrently; a
+//! server that hangs costs its own timeout only.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use secrecy::ExposeSecret;
 use serde::Serialize;
 use serde_json::Value;
@@ -33,16 +34,18 @@ use crate::domain::handle::{self, Holding};
 use crate::domain::pending::MESSAGES_CHANNEL;
 use crate::domain::policy::OnGone;
 use crate::domain::template::Context;
-use crate::domain::verdict::{self, Decision, Precheck, ProbeOutcome, Verdict};
-use crate::mcp::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+use crate::domain::verdict::{self, Decision, GoneBy, Precheck, ProbeOutcome, Verdict};
+pub use crate::mcp::ServerContact;
+use crate::mcp::{Sessions, fan_out};
 use crate::plan::{ClassPlan, Target};
 
 /// Parked threads per batch, by default ([`RunOptions::batch_threads`]). A batch's rows are
 /// what a sweep holds besides its probe cache: about 2.7 KB a row with its [`act::Facts`]
 /// (BENCHMARKS.md "Memory of the full sweep"), so ~14 MB per handle class at 5 000, whatever
 /// the store's size. Larger batches buy little: 5 000 threads give up to 5 000 distinct probes,
-/// which keep [`PROBES_PER_SERVER`] calls in flight for all but a batch's last round-trip, so
-/// the pause at each batch's end is one probe's latency, paid 200 times in a million threads.
+/// which keep [`crate::mcp::PROBES_PER_SERVER`] calls in flight for all but a batch's last
+/// round-trip, so the pause at each batch's end is one probe's latency, paid 200 times in a
+/// million threads.
 pub const BATCH_THREADS: usize = 5_000;
 
 /// The verdict on one (thread, handle class).
@@ -93,23 +96,11 @@ pub struct Report {
     /// Configuration that probably does not do what was meant: no HandleClass selected, a
     /// `statePath` no parked thread holds, a `principalKey` no parked thread carries.
     pub warnings: Vec<String>,
-    /// The servers probed, with the protocol version each negotiated.
+    /// The servers this sweep called (probes, audit lookups, mints, replays), with the
+    /// protocol version each negotiated or why it could not be reached.
     pub servers: Vec<ServerContact>,
     /// Counts by verdict, accumulated batch by batch.
     pub summary: SweepSummary,
-}
-
-/// How contacting one server went.
-#[derive(Clone, Debug, Serialize)]
-pub struct ServerContact {
-    /// MCPServer name.
-    pub server: String,
-    /// Negotiated protocol version, when connected.
-    pub protocol_version: Option<String>,
-    /// Connect and negotiation time in milliseconds, when connected.
-    pub connect_ms: Option<u64>,
-    /// Why connecting failed.
-    pub error: Option<String>,
 }
 
 /// What the caller allows a sweep to do.
@@ -199,8 +190,9 @@ struct PendingProbe {
 struct Batch {
     threads: usize,
     rows: Vec<Row>,
-    /// Parallel to `rows`.
-    facts: Vec<act::Facts>,
+    /// Parallel to `rows`: the row's class (an index into [`Target::classes`]) and what acting
+    /// on the row needs.
+    facts: Vec<(usize, act::Facts)>,
     probes: HashMap<ProbeKey, PendingProbe>,
 }
 
@@ -289,30 +281,51 @@ pub async fn run_with(
         store: target.store.clone(),
         source,
     };
+    // One session per server for the whole sweep: probes, audit lookups, mints and replays.
+    let sessions = Sessions::new(
+        target
+            .classes
+            .iter()
+            .map(|c| &c.server)
+            .chain(target.audit.servers.iter().map(|s| &s.server)),
+    );
     let actor = if options.apply && target.mode == StoreMode::Act {
         Some(
-            act::Actor::open(target, target.dsn.expose_secret(), options.shard, actions)
-                .await
-                .map_err(act_err)?,
+            act::Actor::open(
+                target,
+                target.dsn.expose_secret(),
+                options.shard,
+                &sessions,
+                actions,
+            )
+            .await
+            .map_err(act_err)?,
         )
     } else {
         None
     };
     let settled = match &actor {
         Some(a) => a
-            .settle()
+            .settle(now)
             .await
             .map_err(|e| act_err(act::ActError::Ledger(e)))?,
         None => Vec::new(),
     };
     let audit = match &actor {
         Some(a) => Some(
-            audit::reconcile(a.pool(), &target.store, &target.audit, now, actions)
-                .await
-                .map_err(|source| SweepError::Audit {
-                    store: target.store.clone(),
-                    source,
-                })?,
+            audit::reconcile(
+                a.pool(),
+                &sessions,
+                &target.store,
+                &target.audit,
+                now,
+                actions,
+            )
+            .await
+            .map_err(|source| SweepError::Audit {
+                store: target.store.clone(),
+                source,
+            })?,
         ),
         None => None,
     };
@@ -343,7 +356,7 @@ pub async fn run_with(
     let mut sweep = Sweep {
         target,
         now,
-        servers: Servers::new(target),
+        sessions: &sessions,
         cache: ProbeCache::default(),
         summary: SweepSummary::default(),
         too_recent: 0,
@@ -388,17 +401,16 @@ pub async fn run_with(
         sweep.finish(batch, actor.as_ref(), actions, rows).await;
     }
     let Sweep {
-        servers,
         mut summary,
         too_recent,
         principals_seen,
         classes_seen,
         ..
     } = sweep;
-    let servers = servers.close().await;
     if let Some(a) = actor {
         a.close().await;
     }
+    let servers = sessions.close().await;
     if let Err(source) = scanned {
         return Err(SweepError::Scan {
             store: target.store.clone(),
@@ -440,7 +452,7 @@ pub async fn run_with(
 struct Sweep<'t> {
     target: &'t Target,
     now: DateTime<Utc>,
-    servers: Servers<'t>,
+    sessions: &'t Sessions<'t>,
     cache: ProbeCache,
     /// Counted batch by batch (`audit`, `duration_ms` and `finished_at` at the end).
     summary: SweepSummary,
@@ -507,15 +519,14 @@ impl Sweep<'_> {
                 probed: false,
                 action: None,
             };
-            batch.facts.push(act::Facts::gather(
+            let mut facts = act::Facts::gather(
                 &thread.channels,
                 class,
                 thread.parked_by == ParkedBy::Interrupt,
                 record.cloned(),
-                principal.clone(),
-            ));
+            );
             match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
-                Precheck::Decided(d) => set(&mut row, d),
+                Precheck::Decided(d) => set(&mut row, &mut facts, d),
                 Precheck::Probe => {
                     let record = record.expect("precheck asks for a probe only for a record");
                     let ctx = Context {
@@ -529,7 +540,7 @@ impl Sweep<'_> {
                         Ok(arguments) => {
                             let key = probe_key(class, &arguments);
                             if let Some(d) = self.cache.get(&key) {
-                                set(&mut row, d);
+                                set(&mut row, &mut facts, d);
                                 row.probed = true;
                             } else {
                                 batch
@@ -547,15 +558,18 @@ impl Sweep<'_> {
                         }
                         Err(e) => set(
                             &mut row,
+                            &mut facts,
                             Decision {
                                 verdict: Verdict::Unknown,
                                 reason: format!("cannot build probe: {e}"),
+                                gone_by: None,
                             },
                         ),
                     }
                 }
             }
             batch.rows.push(row);
+            batch.facts.push((class_index, facts));
         }
     }
 
@@ -571,13 +585,14 @@ impl Sweep<'_> {
         let Batch {
             threads,
             mut rows,
-            facts,
+            mut facts,
             probes,
         } = batch;
         if threads == 0 {
             return;
         }
-        for (pending, outcome, failure) in self.servers.probe(probes.into_values()).await {
+        for (pending, outcome, failure) in probe(target, self.sessions, probes.into_values()).await
+        {
             self.summary.probes += 1;
             if let Some(category) = failure {
                 *self
@@ -588,23 +603,21 @@ impl Sweep<'_> {
             }
             let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
             for &i in &pending.rows {
-                set(&mut rows[i], decision.clone());
+                set(&mut rows[i], &mut facts[i].1, decision.clone());
                 rows[i].probed = true;
             }
             self.cache.insert(pending.key, decision);
         }
 
-        for (row, facts) in rows.iter_mut().zip(&facts) {
-            let Some(class) = target.classes.iter().find(|c| c.name == row.handle_class) else {
-                continue;
-            };
+        for (row, (class, facts)) in rows.iter_mut().zip(&facts) {
+            let class = &target.classes[*class];
             let (plan, outcome) = match act::decide(row.verdict, class, facts) {
                 None => continue,
                 // Nothing to do, but say why a gone or absent handle is left as it is.
                 Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
                 Some((plan, None)) => match actor {
                     None => (plan, act::Outcome::Planned),
-                    Some(a) => (plan, a.act(row, class, facts, plan).await),
+                    Some(a) => (plan, a.act(row, class, facts, plan, self.now).await),
                 },
             };
             let action = act::RowAction { plan, outcome };
@@ -671,20 +684,22 @@ fn probe_key(class: &ClassPlan, arguments: &serde_json::Map<String, Value>) -> P
 #[derive(Default)]
 struct ProbeCache {
     by_key: HashMap<ProbeKey, u32>,
-    decisions: indexmap::IndexSet<(Verdict, String)>,
+    decisions: indexmap::IndexSet<(Verdict, Option<GoneBy>, String)>,
 }
 
 impl ProbeCache {
     fn get(&self, key: &ProbeKey) -> Option<Decision> {
-        let (verdict, reason) = self.decisions.get_index(*self.by_key.get(key)? as usize)?;
+        let (verdict, gone_by, reason) =
+            self.decisions.get_index(*self.by_key.get(key)? as usize)?;
         Some(Decision {
             verdict: *verdict,
             reason: reason.clone(),
+            gone_by: *gone_by,
         })
     }
 
     fn insert(&mut self, key: ProbeKey, d: Decision) {
-        let (index, _) = self.decisions.insert_full((d.verdict, d.reason));
+        let (index, _) = self.decisions.insert_full((d.verdict, d.gone_by, d.reason));
         // Past 4 billion distinct decisions a handle is not cached: a later batch probes it
         // again rather than borrow another decision.
         if let Ok(index) = u32::try_from(index) {
@@ -727,124 +742,38 @@ fn warnings(
     out
 }
 
-fn set(row: &mut Row, d: Decision) {
+/// Gives a row its verdict; the facts keep what decided a `gone` for the action policy.
+fn set(row: &mut Row, facts: &mut act::Facts, d: Decision) {
     row.verdict = d.verdict;
     row.reason = d.reason;
+    facts.gone_by = d.gone_by;
 }
 
 /// A probe, its outcome, and the category of its failure when it could not be completed.
 type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
 
-/// How contacting one server went, kept for the whole sweep.
-struct Contacted {
-    contact: ServerContact,
-    /// The session, or why there is none (its text and [`crate::mcp::McpError::category`]).
-    connection: Result<Connection, (String, &'static str)>,
-}
-
-/// The servers of one sweep: each is connected when a batch first has a probe for it, and the
-/// session (or the failure to get one) is kept until the sweep ends, so a sweep of many batches
-/// still opens one connection per server.
-struct Servers<'t> {
-    target: &'t Target,
-    by_name: HashMap<String, tokio::sync::OnceCell<Contacted>>,
-}
-
-impl<'t> Servers<'t> {
-    fn new(target: &'t Target) -> Self {
-        let by_name = target
-            .classes
-            .iter()
-            .map(|c| (c.server.name.clone(), tokio::sync::OnceCell::new()))
-            .collect();
-        Self { target, by_name }
-    }
-
-    /// Sends a batch's probes: servers in parallel, a bounded number of calls in flight per
-    /// server. A server that cannot be reached fails all of its probes with that reason.
-    async fn probe(&self, probes: impl IntoIterator<Item = PendingProbe>) -> Vec<Probed> {
-        let target = self.target;
-        let mut by_server: HashMap<&str, Vec<PendingProbe>> = HashMap::new();
-        for p in probes {
-            by_server
-                .entry(target.classes[p.class].server.name.as_str())
-                .or_default()
-                .push(p);
-        }
-        let groups: Vec<Vec<Probed>> = futures::stream::iter(by_server)
-            .map(|(name, group)| async move {
-                let server = &target.classes[group[0].class].server;
-                let contacted = self.by_name[name].get_or_init(|| contact(server)).await;
-                match &contacted.connection {
-                    Err((reason, category)) => group
-                        .into_iter()
-                        .map(|p| (p, ProbeOutcome::Failed(reason.clone()), Some(*category)))
-                        .collect(),
-                    Ok(conn) => probe_group(target, conn, group).await,
+/// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
+/// parallel, a bounded number of calls in flight per server). A server that cannot be reached
+/// fails all of its probes with that reason.
+async fn probe(
+    target: &Target,
+    sessions: &Sessions<'_>,
+    probes: impl IntoIterator<Item = PendingProbe>,
+) -> Vec<Probed> {
+    fan_out(
+        probes,
+        |p| target.classes[p.class].server.name.as_str(),
+        |p| async move {
+            let class = &target.classes[p.class];
+            match sessions.get(&class.server.name).await {
+                Err(u) => (p, ProbeOutcome::Failed(u.reason.clone()), Some(u.category)),
+                Ok(conn) => {
+                    let result = conn.call_tool(&class.probe_tool, p.arguments.clone()).await;
+                    let failure = result.as_ref().err().map(crate::mcp::McpError::category);
+                    (p, ProbeOutcome::from(result), failure)
                 }
-            })
-            .buffer_unordered(SERVERS_IN_PARALLEL)
-            .collect()
-            .await;
-        groups.into_iter().flatten().collect()
-    }
-
-    /// Ends every session; the servers contacted, by name.
-    async fn close(self) -> Vec<ServerContact> {
-        let mut contacts = Vec::new();
-        for cell in self.by_name.into_values() {
-            if let Some(c) = cell.into_inner() {
-                if let Ok(conn) = c.connection {
-                    conn.close().await;
-                }
-                contacts.push(c.contact);
             }
-        }
-        contacts.sort_by(|a, b| a.server.cmp(&b.server));
-        contacts
-    }
-}
-
-async fn contact(server: &ServerConfig) -> Contacted {
-    match Connection::connect(server).await {
-        Err(e) => {
-            tracing::warn!(server = %server.name, error = %e, "cannot reach server; its probes are unknown");
-            let reason = e.to_string();
-            Contacted {
-                contact: ServerContact {
-                    server: server.name.clone(),
-                    protocol_version: None,
-                    connect_ms: None,
-                    error: Some(reason.clone()),
-                },
-                connection: Err((reason, e.category())),
-            }
-        }
-        Ok(conn) => {
-            let contact = ServerContact {
-                server: server.name.clone(),
-                protocol_version: conn.protocol_version(),
-                connect_ms: Some(conn.connect_latency.as_millis() as u64),
-                error: None,
-            };
-            tracing::debug!(server = %server.name, protocol = ?contact.protocol_version, "connected");
-            Contacted {
-                contact,
-                connection: Ok(conn),
-            }
-        }
-    }
-}
-
-async fn probe_group(target: &Target, conn: &Connection, group: Vec<PendingProbe>) -> Vec<Probed> {
-    futures::stream::iter(group)
-        .map(|p| async move {
-            let tool = &target.classes[p.class].probe_tool;
-            let result = conn.call_tool(tool, p.arguments.clone()).await;
-            let failure = result.as_ref().err().map(crate::mcp::McpError::category);
-            (p, ProbeOutcome::from(result), failure)
-        })
-        .buffer_unordered(PROBES_PER_SERVER)
-        .collect()
-        .await
+        },
+    )
+    .await
 }

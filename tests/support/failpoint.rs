@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub struct Stopped {
     child: Child,
     lines: Receiver<String>,
+    /// The thread forwarding stderr's lines; it ends at the pipe's end, when the process exits.
+    reader: std::thread::JoinHandle<()>,
 }
 
 impl Stopped {
@@ -26,7 +28,7 @@ impl Stopped {
             .expect("start custody");
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stderr)
                 .lines()
                 .map_while(Result::ok)
@@ -49,13 +51,20 @@ impl Stopped {
                 ),
             }
         }
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            reader,
+        }
     }
 
     /// Lets a `return(wait)` stop go on; returns its exit status, report (stdout) and stderr.
     pub fn go(mut self) -> (ExitStatus, String, String) {
         self.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
         let out = self.child.wait_with_output().unwrap();
+        // Every line is forwarded once the reader has seen the pipe end: without the join, a
+        // loaded machine could leave the last lines (the error) still in the pipe.
+        self.reader.join().unwrap();
         let stderr: Vec<String> = self.lines.try_iter().collect();
         (
             out.status,

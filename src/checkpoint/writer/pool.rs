@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::PG_WRITE_MIGRATION;
@@ -104,17 +104,8 @@ impl WritePool {
                 Ok(Self::Postgres(pool))
             }
             Backend::Sqlite => {
-                let options = if dsn.starts_with("sqlite:") {
-                    SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                        backend: "sqlite",
-                        dsn: dsn.to_owned(),
-                        reason: e.to_string(),
-                    })?
-                } else {
-                    SqliteConnectOptions::new().filename(dsn)
-                }
-                .create_if_missing(false)
-                .busy_timeout(Duration::from_secs(10));
+                let options = crate::checkpoint::sqlite::connect_options(dsn)?
+                    .busy_timeout(Duration::from_secs(10));
                 let path = options.get_filename().to_owned();
                 let pool = SqlitePoolOptions::new()
                     .max_connections(1)

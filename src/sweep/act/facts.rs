@@ -9,7 +9,7 @@ use crate::domain::handle::HandleRecord;
 use crate::domain::path::StatePath;
 use crate::domain::pending::{self, MESSAGES_CHANNEL};
 use crate::domain::policy::{self, Case, Plan};
-use crate::domain::verdict::Verdict;
+use crate::domain::verdict::{GoneBy, Verdict};
 use crate::plan::ClassPlan;
 
 /// What the scan saw of a row's thread that acting needs.
@@ -19,8 +19,8 @@ pub struct Facts {
     pub expect_interrupt: bool,
     /// The handle record, when there is one.
     pub record: Option<HandleRecord>,
-    /// The principal the thread now runs for.
-    pub thread_principal: Option<String>,
+    /// What decided the row's `gone` verdict, once it is decided.
+    pub gone_by: Option<GoneBy>,
     /// The value at `mintInputsPath`.
     pub mint_inputs: Option<Value>,
     /// The value at `replay.itemsPath`.
@@ -40,7 +40,6 @@ impl Facts {
         class: &ClassPlan,
         expect_interrupt: bool,
         record: Option<HandleRecord>,
-        thread_principal: Option<String>,
     ) -> Self {
         let at = |path: Option<&StatePath>| path.and_then(|p| state_value(channels, p)).cloned();
         let pending_call = match (channels.get(MESSAGES_CHANNEL), &record) {
@@ -50,7 +49,7 @@ impl Facts {
         Self {
             expect_interrupt,
             record,
-            thread_principal,
+            gone_by: None,
             mint_inputs: at(class.action.mint_inputs_path.as_ref()),
             items: at(class.action.replay.as_ref().map(|r| &r.items_path)),
             verdict_record: at(class.action.verdict_path.as_ref()),
@@ -78,8 +77,7 @@ pub fn decide(
         on_gone: class.action.on_gone,
         class: &class.name,
         handle: record.map(|r| r.value.as_str()),
-        minted_for: record.and_then(|r| r.principal.as_deref()),
-        thread_principal: facts.thread_principal.as_deref(),
+        gone_by: facts.gone_by,
         written: facts.verdict_record.as_ref(),
     })
 }

@@ -24,7 +24,7 @@ mod stored;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 pub use facts::{Facts, decide};
 pub use outcome::{Outcome, OutcomeKind, RowAction, SettledEntry};
@@ -41,14 +41,16 @@ pub use crate::domain::policy::Plan;
 use crate::domain::policy::Written;
 use crate::domain::recovery::{self, MintCall, MintTool, Next};
 use crate::domain::verdict::first_line;
-use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Settled, State};
-use crate::mcp::{Connection, ToolResult};
+use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Recorded, Settled, State};
+use crate::mcp::{McpError, Sessions, ToolResult};
 use crate::plan::{ClassPlan, Replay, Target};
-use stored::{LedgerPlan, ledger_plan, ledger_plan_base, replay_calls};
+use stored::{LedgerPlan, Stored, bind_replay, ledger_plan, ledger_plan_base, replay_calls};
 
 /// A store this process may act on: its writable pool, ledger and act lock.
 pub struct Actor<'a> {
     target: &'a Target,
+    /// The sweep's sessions: a mint or replay goes through the session its probes used.
+    sessions: &'a Sessions<'a>,
     pool: WritePool,
     ledger: Ledger,
     lock: Option<tokio::sync::Mutex<ActLock>>,
@@ -73,6 +75,32 @@ pub enum ActError {
         "the checkpoint database refuses writes ({0}): custody cannot act on it and wrote nothing; an observing sweep still works"
     )]
     ReadOnly(String),
+}
+
+/// Why replaying the recorded items onto a new handle stopped (the thread is then escalated
+/// with this text).
+#[derive(Debug, thiserror::Error)]
+enum ReplayError {
+    /// More items than the ledger counts.
+    #[error("too many replay items")]
+    TooMany,
+    /// Recording replay progress failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The replay tool answered `isError` (1-based item number, the text's first line).
+    #[error("replay {tool} of item {item} answered isError: {text}")]
+    AnsweredError {
+        tool: String,
+        item: usize,
+        text: String,
+    },
+    /// The replay call failed without an answer.
+    #[error("replay {tool} of item {item} failed: {source}")]
+    Failed {
+        tool: String,
+        item: usize,
+        source: McpError,
+    },
 }
 
 /// The database's message when `e` is a refused write (SQLSTATE 25006
@@ -102,6 +130,7 @@ impl<'a> Actor<'a> {
         target: &'a Target,
         dsn: &str,
         shard: Shard,
+        sessions: &'a Sessions<'a>,
         sink: &'a dyn ActionSink,
     ) -> Result<Self, ActError> {
         let pool = WritePool::connect(target.backend, dsn).await?;
@@ -114,6 +143,7 @@ impl<'a> Actor<'a> {
         }
         Ok(Self {
             target,
+            sessions,
             pool,
             ledger,
             lock: lock.map(tokio::sync::Mutex::new),
@@ -153,11 +183,11 @@ impl<'a> Actor<'a> {
         self.lock.is_some()
     }
 
-    /// Drives every unfinished ledger entry to an end.
+    /// Drives every unfinished ledger entry to an end; `now` as for [`Self::act`].
     ///
     /// # Errors
     /// The ledger cannot be read.
-    pub async fn settle(&self) -> Result<Vec<SettledEntry>, LedgerError> {
+    pub async fn settle(&self, now: DateTime<Utc>) -> Result<Vec<SettledEntry>, LedgerError> {
         if !self.holds_lock() {
             return Ok(Vec::new());
         }
@@ -173,7 +203,7 @@ impl<'a> Actor<'a> {
             };
             let (thread_id, class) = (entry.thread_id.clone(), entry.handle_class.clone());
             tracing::info!(thread_id = %thread_id, handle_class = %class, key = %entry.key, "settling an unfinished ledger entry");
-            let outcome = self.drive(entry, true).await;
+            let outcome = self.drive(entry, true, now).await;
             let action = RowAction { plan, outcome };
             self.sink.record(&ActionEvent {
                 store: &self.target.store,
@@ -191,8 +221,16 @@ impl<'a> Actor<'a> {
         Ok(out)
     }
 
-    /// Carries out `plan` for one row.
-    pub async fn act(&self, row: &Row, class: &ClassPlan, facts: &Facts, plan: Plan) -> Outcome {
+    /// Carries out `plan` for one row of `class`; `now` is the sweep's clock, written as the
+    /// time of the verdict, of a new handle's mint and of the appended checkpoint.
+    pub async fn act(
+        &self,
+        row: &Row,
+        class: &ClassPlan,
+        facts: &Facts,
+        plan: Plan,
+        now: DateTime<Utc>,
+    ) -> Outcome {
         if !self.holds_lock() {
             return Outcome::Skipped {
                 reason: "another custody process is acting on this store".into(),
@@ -209,18 +247,16 @@ impl<'a> Actor<'a> {
             &row.checkpoint_id,
             &class.name,
         );
-        let ledger_plan = match ledger_plan(row, class, facts, plan, &key) {
-            Ok(p) => p,
+        let (plan, stored) = match ledger_plan(row, class, facts, plan, &key) {
+            Ok(stored) => (plan, stored),
             // Inputs a re-mint needs are missing: escalate (with nothing minted) instead.
             Err(why) => {
                 let mut p = ledger_plan_base(row, class, facts);
                 p.mint_arguments = None;
-                return self
-                    .start(row, class, Plan::Escalate, &key, p, Some(why))
-                    .await;
+                (Plan::Escalate, Stored::new(p, Some(why.to_string())))
             }
         };
-        self.start(row, class, plan, &key, ledger_plan, None).await
+        self.start(row, class, plan, &key, stored, now).await
     }
 
     async fn start(
@@ -229,18 +265,18 @@ impl<'a> Actor<'a> {
         class: &ClassPlan,
         plan: Plan,
         key: &str,
-        ledger_plan: LedgerPlan,
-        instead_of_remint: Option<String>,
+        stored: Stored,
+        now: DateTime<Utc>,
     ) -> Outcome {
-        if plan == Plan::Escalate && ledger_plan.verdict_path.is_none() {
+        if plan == Plan::Escalate && stored.plan.verdict_path.is_none() {
             return Outcome::Skipped {
                 reason: format!(
                     "cannot re-mint ({}) and the handle class has no verdictPath to escalate to",
-                    instead_of_remint.unwrap_or_default()
+                    stored.instead_of_remint.unwrap_or_default()
                 ),
             };
         }
-        let plan_json = json!({"plan": ledger_plan, "instead_of_remint": instead_of_remint});
+        let plan_json = stored.to_json();
         let new = NewEntry {
             key,
             thread_id: &row.thread_id,
@@ -250,44 +286,37 @@ impl<'a> Actor<'a> {
             action: ledger_action(plan),
             plan: &plan_json,
         };
-        let entry = match self.ledger.record_intent(&new).await {
-            Ok(None) => match self.ledger.get(key).await {
-                Ok(Some(e)) => e,
-                Ok(None) => return error("the ledger entry vanished after it was written"),
-                Err(e) => return error(e),
-            },
-            Ok(Some(existing)) if existing.state == State::Done => {
-                return Outcome::Skipped {
-                    reason: format!(
-                        "already handled for this checkpoint ({})",
-                        existing.outcome.as_deref().unwrap_or("done")
-                    ),
-                };
+        match self.ledger.record_intent(&new).await {
+            Ok(Recorded::Ours(entry)) => {
+                failpoint("after-intent");
+                if let Some(lost) = self.lock_lost().await {
+                    return lost;
+                }
+                self.proceed(entry, &stored, class, false, now).await
             }
+            Ok(Recorded::Earlier(existing)) if existing.state == State::Done => Outcome::Skipped {
+                reason: format!(
+                    "already handled for this checkpoint ({})",
+                    existing.outcome.as_deref().unwrap_or("done")
+                ),
+            },
             // An unfinished entry for the same checkpoint: finish it rather than start anew.
-            Ok(Some(existing)) => return self.drive(existing, true).await,
-            Err(e) => return error(e),
-        };
-        failpoint("after-intent");
-        self.drive(entry, false).await
+            Ok(Recorded::Earlier(existing)) => self.drive(existing, true, now).await,
+            Err(e) => error(e),
+        }
     }
 
-    /// Runs an entry's state machine from where it stands. `resumed`: the entry was found
-    /// unfinished (a crash or an earlier error), not just written by this process.
-    async fn drive(&self, mut entry: Entry, resumed: bool) -> Outcome {
+    /// Runs a ledger entry's state machine from where it stands, with the plan stored in it.
+    /// `resumed`: the entry was found unfinished (a crash or an earlier error), not just
+    /// written by this process.
+    async fn drive(&self, entry: Entry, resumed: bool, now: DateTime<Utc>) -> Outcome {
         if let Some(lost) = self.lock_lost().await {
             return lost;
         }
-        let (plan, instead): (LedgerPlan, Option<String>) = match (
-            entry.plan.get("plan").cloned().map(serde_json::from_value),
-            entry.plan.get("instead_of_remint").and_then(Value::as_str),
-        ) {
-            (Some(Ok(p)), why) => (p, why.map(str::to_owned)),
-            _ => {
-                return self
-                    .abandon(&entry.key, "the ledger entry's plan is unreadable")
-                    .await;
-            }
+        let Some(stored) = Stored::from_json(&entry.plan) else {
+            return self
+                .abandon(&entry.key, "the ledger entry's plan is unreadable")
+                .await;
         };
         let Some(class) = self
             .target
@@ -302,26 +331,40 @@ impl<'a> Actor<'a> {
                 )
                 .await;
         };
+        self.proceed(entry, &stored, class, resumed, now).await
+    }
+
+    /// The state machine of [`Self::drive`], once the entry's plan and class are in hand.
+    async fn proceed(
+        &self,
+        mut entry: Entry,
+        stored: &Stored,
+        class: &ClassPlan,
+        resumed: bool,
+        now: DateTime<Utc>,
+    ) -> Outcome {
+        let plan = &stored.plan;
         match entry.action {
             Action::Escalate => {
                 self.write_verdict(
                     &entry,
-                    &plan,
+                    plan,
                     Written::Escalated,
-                    instead.clone(),
+                    stored.instead_of_remint.clone(),
                     Settled::Escalated,
+                    now,
                 )
                 .await
             }
             Action::Fail => {
-                self.write_verdict(&entry, &plan, Written::Failed, None, Settled::Failed)
+                self.write_verdict(&entry, plan, Written::Failed, None, Settled::Failed, now)
                     .await
             }
             Action::Remint => {
                 if entry.state == State::Intent {
-                    match self.mint(&entry, &plan, class, resumed).await {
+                    match self.mint(&entry, stored, class, resumed).await {
                         Ok(e) => entry = e,
-                        Err(next) => return self.follow(&entry, &plan, next).await,
+                        Err(next) => return self.follow(&entry, plan, next, now).await,
                     }
                 }
                 if entry.state == State::Minted
@@ -332,9 +375,9 @@ impl<'a> Actor<'a> {
                 if entry.state == State::Minted
                     && let Err(next) = self.replay(&mut entry, class).await
                 {
-                    return self.follow(&entry, &plan, next).await;
+                    return self.follow(&entry, plan, next, now).await;
                 }
-                self.write_handle(&entry, &plan).await
+                self.write_handle(&entry, plan, now).await
             }
         }
     }
@@ -342,10 +385,11 @@ impl<'a> Actor<'a> {
     async fn mint(
         &self,
         entry: &Entry,
-        plan: &LedgerPlan,
+        stored: &Stored,
         class: &ClassPlan,
         resumed: bool,
     ) -> Result<Entry, Next> {
+        let plan = &stored.plan;
         let tool = class.action.mint.as_ref().zip(plan.mint_arguments.as_ref());
         let (mint, arguments) = recovery::before_mint(
             tool.map(|(m, arguments)| {
@@ -358,11 +402,10 @@ impl<'a> Actor<'a> {
             }),
             resumed,
         )?;
-        let handle = match Connection::connect(&class.server).await {
-            Err(e) => recovery::after_mint(mint, MintCall::NotSent(&e.to_string())),
+        let handle = match self.sessions.get(&class.server.name).await {
+            Err(u) => recovery::after_mint(mint, MintCall::NotSent(&u.reason)),
             Ok(conn) => {
                 let answer = conn.call_tool(mint.tool, arguments.clone()).await;
-                conn.close().await;
                 failpoint("after-mint");
                 match &answer {
                     Ok(ToolResult {
@@ -385,8 +428,13 @@ impl<'a> Actor<'a> {
                 }
             }
         }?;
-        let calls =
-            replay_calls(class, plan, &handle, &entry.thread_id).map_err(Next::EscalateInstead)?;
+        let bound = match &stored.replay {
+            Some(bound) => Ok(std::borrow::Cow::Borrowed(bound)),
+            None => bind_replay(class, plan, &entry.thread_id).map(std::borrow::Cow::Owned),
+        };
+        let calls = bound
+            .and_then(|bound| replay_calls(&bound, &handle))
+            .map_err(|e| Next::EscalateInstead(e.to_string()))?;
         self.ledger
             .set_minted(&entry.key, &handle, &calls)
             .await
@@ -399,7 +447,13 @@ impl<'a> Actor<'a> {
     }
 
     /// Carries out what the recovery rules say when a re-mint does not continue.
-    async fn follow(&self, entry: &Entry, plan: &LedgerPlan, next: Next) -> Outcome {
+    async fn follow(
+        &self,
+        entry: &Entry,
+        plan: &LedgerPlan,
+        next: Next,
+        now: DateTime<Utc>,
+    ) -> Outcome {
         match next {
             Next::RetryNextRun(why) => error(why),
             Next::ForgetIntent(why) => match self.ledger.forget_intent(&entry.key).await {
@@ -415,6 +469,7 @@ impl<'a> Actor<'a> {
                             Written::Escalated,
                             Some(why),
                             Settled::Escalated,
+                            now,
                         )
                         .await
                     }
@@ -439,12 +494,12 @@ impl<'a> Actor<'a> {
                     "the handle class no longer has a replay".into(),
                 ));
             };
-            let conn = Connection::connect(&class.server)
+            let conn = self.sessions.get(&class.server.name).await.map_err(|u| {
+                Next::EscalateInstead(format!("replay not attempted: {}", u.reason))
+            })?;
+            self.replay_from(entry, replay, conn, first)
                 .await
-                .map_err(|e| Next::EscalateInstead(format!("replay not attempted: {e}")))?;
-            let result = self.replay_from(entry, replay, &conn, first).await;
-            conn.close().await;
-            result.map_err(Next::EscalateInstead)?;
+                .map_err(|e| Next::EscalateInstead(e.to_string()))?;
         }
         self.ledger
             .set_replayed(&entry.key)
@@ -459,15 +514,12 @@ impl<'a> Actor<'a> {
         &self,
         entry: &mut Entry,
         replay: &Replay,
-        conn: &Connection,
+        conn: &crate::mcp::Connection,
         first: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplayError> {
         for (i, call) in entry.replay_calls.iter().enumerate().skip(first) {
-            let index = u32::try_from(i).map_err(|_| "too many replay items".to_owned())?;
-            self.ledger
-                .replay_started(&entry.key, index)
-                .await
-                .map_err(|e| e.to_string())?;
+            let index = u32::try_from(i).map_err(|_| ReplayError::TooMany)?;
+            self.ledger.replay_started(&entry.key, index).await?;
             let arguments = call.as_object().cloned().unwrap_or_default();
             let answer = conn.call_tool(&replay.tool, arguments).await;
             failpoint("mid-replay");
@@ -476,38 +528,33 @@ impl<'a> Actor<'a> {
                     is_error: false, ..
                 }) => {}
                 Ok(ToolResult { text, .. }) => {
-                    return Err(format!(
-                        "replay {} of item {} answered isError: {}",
-                        replay.tool,
-                        i + 1,
-                        first_line(&text)
-                    ));
+                    return Err(ReplayError::AnsweredError {
+                        tool: replay.tool.clone(),
+                        item: i + 1,
+                        text: first_line(&text),
+                    });
                 }
-                Err(e) => {
-                    return Err(format!(
-                        "replay {} of item {} failed: {e}",
-                        replay.tool,
-                        i + 1
-                    ));
+                Err(source) => {
+                    return Err(ReplayError::Failed {
+                        tool: replay.tool.clone(),
+                        item: i + 1,
+                        source,
+                    });
                 }
             }
-            self.ledger
-                .replay_done(&entry.key, index)
-                .await
-                .map_err(|e| e.to_string())?;
+            self.ledger.replay_done(&entry.key, index).await?;
             entry.replay_started = index + 1;
             entry.replay_done = index + 1;
         }
         Ok(())
     }
 
-    async fn write_handle(&self, entry: &Entry, plan: &LedgerPlan) -> Outcome {
+    async fn write_handle(&self, entry: &Entry, plan: &LedgerPlan, now: DateTime<Utc>) -> Outcome {
         let Some(handle) = entry.new_handle.clone() else {
             return self
                 .abandon(&entry.key, "re-mint reached the append without a handle")
                 .await;
         };
-        let now = Utc::now();
         let mut patches = vec![patch::handle(plan, &handle, now)];
         patches.extend(patch::verdict(
             entry,
@@ -536,8 +583,8 @@ impl<'a> Actor<'a> {
         verdict: Written,
         instead_of_remint: Option<String>,
         settled: Settled,
+        now: DateTime<Utc>,
     ) -> Outcome {
-        let now = Utc::now();
         let reason = match &instead_of_remint {
             Some(why) => format!("{}; re-mint not possible: {why}", plan.reason),
             None => plan.reason.clone(),
@@ -666,9 +713,10 @@ mod tests {
     use crate::domain::path::StatePath;
     use crate::domain::policy::OnGone;
     use crate::domain::template::Template;
-    use crate::domain::verdict::GoneRule;
     use crate::domain::verdict::Verdict;
+    use crate::domain::verdict::{GoneBy, GoneRule};
     use crate::plan::ClassAction;
+    use serde_json::json;
     use std::collections::BTreeMap;
     use std::time::Duration;
 
@@ -700,16 +748,16 @@ mod tests {
         }
     }
 
-    fn facts(record_principal: Option<&str>, thread_principal: Option<&str>) -> Facts {
+    fn facts(gone_by: Option<GoneBy>) -> Facts {
         Facts {
             record: Some(HandleRecord {
                 value: "bsk_1".into(),
-                principal: record_principal.map(str::to_owned),
+                principal: Some("u1".into()),
                 minted_at: None,
                 assumed_ttl_seconds: None,
                 raw: json!({"value": "bsk_1"}),
             }),
-            thread_principal: thread_principal.map(str::to_owned),
+            gone_by,
             ..Facts::default()
         }
     }
@@ -717,7 +765,7 @@ mod tests {
     #[test]
     fn decisions() {
         use Verdict::*;
-        let f = facts(Some("u1"), Some("u1"));
+        let f = facts(Some(GoneBy::Probe));
         let cases = [
             ("ok is left alone", Ok, OnGone::Remint, &f, None),
             ("unknown is never acted on", Unknown, OnGone::Fail, &f, None),
@@ -759,12 +807,12 @@ mod tests {
     }
 
     fn facts_other() -> Facts {
-        facts(Some("u1"), Some("u2"))
+        facts(Some(GoneBy::OtherPrincipal))
     }
 
     #[test]
     fn an_escalated_thread_is_not_escalated_again() {
-        let mut f = facts(None, None);
+        let mut f = facts(Some(GoneBy::Probe));
         f.verdict_record =
             Some(json!({"verdict": "escalated", "handle_class": "basket", "handle": "bsk_1"}));
         assert_eq!(

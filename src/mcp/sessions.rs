@@ -1,0 +1,163 @@
+//! The sessions of one sweep, one per server, and the one fan-out over many servers.
+//!
+//! A sweep talks to a server for several reasons (probes, audit lookups, mints, replays); all of
+//! them share one [`Connection`], opened when first needed and closed when the sweep ends, so a
+//! sweep of many batches and actions negotiates once per server. A server that cannot be reached
+//! is tried once per sweep: every later call gets the same failure at once instead of paying
+//! the connect timeout again.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use futures::StreamExt;
+use serde::Serialize;
+use tokio::sync::OnceCell;
+
+use super::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
+
+/// Why a server has no session in this sweep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreachable {
+    /// The connect error's text ([`super::McpError`]'s display: names the server, never a
+    /// header value).
+    pub reason: String,
+    /// [`super::McpError::category`] of the connect error, for metric labels.
+    pub category: &'static str,
+}
+
+/// How contacting one server went, for a sweep's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerContact {
+    /// MCPServer name.
+    pub server: String,
+    /// Negotiated protocol version, when connected.
+    pub protocol_version: Option<String>,
+    /// Connect and negotiation time in milliseconds, when connected.
+    pub connect_ms: Option<u64>,
+    /// Why connecting failed.
+    pub error: Option<String>,
+}
+
+struct Slot<'c> {
+    config: &'c ServerConfig,
+    session: OnceCell<Result<Connection, Unreachable>>,
+}
+
+/// The servers one sweep may talk to, each connected at its first call.
+pub struct Sessions<'c> {
+    by_name: HashMap<&'c str, Slot<'c>>,
+}
+
+impl<'c> Sessions<'c> {
+    /// The servers a sweep may talk to, by name; of two configurations with one name (one
+    /// MCPServer reached by a HandleClass and by the store's audit rules) the first is kept.
+    pub fn new(servers: impl IntoIterator<Item = &'c ServerConfig>) -> Self {
+        let mut by_name = HashMap::new();
+        for config in servers {
+            by_name.entry(config.name.as_str()).or_insert_with(|| Slot {
+                config,
+                session: OnceCell::new(),
+            });
+        }
+        Self { by_name }
+    }
+
+    /// The session with `server`, connecting (within its `timeoutSeconds`) on the first call;
+    /// concurrent first calls wait for one connect.
+    ///
+    /// # Errors
+    /// [`Unreachable`] when connecting failed (now or earlier in the sweep), or when `server` is
+    /// not one of the servers given to [`Sessions::new`] (category `config`).
+    pub async fn get(&self, server: &str) -> Result<&Connection, &Unreachable> {
+        static UNKNOWN: std::sync::LazyLock<Unreachable> =
+            std::sync::LazyLock::new(|| Unreachable {
+                reason: "not one of this sweep's servers".into(),
+                category: "config",
+            });
+        let Some(slot) = self.by_name.get(server) else {
+            return Err(&UNKNOWN);
+        };
+        slot.session
+            .get_or_init(|| connect(slot.config))
+            .await
+            .as_ref()
+    }
+
+    /// Ends every session; how contacting each server went, by name (servers never called are
+    /// left out).
+    pub async fn close(self) -> Vec<ServerContact> {
+        let mut contacts = Vec::new();
+        for (name, slot) in self.by_name {
+            let Some(session) = slot.session.into_inner() else {
+                continue;
+            };
+            contacts.push(match session {
+                Ok(conn) => {
+                    let contact = ServerContact {
+                        server: name.to_owned(),
+                        protocol_version: conn.protocol_version(),
+                        connect_ms: Some(conn.connect_latency.as_millis() as u64),
+                        error: None,
+                    };
+                    conn.close().await;
+                    contact
+                }
+                Err(u) => ServerContact {
+                    server: name.to_owned(),
+                    protocol_version: None,
+                    connect_ms: None,
+                    error: Some(u.reason),
+                },
+            });
+        }
+        contacts.sort_by(|a, b| a.server.cmp(&b.server));
+        contacts
+    }
+}
+
+async fn connect(server: &ServerConfig) -> Result<Connection, Unreachable> {
+    match Connection::connect(server).await {
+        Err(e) => {
+            tracing::warn!(server = %server.name, error = %e, "cannot reach server; its calls this sweep fail");
+            Err(Unreachable {
+                reason: e.to_string(),
+                category: e.category(),
+            })
+        }
+        Ok(conn) => {
+            tracing::debug!(server = %server.name, protocol = ?conn.protocol_version(), "connected");
+            Ok(conn)
+        }
+    }
+}
+
+/// Runs `call` on every item, grouped by the server `server_of` names: up to
+/// [`SERVERS_IN_PARALLEL`] servers at once, at most [`PROBES_PER_SERVER`] calls in flight on
+/// one server (rate limits are shared with the agents themselves). The results come in no
+/// particular order.
+pub async fn fan_out<'k, T, R, F, Fut>(
+    items: impl IntoIterator<Item = T>,
+    server_of: impl Fn(&T) -> &'k str,
+    call: F,
+) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: Future<Output = R>,
+{
+    let mut by_server: HashMap<&'k str, Vec<T>> = HashMap::new();
+    for item in items {
+        by_server.entry(server_of(&item)).or_default().push(item);
+    }
+    let call = &call;
+    let groups: Vec<Vec<R>> = futures::stream::iter(by_server.into_values())
+        .map(|group| {
+            futures::stream::iter(group)
+                .map(call)
+                .buffer_unordered(PROBES_PER_SERVER)
+                .collect::<Vec<R>>()
+        })
+        .buffer_unordered(SERVERS_IN_PARALLEL)
+        .collect()
+        .await;
+    groups.into_iter().flatten().collect()
+}
