@@ -1,11 +1,13 @@
 //! The shipped local-mode PostgreSQL example (deploy/examples/local-postgres) sweeps real
 //! LangGraph PostgresSaver checkpoints, with only its server URL and DSN pointed at this test's
-//! basket server and database.
+//! basket server and database. Its dry run predicts what `--apply` does on a `mode: act` copy,
+//! and that copy acts.
 
 mod support;
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
 use support::{BasketServer, Db};
 
 #[tokio::test]
@@ -45,4 +47,50 @@ async fn local_postgres_example_sweeps_postgres_checkpoints() {
         !report.to_string().contains(&dsn),
         "the DSN is not in the report"
     );
+    let acted_on = |report: &Value| -> BTreeMap<String, String> {
+        report["stores"][0]["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["verdict"] == "gone" || r["verdict"] == "absent")
+            .map(|r| {
+                let a = &r["action"];
+                (
+                    r["thread_id"].as_str().unwrap().to_owned(),
+                    format!("{} {}", a["plan"], a["outcome"]),
+                )
+            })
+            .collect()
+    };
+    let planned = acted_on(&report);
+    assert!(!planned.is_empty(), "{report}");
+    for (thread, action) in &planned {
+        assert_eq!(action, "\"escalate\" \"planned\"", "{thread}: {report}");
+    }
+
+    let store = dir.path().join("checkpointstore.yaml");
+    let text = std::fs::read_to_string(&store).unwrap();
+    std::fs::write(&store, format!("{text}  mode: act\n")).unwrap();
+    let out = support::custody(&[
+        "sweep",
+        "--apply",
+        "-f",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let applied: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let acted = acted_on(&applied);
+    assert_eq!(
+        acted.keys().collect::<Vec<_>>(),
+        planned.keys().collect::<Vec<_>>()
+    );
+    for (thread, action) in &acted {
+        assert_eq!(action, "\"escalate\" \"escalated\"", "{thread}: {applied}");
+    }
 }

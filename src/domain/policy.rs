@@ -71,10 +71,16 @@ pub struct Case<'a> {
     pub gone_by: Option<GoneBy>,
     /// What the thread holds at the class's `verdictPath`.
     pub written: Option<&'a Value>,
+    /// Whether the class has a `verdictPath`: escalate and fail write only there.
+    pub has_verdict_path: bool,
 }
 
+/// Why an escalate or fail is left undone by a class without `verdictPath`.
+pub const NO_VERDICT_PATH: &str = "the handle class has no verdictPath to write the verdict to";
+
 /// The plan for a row (`None` for `ok` and `unknown`), with the reason to leave it undone when
-/// custody already wrote its verdict for this handle.
+/// custody already wrote its verdict for this handle, or has nowhere to write it (a dry run
+/// then predicts the skip `--apply` would make).
 pub fn decide(c: &Case<'_>) -> Option<(Plan, Option<String>)> {
     let plan = match c.verdict {
         Verdict::Ok | Verdict::Unknown => return None,
@@ -94,6 +100,9 @@ pub fn decide(c: &Case<'_>) -> Option<(Plan, Option<String>)> {
         && done.handle.as_deref() == c.handle
     {
         return Some((plan, Some(format!("already {}", done.verdict.as_str()))));
+    }
+    if plan != Plan::Remint && !c.has_verdict_path {
+        return Some((plan, Some(NO_VERDICT_PATH.to_owned())));
     }
     Some((plan, None))
 }
@@ -214,6 +223,7 @@ mod tests {
             handle: Some("bsk_1"),
             gone_by: (verdict == Verdict::Gone).then_some(GoneBy::Probe),
             written: None,
+            has_verdict_path: true,
         }
     }
 
@@ -262,6 +272,29 @@ mod tests {
             });
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn without_a_verdict_path_only_a_remint_is_planned() {
+        for (on_gone, want) in [
+            (OnGone::Remint, None),
+            (OnGone::Escalate, Some(NO_VERDICT_PATH.to_owned())),
+            (OnGone::Fail, Some(NO_VERDICT_PATH.to_owned())),
+        ] {
+            let c = Case {
+                has_verdict_path: false,
+                ..case(Verdict::Gone, on_gone)
+            };
+            assert_eq!(decide(&c).and_then(|(_, skip)| skip), want, "{on_gone:?}");
+        }
+        let absent = Case {
+            has_verdict_path: false,
+            ..case(Verdict::Absent, OnGone::Remint)
+        };
+        assert_eq!(
+            decide(&absent).and_then(|(_, skip)| skip).as_deref(),
+            Some(NO_VERDICT_PATH)
+        );
     }
 
     #[test]

@@ -79,5 +79,6 @@ pub fn decide(
         handle: record.map(|r| r.value.as_str()),
         gone_by: facts.gone_by,
         written: facts.verdict_record.as_ref(),
+        has_verdict_path: class.action.verdict_path.is_some(),
     })
 }

@@ -236,11 +236,6 @@ impl<'a> Actor<'a> {
                 reason: "another custody process is acting on this store".into(),
             };
         }
-        if class.action.verdict_path.is_none() && plan != Plan::Remint {
-            return Outcome::Skipped {
-                reason: "the handle class has no verdictPath to write the verdict to".into(),
-            };
-        }
         let key = idempotency_key(
             &row.thread_id,
             &row.checkpoint_ns,
