@@ -221,6 +221,13 @@ fn lite(sql: &'static str) -> AssertSqlSafe<String> {
 }
 
 macro_rules! run {
+    // `scalar`: the statement returns one column (e.g. `RETURNING`), fetched with `$method`.
+    ($pool:expr, scalar $sql:expr $(, $arg:expr)* ; $method:ident) => {
+        match $pool {
+            WritePool::Postgres(p) => sqlx::query_scalar($sql)$(.bind($arg))*.$method(p).await,
+            WritePool::Sqlite(p, _) => sqlx::query_scalar(lite($sql))$(.bind($arg))*.$method(p).await,
+        }
+    };
     ($pool:expr, $sql:expr $(, $arg:expr)* ; $method:ident) => {
         match $pool {
             WritePool::Postgres(p) => sqlx::query($sql)$(.bind($arg))*.$method(p).await.map(|_| ()),
@@ -264,34 +271,12 @@ impl Ledger {
         let now = Utc::now();
         const SQL: &str = "INSERT INTO custody_actions (idempotency_key, thread_id, checkpoint_ns, checkpoint_id, handle_class, action, state, plan, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'intent', $7, $8, $8) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key";
-        let inserted: Option<String> = match &self.pool {
-            WritePool::Postgres(p) => {
-                sqlx::query_scalar(SQL)
-                    .bind(e.key)
-                    .bind(e.thread_id)
-                    .bind(e.checkpoint_ns)
-                    .bind(e.checkpoint_id)
-                    .bind(e.handle_class)
-                    .bind(e.action.as_str())
-                    .bind(Json(e.plan))
-                    .bind(now)
-                    .fetch_optional(p)
-                    .await?
-            }
-            WritePool::Sqlite(p, _) => {
-                sqlx::query_scalar(lite(SQL))
-                    .bind(e.key)
-                    .bind(e.thread_id)
-                    .bind(e.checkpoint_ns)
-                    .bind(e.checkpoint_id)
-                    .bind(e.handle_class)
-                    .bind(e.action.as_str())
-                    .bind(Json(e.plan))
-                    .bind(now)
-                    .fetch_optional(p)
-                    .await?
-            }
-        };
+        let inserted: Option<String> = run!(
+            &self.pool, scalar SQL,
+            e.key, e.thread_id, e.checkpoint_ns, e.checkpoint_id, e.handle_class,
+            e.action.as_str(), Json(e.plan), now;
+            fetch_optional
+        )?;
         if inserted.is_some() {
             return Ok(Recorded::Ours(Entry::intent(e)));
         }
