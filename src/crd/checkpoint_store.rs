@@ -88,6 +88,16 @@ pub struct CheckpointStoreSpec {
     #[schemars(range(min = 1, max = 86400))]
     pub sweep_timeout_seconds: u32,
 
+    /// How late, in seconds, a sweep may start after its scheduled time (the CronJob's
+    /// `startingDeadlineSeconds`). A run that cannot start by then (the previous sweep still
+    /// runs, as the CronJob starts none while one does, or the controller manager was down) is
+    /// skipped, and the store shows it: `Scheduled=False` with reason `MissedSchedule` and a
+    /// Warning Event, until a later run starts. 10 to 86400 (Kubernetes checks CronJobs every
+    /// 10 s, so a shorter deadline can skip runs that were on time), default 300.
+    #[serde(default = "default_starting_deadline_seconds")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub starting_deadline_seconds: u32,
+
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
     /// selects all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -151,6 +161,11 @@ fn default_parallelism() -> u32 {
 /// and below the default 15-minute schedule, so a stuck run ends before the next is due.
 fn default_sweep_timeout_seconds() -> u32 {
     600
+}
+
+/// Five minutes: a run that starts later than that is better skipped for the next one.
+fn default_starting_deadline_seconds() -> u32 {
+    300
 }
 
 fn default_schedule() -> String {
