@@ -314,3 +314,40 @@ fn local_stores_are_held_to_the_crds_bounds() {
         );
     }
 }
+
+/// A header value HTTP cannot carry (a newline) is an error when the resources load, naming the
+/// file, the resource and the field (and the Secret key for `headersFrom`), never the value.
+#[test]
+fn header_values_are_checked_at_load_without_printing_them() {
+    let value = format!("Bearer {}\nX-Injected: 1", uuid::Uuid::new_v4().simple());
+    for (server, secret, says) in [
+        (
+            json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": value}}),
+            None,
+            "server.yaml: document 1 (MCPServer default/basket): spec.headers.Authorization: the value is not a valid HTTP header value",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:1/mcp", "headersFrom": [{"name": "Authorization",
+                   "secretKeyRef": {"name": "token", "key": "authorization"}}]}),
+            Some(support::fixtures::secret(
+                "token",
+                json!({"authorization": value}),
+            )),
+            "MCPServer default/basket: spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut docs = vec![support::fixtures::object("MCPServer", "basket", server)];
+        docs.extend(secret);
+        support::fixtures::write_resources(dir.path(), "server.yaml", &docs);
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8(out.stderr).unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(err.contains(says), "{err}");
+        assert!(
+            !err.contains(value.lines().next().unwrap()) && !stdout.contains("Bearer"),
+            "{err}{stdout}"
+        );
+    }
+}

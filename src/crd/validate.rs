@@ -75,8 +75,9 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     if !(1..=300).contains(&spec.timeout_seconds) {
         return Err(err("spec.timeoutSeconds", "must be between 1 and 300"));
     }
-    for name in spec.headers.keys() {
+    for (name, value) in &spec.headers {
         header_name(name).map_err(|m| err(format!("spec.headers.{name}"), m))?;
+        header_value(value).map_err(|m| err(format!("spec.headers.{name}"), m))?;
     }
     for (i, h) in spec.headers_from.iter().enumerate() {
         header_name(&h.name).map_err(|m| err(format!("spec.headersFrom[{i}].name"), m))?;
@@ -181,6 +182,19 @@ fn header_name(name: &str) -> Result<(), String> {
     http::HeaderName::try_from(name)
         .map(|_| ())
         .map_err(|_| format!("{name:?} is not a valid HTTP header name"))
+}
+
+/// A header value HTTP can carry (visible ASCII, spaces and tabs; no newline or other control
+/// character), checked when the resources load rather than at the first request. The message
+/// never contains the value: it may be a credential.
+///
+/// # Errors
+/// What is wrong, without the value.
+pub fn header_value(value: &str) -> Result<(), String> {
+    http::HeaderValue::from_str(value).map(drop).map_err(|_| {
+        "the value is not a valid HTTP header value (a newline or another control character)"
+            .to_owned()
+    })
 }
 
 /// A reference to an object in the same namespace: a DNS-1123 subdomain, the form of every
