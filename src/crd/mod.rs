@@ -43,8 +43,9 @@ pub fn schema_hash(spec: &CustomResourceDefinitionSpec) -> String {
 
 /// Every CRD custody defines, in a stable order (the order of `crds/`).
 ///
-/// Their schemas carry only `format`s Kubernetes knows ([`schema::strip_unknown_formats`]), and
-/// each is annotated with its [`SCHEMA_HASH_ANNOTATION`].
+/// Their schemas carry only `format`s Kubernetes knows ([`schema::strip_unknown_formats`]), their
+/// descriptions no doc-comment line wraps ([`schema::unwrap_descriptions`]), and each is
+/// annotated with its [`SCHEMA_HASH_ANNOTATION`].
 pub fn all() -> Vec<CustomResourceDefinition> {
     [
         MCPServer::crd(),
@@ -56,6 +57,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     .map(|crd| {
         let mut value = serde_json::to_value(crd).expect("a CRD serializes");
         schema::strip_unknown_formats(&mut value);
+        schema::unwrap_descriptions(&mut value);
         let mut crd: CustomResourceDefinition =
             serde_json::from_value(value).expect("a CRD without some formats is still a CRD");
         let hash = schema_hash(&crd.spec);
