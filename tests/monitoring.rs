@@ -472,3 +472,29 @@ fn queries_and_rules_name_only_metrics_custody_exports() {
     });
     assert!(caught.is_err(), "a misspelt metric passes");
 }
+
+#[test]
+fn the_service_monitor_keeps_custodys_namespace_label_and_names_the_selectors_job() {
+    let docs = render(Some("serviceMonitor.enabled=true"));
+    let sm = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceMonitor")
+        .expect("a ServiceMonitor");
+    assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], true);
+    // prometheus-operator names the job after the Service it scrapes
+    let service = docs
+        .iter()
+        .find(|d| d["kind"] == "Service")
+        .expect("the metrics Service");
+    assert_eq!(
+        format!("job={}", service["metadata"]["name"]),
+        SELECTOR,
+        "the default selector is the ServiceMonitor's job"
+    );
+    assert!(sm["spec"].get("jobLabel").is_none());
+    let docs = render(Some(
+        "serviceMonitor.enabled=true,serviceMonitor.honorLabels=false",
+    ));
+    let sm = docs.iter().find(|d| d["kind"] == "ServiceMonitor").unwrap();
+    assert_eq!(sm["spec"]["endpoints"][0]["honorLabels"], false);
+}
