@@ -15,6 +15,7 @@ use serde_json::json;
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::KindLabels;
+use super::schedule;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
@@ -173,10 +174,21 @@ pub(super) async fn reconcile(
         .await;
     }
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
-    // 4. metrics from the last sweep the CronJob wrote (pure)
+    // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
+    //    CronJob that exists has an interval (one that skipped a run exists).
     if let Some(s) = &current.last_sweep {
         ctx.metrics.set_sweep(&ns, &store.name_any(), s);
     }
+    let interval = (scheduled.status == conditions::TRUE
+        || scheduled.reason == conditions::MISSED_SCHEDULE)
+        .then(|| schedule::longest_gap(&store.spec.schedule, Utc::now()))
+        .flatten();
+    ctx.metrics.set_sweep_jobs(
+        &ns,
+        &store.name_any(),
+        interval,
+        last_run.status == conditions::FALSE,
+    );
     // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
     //    field managers.
     let status = CheckpointStoreStatus {
@@ -219,14 +231,14 @@ struct Runs {
 /// `startingDeadlineSeconds` ago, is after the CronJob last started one (`lastScheduleTime`)
 /// and after custody last changed it (creation or its own latest apply, so a new schedule is
 /// not judged by the old one's runs). The CronJob controller records a run it skips only as an
-/// Event on the CronJob; this is how the store shows it. `@every` schedules, which croner does
-/// not parse, are not checked.
+/// Event on the CronJob; this is how the store shows it. `@every` schedules are not checked
+/// ([`schedule::cron`]).
 fn runs(store: &CheckpointStore, cron: &CronJob, now: chrono::DateTime<Utc>) -> Runs {
     let none = Runs {
         missed: None,
         recheck: None,
     };
-    let Ok(schedule) = store.spec.schedule.parse::<croner::Cron>() else {
+    let Some(schedule) = schedule::cron(&store.spec.schedule) else {
         return none;
     };
     let deadline = chrono::TimeDelta::seconds(i64::from(store.spec.starting_deadline_seconds));

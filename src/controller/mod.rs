@@ -15,6 +15,7 @@ mod http;
 mod mcp_server;
 pub mod metrics;
 pub mod readiness;
+mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
