@@ -143,6 +143,8 @@ pub struct Metrics {
     pub sweep_probe_errors: Family<ReasonLabels, Gauge>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
+    /// Observed handle lifetimes ([`super::lifetime`]).
+    pub lifetime: super::lifetime::LifetimeMetrics,
 }
 
 impl Metrics {
@@ -160,6 +162,9 @@ impl Metrics {
             sweep_skipped: Family::default(),
             sweep_probe_errors: Family::default(),
             leader: Gauge::default(),
+            lifetime: super::lifetime::LifetimeMetrics::register(
+                registry.sub_registry_with_prefix("custody"),
+            ),
         };
         let r = registry.sub_registry_with_prefix("custody");
         r.register(

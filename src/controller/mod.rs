@@ -12,6 +12,7 @@ mod checkpoint_store;
 pub mod conditions;
 mod handle_class;
 mod http;
+pub mod lifetime;
 mod mcp_server;
 pub mod metrics;
 
