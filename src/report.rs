@@ -501,7 +501,24 @@ fn write_lifetime(
         secs(o.p95_seconds),
         age(o.oldest_alive_seconds),
         age(o.youngest_gone_seconds),
-    )
+    )?;
+    if let Some(c) = &l.declared_ttl {
+        let verdict = match (c.plausible, c.suggested_seconds) {
+            (Some(true), _) => "consistent with the observations".to_owned(),
+            (Some(false), Some(s)) => format!(
+                "longer than the observations support: consider {s}s (p5 × {}; never applied)",
+                crate::domain::lifetime::SUGGESTION_FACTOR
+            ),
+            (Some(false), None) => "longer than the observations support".to_owned(),
+            (None, _) => "not judged: too few observations".to_owned(),
+        };
+        writeln!(
+            out,
+            "  declared TTL of {} ({} {}s): {verdict}",
+            l.handle_class, c.source, c.ttl_seconds
+        )?;
+    }
+    Ok(())
 }
 
 /// `, 2 not applicable (1 metadata, 1 no_channel)`: the (thread, HandleClass) pairs a class

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::writer::WritePool;
 use crate::crd::{ObservedLifetime, ProbeAges};
-use crate::domain::lifetime::{Bounds, Summary};
+use crate::domain::lifetime::{Bounds, Plausibility, Summary, check_declared};
 use crate::domain::verdict::Verdict;
 use crate::ledger::lifetime::{self as table, Observation};
 use crate::plan::ClassPlan;
@@ -47,6 +47,45 @@ pub struct ClassLifetime {
     /// The figures.
     #[serde(flatten)]
     pub observed: ObservedLifetime,
+    /// The declared TTL judged against them, when the class declares one (or a record assumed
+    /// one); in a cluster the controller makes the same judgement for `DeclaredTtlPlausible`.
+    pub declared_ttl: Option<TtlCheck>,
+}
+
+/// A declared TTL judged against the observed lifetime
+/// ([`crate::domain::lifetime::check_declared`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TtlCheck {
+    /// The TTL judged, seconds.
+    pub ttl_seconds: u64,
+    /// Where it comes from: `spec.declaredTtlSeconds`, else `assumed_ttl_s` (the longest a
+    /// record of the class carried).
+    pub source: &'static str,
+    /// `true`: consistent with the observations; `false`: too long; `None`: too few
+    /// observations to judge.
+    pub plausible: Option<bool>,
+    /// With `plausible: false`, a value to consider (never applied).
+    pub suggested_seconds: Option<u64>,
+}
+
+impl TtlCheck {
+    fn judge(class: &ClassPlan, largest_assumed: Option<u64>, s: &Summary) -> Option<Self> {
+        let (ttl_seconds, source) = class
+            .declared_ttl
+            .map(|d| (d, "spec.declaredTtlSeconds"))
+            .or(largest_assumed.map(|a| (a, "assumed_ttl_s")))?;
+        let (plausible, suggested_seconds) = match check_declared(ttl_seconds, s) {
+            Plausibility::TooFew { .. } => (None, None),
+            Plausibility::Plausible => (Some(true), None),
+            Plausibility::TooLong { suggested, .. } => (Some(false), Some(suggested)),
+        };
+        Some(Self {
+            ttl_seconds,
+            source,
+            plausible,
+            suggested_seconds,
+        })
+    }
 }
 
 /// What one sweep saw of one class.
@@ -156,6 +195,7 @@ pub(super) async fn finish(
             .collect();
         out.push(ClassLifetime {
             handle_class: class.name.clone(),
+            declared_ttl: TtlCheck::judge(class, seen.largest_assumed_ttl, &s),
             observed: ObservedLifetime {
                 store: store_name.clone(),
                 handles: s.handles,
