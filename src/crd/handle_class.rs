@@ -288,8 +288,8 @@ pub struct HandleClassStatus {
 
 /// The lifetime of a class's handles as one store's sweeps observed it: every probe that
 /// answered `ok` (alive at that age) or `gone` (gone by that age), one interval per handle,
-/// estimated with Turnbull's nonparametric maximum likelihood estimator
-/// ([`crate::domain::lifetime::Npmle`]). Ages are seconds since the record's `minted_at`.
+/// estimated with Turnbull's nonparametric maximum likelihood estimator (J. R. Statist. Soc.
+/// B 38 (1976) 290–295). Ages are seconds since the record's `minted_at`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObservedLifetime {
