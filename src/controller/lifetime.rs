@@ -246,6 +246,33 @@ impl LifetimeMetrics {
         m
     }
 
+    /// Drops a deleted class's series.
+    pub fn forget(&self, namespace: &str, class: &str) {
+        let labels = ClassLabels {
+            namespace: namespace.to_owned(),
+            class: class.to_owned(),
+        };
+        self.plausible.remove(&labels);
+        for quantile in ["0.05", "0.5", "0.95"] {
+            self.lifetime.remove(&QuantileLabels {
+                namespace: namespace.to_owned(),
+                class: class.to_owned(),
+                quantile,
+            });
+        }
+        for verdict in ["ok", "gone"] {
+            self.probe_age.remove(&AgeLabels {
+                namespace: namespace.to_owned(),
+                class: class.to_owned(),
+                verdict,
+            });
+        }
+        self.added
+            .lock()
+            .expect("lifetime metrics lock")
+            .retain(|(ns, c, _), _| !(ns == namespace && c == class));
+    }
+
     /// Sets a class's series from its status and the condition [`condition`] derived.
     pub fn set(&self, class: &HandleClass, namespace: &str, cond: Option<&Cond>) {
         let name = kube::ResourceExt::name_any(class);
@@ -412,5 +439,9 @@ mod tests {
             !text.contains("custody_handle_declared_ttl_plausible{"),
             "{text}"
         );
+        m.forget("shop", "basket");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("basket"), "forgotten series remain:\n{text}");
     }
 }

@@ -581,7 +581,15 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("HandleClass"),
             ctx.clone(),
         )
-        .for_each(drain("HandleClass", &ctx));
+        .for_each({
+            let ctx = ctx.clone();
+            move |r| {
+                if let Some((ns, name)) = deleted(&r) {
+                    ctx.metrics.lifetime.forget(&ns, &name);
+                }
+                drain("HandleClass", &ctx)(r)
+            }
+        });
 
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),
