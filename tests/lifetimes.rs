@@ -259,6 +259,19 @@ async fn history_estimates_the_known_lifetimes(kind: Kind, name: &str) {
             );
         }
         assert_eq!(l.declared_ttl, None, "no TTL declared yet");
+        // The last sweep's histogram: one answer per probe, every basket gone by then.
+        let gone: u64 = o
+            .probe_ages
+            .iter()
+            .filter(|a| a.verdict == "gone")
+            .flat_map(|a| &a.bucket_counts)
+            .sum();
+        assert_eq!(gone, THREADS as u64, "{o:?}");
+        assert_eq!(
+            o.probe_ages.len(),
+            1,
+            "no ok answers in the last sweep: {o:?}"
+        );
     }
     // Sweeps of 40 handles of 4 classes: one row per handle in the table, never more.
     assert_eq!(

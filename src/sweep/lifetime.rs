@@ -104,20 +104,30 @@ impl ClassObservations {
         self.largest_assumed_ttl = self.largest_assumed_ttl.max(ttl);
     }
 
-    /// Adds a row's probe answer; anything but a probed `ok` or `gone` with a known,
-    /// non-negative age is ignored.
+    /// Adds a row's probe answer to its handle's bounds; anything but a probed `ok` or `gone`
+    /// with a known, non-negative age is ignored.
     pub(super) fn row(&mut self, class: &ClassPlan, row: &super::Row) {
-        let (Some(handle), Some(age), true) = (&row.handle, row.age_seconds, row.probed) else {
+        let Some((age, alive)) = answer(row) else {
             return;
         };
-        let alive = match row.verdict {
-            Verdict::Ok => true,
-            Verdict::Gone => false,
-            Verdict::Absent | Verdict::Unknown => return,
-        };
-        if age < 0 {
+        let Some(handle) = &row.handle else {
             return;
+        };
+        let key = handle_hash(class, handle);
+        self.by_handle.entry(key).or_default().observe(age, alive);
+        if self.by_handle.len() > MAX_HANDLES {
+            self.by_handle.pop_last();
         }
+    }
+
+    /// Counts one probe call's answer in the age histogram, at the age of `row`, one of the
+    /// rows it answered for (rows that share a probe share the handle and, but for a copied
+    /// record, its `minted_at`); called once per probe sent, so rows decided from an earlier
+    /// batch's probe count for nothing here.
+    pub(super) fn probed(&mut self, row: &super::Row) {
+        let Some((age, alive)) = answer(row) else {
+            return;
+        };
         let (counts, sum) = &mut self.ages[usize::from(!alive)];
         if counts.is_empty() {
             counts.resize(age_buckets().count() + 1, 0);
@@ -127,12 +137,18 @@ impl ClassObservations {
             .unwrap_or(counts.len() - 1);
         counts[bucket] += 1;
         *sum += age as f64;
-        let key = handle_hash(class, handle);
-        self.by_handle.entry(key).or_default().observe(age, alive);
-        if self.by_handle.len() > MAX_HANDLES {
-            self.by_handle.pop_last();
-        }
     }
+}
+
+/// `(age, alive)` of a row a probe decided `ok` or `gone`, with a known, non-negative age.
+fn answer(row: &super::Row) -> Option<(i64, bool)> {
+    let alive = match row.verdict {
+        Verdict::Ok => true,
+        Verdict::Gone => false,
+        Verdict::Absent | Verdict::Unknown => return None,
+    };
+    let age = row.age_seconds.filter(|a| *a >= 0)?;
+    (row.probed && row.handle.is_some()).then_some((age, alive))
 }
 
 fn handle_hash(class: &ClassPlan, handle: &str) -> [u8; 32] {

@@ -631,6 +631,9 @@ impl Sweep<'_> {
                 set(&mut rows[i], &mut facts[i].1, decision.clone());
                 rows[i].probed = true;
             }
+            if let Some(&first) = pending.rows.first() {
+                self.observed[pending.class].probed(&rows[first]);
+            }
             self.cache.insert(pending.key, decision);
         }
 
