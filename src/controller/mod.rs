@@ -15,6 +15,7 @@ mod http;
 pub mod lifetime;
 mod mcp_server;
 pub mod metrics;
+mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
