@@ -7,10 +7,12 @@
 //! threads (see `sweep::act`), which is what makes a `kill -9` at any point safe.
 //!
 //! The tables live in the checkpoint database (both backends) under custody's own names:
-//! `custody_actions`, and `custody_migrations` for sqlx's bookkeeping instead of its default
+//! `custody_actions`, `custody_audit` ([`audit`]), `custody_handle_lifetimes` ([`lifetime`]), and
+//! `custody_migrations` for sqlx's bookkeeping instead of its default
 //! `_sqlx_migrations`, which an application's own sqlx migrations may already use.
 
 pub mod audit;
+pub mod lifetime;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
