@@ -14,7 +14,7 @@
 //! | 1a | PostgreSQL restarted while the sweep scans | the sweep exits 1 naming the store and the lost connection, writes nothing; the next run acts | `postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts` |
 //! | 1b | PostgreSQL restarted while the sweep acts (between mint and replay) | the act lock went with the connection: the action stops with an error saying so, the ledger keeps the minted handle; the next run replays and appends, one basket | `postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once` |
 //! | 2 | checkpoint database read-only (`default_transaction_read_only`), or a role with SELECT only (PostgreSQL) | observing works; acting exits 1 with "the checkpoint database refuses writes (<the database's reason>)", writes nothing, not even custody's tables; writable again, the next run acts | `a_read_only_database_is_observed_refused_for_acting_then_acted_on` |
-//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream, or is slower than its timeout | `unknown` (never `gone`) with the cause; one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
+//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream (on each resume too), or is slower than its timeout | `unknown` (never `gone`) with the cause (a dropped stream: `stream dropped`, not a timeout); one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
 //! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
 //! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
 //! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
@@ -535,12 +535,15 @@ async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() 
     let r = report(&run(&sweep_args(res.path(), &["--dry-run"])));
     let took = started.elapsed();
     assert_eq!(row(&r, "t-live", "basket")["verdict"], "ok", "{r:#}");
-    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again; rmcp then leaves
-    // the request to its deadline, so it reads as a timeout (as in discovery, tests/discovery.rs).
+    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again: after the bounded
+    // resumes it is its own cause, not a timeout (issue 17, item 14; tests/discovery.rs too).
     for (name, want) in [
         ("hang", "tools/call get_basket timed out after 3s"),
         ("http-500", "500"),
-        ("drop", "tools/call get_basket timed out after 3s"),
+        (
+            "drop",
+            "tools/call failed: stream dropped: the server closed the connection in the middle",
+        ),
         ("slow-late", "tools/call get_basket timed out after 3s"),
     ] {
         let bad = row(&r, "t-live", name);
