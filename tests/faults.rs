@@ -19,6 +19,7 @@
 //! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
 //! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
 //! | 3e | replay call hangs / 5xx / drops | its effect is unknown: escalated with the cause, never replayed twice, one basket | `a_replay_call_that_fails_escalates_and_never_replays_twice` |
+//! | 3f | replay cannot connect (the server refuses connections right after the mint, then while the next run starts) | nothing was sent: the entry stays minted and the run reports "replay not sent, retried next sweep: … connection refused to …"; listening again, the next run replays each item once, one basket | `a_replay_that_cannot_connect_is_retried_next_run` |
 //! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
 //! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
 //!
@@ -706,6 +707,77 @@ async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
         assert_eq!(r["action"]["reason"], "already escalated", "{case}: {r:#}");
         assert_eq!(baskets(&bad.url()).await, 1, "{case}: not minted again");
     }
+}
+
+/// Issue 17, item 14: a replay whose connection fails (the server refuses connections right
+/// after the mint: the call was never sent) is retried at the next run, not escalated: the
+/// entry stays minted with nothing replayed; a run while the server still refuses (no session at
+/// all) retries again; once the server listens again, the next run replays every item exactly
+/// once onto the one minted basket.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_that_cannot_connect_is_retried_next_run() {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let reopen = res.path().join("reopen");
+    let bad = Peer::misbehaving_with(
+        "call_close_listener",
+        &[
+            ("MISBEHAVE_TOOLS", "create_basket"),
+            ("MISBEHAVE_TIMES", "1"),
+            ("MISBEHAVE_REOPEN_FILE", reopen.to_str().unwrap()),
+        ],
+    );
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    let old = db.filled(&basket.url(), "");
+    remint_on(res.path(), &bad.url(), &db);
+
+    for attempt in ["the call refused", "no session"] {
+        let out = run(&sweep_args(res.path(), &["--apply"]));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("replay not sent, retried next sweep")
+                && text.contains("connection refused to 127.0.0.1"),
+            "{attempt}: reported as retried: {text}"
+        );
+        assert!(!text.contains("escalated"), "{attempt}: {text}");
+        let state = db.state("t-live");
+        assert_eq!(
+            state["values"]["basket"]["value"],
+            old.as_str(),
+            "{attempt}"
+        );
+        assert!(state["values"]["custody"].is_null(), "{attempt}: {state}");
+        assert_eq!(
+            db.unsettled().await,
+            1,
+            "{attempt}: the entry stays pending"
+        );
+    }
+
+    std::fs::write(&reopen, b"").unwrap();
+    support::wait_for_port(bad.port, Duration::from_secs(10));
+    let done = act(res.path());
+    let state = db.state("t-live");
+    assert_eq!(
+        state["values"]["custody"]["verdict"], "reminted",
+        "{done:#}"
+    );
+    let new = state["values"]["basket"]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new, old);
+    assert_eq!(baskets(&bad.url()).await, 1, "minted once");
+    assert_eq!(
+        items(&bad.url(), &new).await,
+        vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+        "each item replayed exactly once"
+    );
+    assert_eq!(db.unsettled().await, 0);
 }
 
 // ------------------------------------------------------------------ 4: audit settlement killed

@@ -163,6 +163,14 @@ pub const REQUEST_CATEGORIES: [&str; 8] = [
 ];
 
 impl McpError {
+    /// Whether the request certainly never reached the server: refused by custody's own checks
+    /// before connecting (`config`), or a TCP connection nothing accepted (`refused`: HTTP
+    /// clients write a request only on an accepted connection). A timeout, a dropped stream or
+    /// an HTTP error may have been processed by the server.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::Config { .. }) || self.category() == cause::REFUSED
+    }
+
     /// A bounded category for metric labels: `config`, `timeout`, one of
     /// [`cause::CONNECT_CAUSES`] or of [`REQUEST_CATEGORIES`]. Never error text.
     pub fn category(&self) -> &'static str {
