@@ -14,6 +14,7 @@ mod handle_class;
 mod http;
 mod mcp_server;
 pub mod metrics;
+mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
