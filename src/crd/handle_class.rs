@@ -244,9 +244,12 @@ pub struct ProbeSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GoneWhen {
-    /// Error text (the text content of an `isError` result) starting with one of these.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub error_text_prefixes: Vec<String>,
+    /// Error text (the text content of an `isError` result) starting with one of these. At
+    /// least one: an empty list is refused (it would otherwise read as no narrowing, making
+    /// every error gone); leave the field out for that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub error_text_prefixes: Option<Vec<String>>,
     /// Error text matching this regular expression (Rust `regex` syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_text_regex: Option<String>,

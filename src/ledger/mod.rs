@@ -382,6 +382,18 @@ impl Ledger {
         Ok(())
     }
 
+    /// Records that replay call `index`, recorded as started, was never sent (the connection
+    /// was refused): its start is undone, so the next sweep makes the call instead of taking it
+    /// for one interrupted with an unknown effect.
+    ///
+    /// # Errors
+    /// [`LedgerError::Query`].
+    pub async fn replay_not_sent(&self, key: &str, index: u32) -> Result<(), LedgerError> {
+        const SQL: &str = "UPDATE custody_actions SET replay_started = $2, updated_at = $3 WHERE idempotency_key = $1 AND replay_started = $2 + 1";
+        run!(&self.pool, SQL, key, i64::from(index), Utc::now(); execute)?;
+        Ok(())
+    }
+
     /// Records that replay call `index` answered success.
     ///
     /// # Errors

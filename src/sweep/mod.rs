@@ -333,7 +333,12 @@ pub async fn run_with(
         ),
         None => None,
     };
-    let store = Store::connect(target.backend, target.dsn.expose_secret())
+    let access = if actor.is_some() {
+        crate::checkpoint::Access::Act
+    } else {
+        crate::checkpoint::Access::Observe
+    };
+    let store = Store::connect_for(target.backend, target.dsn.expose_secret(), access)
         .await
         .map_err(store_err)?;
     let channels: Vec<String> = target
