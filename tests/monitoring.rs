@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cluster::{repo, var, yaml_docs};
+use custody::controller::lifetime;
 use custody::controller::metrics::{FailureLabels, KindLabels, Metrics, ObjectLabels};
 use custody::crd::SweepSummary;
 use prometheus_client::registry::Registry;
@@ -216,6 +217,30 @@ fn exported_names() -> BTreeSet<String> {
     );
     m.set_sweep_jobs("agents", "orders", Some(900), false);
     m.leader.set(1);
+    let class = |verdict| lifetime::AgeLabels {
+        namespace: "shop".to_owned(),
+        class: "basket".to_owned(),
+        verdict,
+    };
+    m.lifetime
+        .probe_age
+        .get_or_create(&class("ok"))
+        .add(&[1], 60.0);
+    m.lifetime
+        .lifetime
+        .get_or_create(&lifetime::QuantileLabels {
+            namespace: "shop".to_owned(),
+            class: "basket".to_owned(),
+            quantile: "0.5",
+        })
+        .set(3600.0);
+    m.lifetime
+        .plausible
+        .get_or_create(&lifetime::ClassLabels {
+            namespace: "shop".to_owned(),
+            class: "basket".to_owned(),
+        })
+        .set(1);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
 

@@ -153,6 +153,8 @@ pub struct Metrics {
     pub sweep_schedule_interval: Family<ObjectLabels, Gauge>,
     /// 1 when the store's most recently finished sweep Job failed (`LastSweepSucceeded=False`).
     pub sweep_last_failed: Family<ObjectLabels, Gauge>,
+    /// Observed handle lifetimes ([`super::lifetime`]).
+    pub lifetime: super::lifetime::LifetimeMetrics,
 }
 
 impl Metrics {
@@ -174,6 +176,9 @@ impl Metrics {
             sweep_last_success: Family::default(),
             sweep_schedule_interval: Family::default(),
             sweep_last_failed: Family::default(),
+            lifetime: super::lifetime::LifetimeMetrics::register(
+                registry.sub_registry_with_prefix("custody"),
+            ),
         };
         let r = registry.sub_registry_with_prefix("custody");
         r.register(
