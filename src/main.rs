@@ -39,14 +39,14 @@ struct DiscoverArgs {
         env = "CUSTODY_RESOURCES"
     )]
     dir: PathBuf,
-    /// Servers discovered at once.
-    #[arg(long, default_value_t = 8)]
+    /// Servers discovered at once (at least 1: none at once would discover nothing).
+    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
     concurrency: usize,
-    /// Cap on tools/list pages per server.
-    #[arg(long, default_value_t = custody::mcp::discovery::DEFAULT_PAGE_CAP)]
+    /// Cap on tools/list pages per server (at least 1).
+    #[arg(long, default_value_t = custody::mcp::discovery::DEFAULT_PAGE_CAP, value_parser = at_least_one())]
     page_cap: usize,
-    /// Cap on one response body or SSE event, in bytes.
-    #[arg(long, default_value_t = custody::mcp::DEFAULT_MAX_RESPONSE_BYTES)]
+    /// Cap on one response body or SSE event, in bytes (at least 1).
+    #[arg(long, default_value_t = custody::mcp::DEFAULT_MAX_RESPONSE_BYTES, value_parser = at_least_one())]
     max_response_bytes: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
@@ -91,7 +91,7 @@ struct SweepArgs {
     run: Option<String>,
     /// Parked threads judged, acted on and printed per batch: what the sweep holds in memory
     /// at once, besides one small cache entry per distinct handle.
-    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = at_least_one())]
     batch_threads: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
@@ -105,6 +105,12 @@ struct SweepArgs {
     now: Option<chrono::DateTime<chrono::Utc>>,
     #[command(flatten)]
     egress: custody::mcp::egress::EgressOptions,
+}
+
+/// A count flag's parser: 0 is refused by clap with a message naming the flag
+/// (`invalid value '0' for '--page-cap <PAGE_CAP>': 0 is not in 1..`).
+fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
 /// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
@@ -303,6 +309,8 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         events.publish(client, ns, name).await;
     }
     out.finish(&failures)?;
+    // Printed once, on stderr (the table leaves it out; JSON lists it under `errors` for
+    // programs reading stdout).
     if !failures.is_empty() {
         anyhow::bail!("{}", failures.join("; "));
     }

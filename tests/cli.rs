@@ -4,6 +4,8 @@ mod support;
 
 use std::path::Path;
 
+use serde_json::json;
+
 fn sweep_fails(dir: &Path) -> String {
     let out = support::custody(&["sweep", "--dry-run", "-f", dir.to_str().unwrap()]);
     assert!(
@@ -43,12 +45,47 @@ fn unreachable_database_is_an_error_without_the_password() {
         "postgres",
         &dsn,
     );
-    let err = sweep_fails(dir.path());
+    let started = std::time::Instant::now();
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+    let elapsed = started.elapsed();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // The real cause, at once (not "pool timed out" after the pool's 10 s), and once.
+    let want = format!(
+        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused"
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
+    assert_eq!(
+        err.matches("cannot connect").count() + stdout.matches("cannot connect").count(),
+        1,
+        "stderr:\n{err}\nstdout:\n{stdout}"
+    );
     assert!(
-        err.contains("store default/orders: cannot connect to postgres://custody:***@127.0.0.1"),
+        !err.contains("hunter2") && !stdout.contains("hunter2"),
         "{err}"
     );
-    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn a_count_flag_of_zero_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    for (command, flag) in [
+        ("discover", "--page-cap"),
+        ("discover", "--concurrency"),
+        ("discover", "--max-response-bytes"),
+        ("sweep", "--batch-threads"),
+    ] {
+        let out = support::custody(&[command, "-f", dir.path().to_str().unwrap(), flag, "0"]);
+        assert_eq!(out.status.code(), Some(2), "{command} {flag} 0");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            err.contains(&format!("invalid value '0' for '{flag} <"))
+                && err.contains("0 is not in 1.."),
+            "{command} {flag} 0: {err}"
+        );
+    }
 }
 
 #[test]
@@ -255,4 +292,92 @@ fn apply_on_an_observing_store_says_so() {
                 on stores with mode: act, so this sweep only plans"),
         "{stderr}"
     );
+}
+
+/// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the
+/// same constants, naming the file, the resource and the field.
+#[test]
+fn local_stores_are_held_to_the_crds_bounds() {
+    for (field, value, says) in [
+        (
+            "sweepTimeoutSeconds",
+            json!(0),
+            "spec.sweepTimeoutSeconds: 0 is out of range: 1 to 86400",
+        ),
+        (
+            "parallelism",
+            json!(100),
+            "spec.parallelism: 100 is out of range: 1 to 64",
+        ),
+        (
+            "startingDeadlineSeconds",
+            json!(5),
+            "spec.startingDeadlineSeconds: 5 is out of range: 10 to 86400",
+        ),
+        (
+            "schedule",
+            json!("every day"),
+            "spec.schedule: \"every day\": schedule must be five cron fields",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::basket_resources(
+            dir.path(),
+            "http://127.0.0.1:1/mcp",
+            "auto",
+            "sqlite",
+            "sqlite://x.sqlite",
+        );
+        let mut spec = support::fixtures::store_spec("sqlite", "sqlite://x.sqlite");
+        spec[field] = value;
+        support::fixtures::write_resources(
+            dir.path(),
+            "store.yaml",
+            &[support::fixtures::object("CheckpointStore", "orders", spec)],
+        );
+        let err = sweep_fails(dir.path());
+        assert!(
+            err.contains(&format!(
+                "store.yaml: document 1 (CheckpointStore default/orders): {says}"
+            )),
+            "{field}: {err}"
+        );
+    }
+}
+
+/// A header value HTTP cannot carry (a newline) is an error when the resources load, naming the
+/// file, the resource and the field (and the Secret key for `headersFrom`), never the value.
+#[test]
+fn header_values_are_checked_at_load_without_printing_them() {
+    let value = format!("Bearer {}\nX-Injected: 1", uuid::Uuid::new_v4().simple());
+    for (server, secret, says) in [
+        (
+            json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": value}}),
+            None,
+            "server.yaml: document 1 (MCPServer default/basket): spec.headers.Authorization: the value is not a valid HTTP header value",
+        ),
+        (
+            json!({"url": "http://127.0.0.1:1/mcp", "headersFrom": [{"name": "Authorization",
+                   "secretKeyRef": {"name": "token", "key": "authorization"}}]}),
+            Some(support::fixtures::secret(
+                "token",
+                json!({"authorization": value}),
+            )),
+            "MCPServer default/basket: spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut docs = vec![support::fixtures::object("MCPServer", "basket", server)];
+        docs.extend(secret);
+        support::fixtures::write_resources(dir.path(), "server.yaml", &docs);
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = String::from_utf8(out.stderr).unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(err.contains(says), "{err}");
+        assert!(
+            !err.contains(value.lines().next().unwrap()) && !stdout.contains("Bearer"),
+            "{err}{stdout}"
+        );
+    }
 }

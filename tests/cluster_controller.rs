@@ -1951,6 +1951,111 @@ async fn a_sweep_job_past_its_deadline_shows_in_last_sweep_succeeded() {
     );
 }
 
+/// A sweep the CronJob controller skipped shows in the store: every minute, with
+/// `startingDeadlineSeconds: 10` and a sweep that never ends (its namespace has no sweep
+/// ServiceAccount, so the Job controller cannot create its pod and the Job stays active for its
+/// `sweepTimeoutSeconds`), the next minute's run cannot start under `concurrencyPolicy:
+/// Forbid` and kube-controller-manager skips it. The store turns `Scheduled=False` and
+/// `Ready=False` with reason `MissedSchedule`, naming the run's time and the Job still running,
+/// with a Warning Event.
+#[tokio::test]
+async fn a_sweep_the_cron_job_skipped_shows_in_the_store() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "missed").await;
+    let dsn = support::fresh_pg_database("e2e_missed").await;
+    // LangGraph's tables, so that the missed run is what keeps the store from being Ready.
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": "* * * * *",
+                   "sweepTimeoutSeconds": 3600, "startingDeadlineSeconds": 10}),
+        ),
+    )
+    .await;
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    let cron = eventually("the CronJob", async || {
+        crons
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let spec = cron.spec;
+    assert_eq!(spec.starting_deadline_seconds, Some(10));
+    assert_eq!(spec.time_zone.as_deref(), Some("UTC"));
+    // Up to a minute for the first run, one more for the run it blocks, and its deadline.
+    // (Longer than `eventually`'s deadline.)
+    let until = Instant::now() + Duration::from_secs(200);
+    let obj = loop {
+        let obj = get(&client, &ns, "CheckpointStore", "orders")
+            .await
+            .unwrap();
+        match condition(&obj, "Scheduled") {
+            Some(c) if c["status"] == "False" => break obj,
+            other => assert!(
+                Instant::now() < until,
+                "no skipped run in Scheduled after 200 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "MissedSchedule", "{scheduled}");
+    let message = scheduled["message"].as_str().unwrap();
+    let active = crons
+        .get("orders-sweep")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .active
+        .unwrap();
+    assert!(
+        message.starts_with("the sweep due at ")
+            && message
+                .contains("did not start within startingDeadlineSeconds (10 s): Job orders-sweep-")
+            && message.ends_with(
+                " was still running and concurrencyPolicy is Forbid; the CronJob skipped it"
+            )
+            && active
+                .iter()
+                .any(|j| message.contains(j.name.as_deref().unwrap())),
+        "{message}, active {active:?}"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "MissedSchedule"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "MissedSchedule",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("the sweep due at ")),
+        "{event:?}"
+    );
+}
+
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
 /// say why (a sweep Job has no volume with the database file).
 #[tokio::test]

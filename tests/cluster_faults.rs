@@ -9,6 +9,9 @@
 //! | F1 | [`leader_lease_taken_mid_discovery`] | the Lease passes to another replica while the leader's discovery against a slow server is in flight | the old leader writes no status after the takeover; it reports the loss (log, `custody_leader` 0, `/readyz` body `ready: standby`) and stops reconciling; the new leader completes the discovery |
 //! | F1b | [`paused_leader_replaced_mid_discovery`] | the leader is paused (SIGSTOP) while its discovery is in flight; a standby takes the expired Lease; the old leader resumes | the same, with the standby completing the discovery |
 //! | F2 | [`secret_deleted_while_referenced`] | the `headersFrom` Secret of an MCPServer and the `dsnFrom` Secret of a CheckpointStore are deleted | conditions name the Secret and key, never the value; Warning Events; not ready; counted in `custody_reconcile_failures_total`; other objects stay ready; recreating the Secrets recovers both without a restart, within seconds (a watch, not the 5-minute recheck) |
+//! | F3 | [`watches_refused_by_rbac_make_the_controller_not_ready`] | the controller's ServiceAccount may read the CRDs but not list or watch what it reconciles | the leader is not ready: `/readyz` answers 503 naming each controller whose watch fails and the 403; `custody_reconcile_failures_total{reason="watch_forbidden"}` counts them |
+//! | F4 | [`crds_of_another_release_are_named_and_their_refusals_reach_the_objects`] | an installed CRD of another release (its `custody.dev/schema-sha256` differs; its schema refuses a status field) | at startup: an ERROR log and `/readyz` 503 naming the CRD and what to apply, ready once applied without a restart; a refused status write: a Warning Event `StatusRefused` on the object naming the field, and a count |
+//! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -1187,5 +1190,364 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         rows.len(),
         rows.len() - accepted.len(),
         accepted.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// F3–F5: what the API server refuses reaches `/readyz`, the objects and the metrics.
+
+/// The `custody` binary under test.
+fn custody_bin() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_custody"))
+}
+
+/// Applies `crds/crds.yaml` again (server-side, taking back fields a test changed).
+fn reapply_crds() {
+    cluster::cluster()
+        .kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                "crds/crds.yaml",
+            ],
+            None,
+        )
+        .ok();
+}
+
+/// Puts `crds/crds.yaml` back when dropped, however the test ends.
+struct RestoreCrds;
+
+impl Drop for RestoreCrds {
+    fn drop(&mut self) {
+        reapply_crds();
+    }
+}
+
+/// F3: a controller whose ServiceAccount may read the CRDs but not list or watch anything it
+/// reconciles leads, and is not ready: `/readyz` answers 503 naming each controller whose watch
+/// fails and the API server's 403, and `custody_reconcile_failures_total{reason=
+/// "watch_forbidden"}` counts them.
+#[tokio::test]
+async fn watches_refused_by_rbac_make_the_controller_not_ready() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-nowatch").await;
+    let c = cluster::cluster();
+    let sa = "custody-no-watch";
+    let cluster_role = format!("{sa}-{}", std::process::id());
+    let rbac = |kind: &str, name: &str, body: Value| {
+        let mut metadata = json!({"name": name});
+        if !kind.starts_with("Cluster") {
+            metadata["namespace"] = json!(&*ns);
+        }
+        merged(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata}),
+            body,
+        )
+    };
+    let subjects = json!([{"kind": "ServiceAccount", "name": sa, "namespace": &*ns}]);
+    let items = json!([
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": &*ns}},
+        rbac("Role", sa, json!({"rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                          "verbs": ["create", "get", "list", "watch", "patch"]}]})),
+        rbac("RoleBinding", sa, json!({"subjects": subjects,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa}})),
+        rbac("ClusterRole", &cluster_role, json!({"rules": [{"apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"], "resourceNames": cluster::crd_names(), "verbs": ["get"]}]})),
+        rbac("ClusterRoleBinding", &cluster_role, json!({"subjects": subjects,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role}})),
+    ]);
+    c.kubectl(
+        &["apply", "-f", "-"],
+        Some(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()),
+    )
+    .ok();
+    // Its own directory: Suite::logs (the files of infra.dir) is the serving replicas' logs.
+    let dir = infra.dir.join("no-watch");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = cluster::token_kubeconfig(&dir.join("kubeconfig"), &ns, sa);
+    let replica = ControllerProcess::spawn(
+        custody_bin(),
+        &kubeconfig,
+        sa,
+        &dir.join("replica.log"),
+        &["--lease-namespace", &ns, "--lease-seconds", "15"],
+    );
+    let kinds = [
+        "MCPServer",
+        "AgentAssignment",
+        "HandleClass",
+        "CheckpointStore",
+    ];
+    let body = eventually(
+        "/readyz names every controller's refused watch",
+        async || {
+            // Not replica.metrics(): it panics while the HTTP server is not up yet.
+            let m = replica.get("/metrics").map(|(_, m)| m).unwrap_or_default();
+            match replica.get("/readyz") {
+                Some((503, body))
+                    if metric(&m, "custody_leader") == Some(1.0)
+                        && kinds.iter().all(|k| {
+                            body.contains(&format!("the {k} controller's watch failed"))
+                                && failures(&m, k, "watch_forbidden") >= 1.0
+                        }) =>
+                {
+                    Ok(body)
+                }
+                other => Err(format!("{other:?}\n{}", replica.log_tail())),
+            }
+        },
+    )
+    .await;
+    assert!(body.starts_with("not ready: the "), "{body}");
+    assert!(
+        body.contains("watch_forbidden: ") && body.contains("is forbidden"),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!("system:serviceaccount:{}:{sa}", &*ns)),
+        "{body}"
+    );
+    drop(replica);
+    c.kubectl(
+        &[
+            "delete",
+            "clusterrolebinding,clusterrole",
+            &cluster_role,
+            "--wait=false",
+        ],
+        None,
+    )
+    .ok();
+}
+
+/// F4: CRDs of another release. At startup a replica names the CRD whose
+/// `custody.dev/schema-sha256` differs, logs it at ERROR, says in `/readyz` what to apply and
+/// stays not ready (and a standby) until the right CRDs are applied, then becomes ready without
+/// a restart. A schema that refuses a status write the serving controller makes (HTTP 500 from
+/// server-side apply: the old schema types `status.observedGeneration` as a string) becomes a
+/// Warning Event `StatusRefused` on the object, naming the field, and a count.
+#[tokio::test]
+async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-oldcrd").await;
+    let c = cluster::cluster();
+    let crd = "handleclasses.custody.dev";
+    let _restore = RestoreCrds;
+
+    c.kubectl(
+        &[
+            "annotate",
+            "--overwrite",
+            &format!("crd/{crd}"),
+            "custody.dev/schema-sha256=0123456789abcdef",
+        ],
+        None,
+    )
+    .ok();
+    let dir = infra.dir.join("old-crd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let replica = ControllerProcess::spawn(
+        custody_bin(),
+        &infra.kubeconfig,
+        "faults-old-crd",
+        &dir.join("replica.log"),
+        &[
+            "--lease-namespace",
+            &infra.system_ns,
+            "--lease-seconds",
+            &LEASE_SECONDS.to_string(),
+        ],
+    );
+    let body = eventually("/readyz names the CRD", async || {
+        match replica.get("/readyz") {
+            Some((503, body)) if body.contains(crd) => Ok(body),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        }
+    })
+    .await;
+    assert!(
+        body.starts_with(&format!(
+            "not ready: installed CRDs: CRD {crd} has schema custody.dev/schema-sha256 0123456789ab…, this controller serves "
+        )),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!(
+            "apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
+    let log = replica.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("ERROR") && l.contains(crd)),
+        "no ERROR line names {crd}:\n{log}"
+    );
+    assert_eq!(metric(&replica.metrics(), "custody_leader"), Some(0.0));
+    reapply_crds();
+    eventually("ready once the CRDs are applied", async || {
+        match replica.get("/readyz") {
+            Some((200, body)) if body == "ready: standby" => Ok(()),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        }
+    })
+    .await;
+    drop(replica);
+
+    // An installed schema that refuses what the serving controller writes.
+    c.kubectl(
+        &[
+            "patch",
+            &format!("crd/{crd}"),
+            "--type=json",
+            "-p",
+            r#"[{"op": "replace", "path": "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/observedGeneration/type", "value": "string"}]"#,
+        ],
+        None,
+    )
+    .ok();
+    apply(
+        &client,
+        &ns,
+        &object("HandleClass", "basket", basket_class()),
+    )
+    .await;
+    let note = wait_warning(&client, &ns, "HandleClass", "basket", "StatusRefused").await;
+    assert!(
+        note.starts_with("the API server refused this HandleClass's status (HTTP "),
+        "{note}"
+    );
+    assert!(note.contains("observedGeneration"), "{note}");
+    assert!(
+        note.contains("kubectl apply --server-side -f crds/crds.yaml"),
+        "{note}"
+    );
+    assert!(failures(&infra.metrics().await, "HandleClass", "StatusRefused") >= 1.0);
+    reapply_crds();
+    eventually("the status is written once the CRD is right", async || {
+        let obj = get(&client, &ns, "HandleClass", "basket").await.unwrap();
+        match &obj["status"]["observedGeneration"] {
+            Value::Number(n) if n.as_i64() == Some(1) => Ok(()),
+            other => Err(format!("{other}")),
+        }
+    })
+    .await;
+}
+
+/// F5: a ConfigMap write RBAC refuses (the controller's ClusterRole loses `patch` on ConfigMaps)
+/// makes the AgentAssignment `ConfigRendered=False` and `Ready=False` with reason
+/// `ConfigMapRefused` naming the ConfigMap and the API server's 403, with a Warning Event and a
+/// count; the status keeps no digest of a configuration that was never written. Restoring the
+/// role renders it within seconds.
+#[tokio::test]
+async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-cmrbac").await;
+    let c = cluster::cluster();
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    wait_conditions(&client, &ns, "MCPServer", "basket", &[("Ready", "True")]).await;
+
+    let role = format!("{}-controller", infra.release);
+    let mut original = c.get_json(&["clusterrole", &role]);
+    for field in ["resourceVersion", "managedFields"] {
+        original["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let mut reduced = original.clone();
+    for rule in reduced["rules"].as_array_mut().unwrap() {
+        if rule["resources"] == json!(["configmaps"]) {
+            rule["verbs"] = json!(["list", "watch"]);
+        }
+    }
+    assert_ne!(reduced, original, "the chart's role has a configmaps rule");
+    /// Puts the chart's ClusterRole back when dropped.
+    struct RestoreRole(String);
+    impl Drop for RestoreRole {
+        fn drop(&mut self) {
+            cluster::cluster()
+                .kubectl(&["replace", "-f", "-"], Some(&self.0))
+                .ok();
+        }
+    }
+    let restore = RestoreRole(original.to_string());
+    c.kubectl(&["replace", "-f", "-"], Some(&reduced.to_string()))
+        .ok();
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "agent",
+            json!({"agent": "agent", "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+        ),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("ConfigRendered", "False"), ("Ready", "False")],
+    )
+    .await;
+    let rendered = condition(&obj, "ConfigRendered").unwrap();
+    assert_eq!(rendered["reason"], "ConfigMapRefused", "{rendered}");
+    let message = rendered["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the API server refused ConfigMap agent-mcp-config (HTTP 403): "),
+        "{message}"
+    );
+    assert!(message.contains("forbidden"), "{message}");
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "ConfigMapRefused"
+    );
+    assert!(
+        obj["status"].get("configDigest").is_none(),
+        "{}",
+        obj["status"]
+    );
+    let note = wait_warning(&client, &ns, "AgentAssignment", "agent", "ConfigMapRefused").await;
+    assert_eq!(note, message);
+    assert!(
+        failures(
+            &infra.metrics().await,
+            "AgentAssignment",
+            "ConfigMapRefused"
+        ) >= 1.0
+    );
+
+    drop(restore);
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("ConfigRendered", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "ConfigRendered").unwrap()["message"],
+        "ConfigMap agent-mcp-config applied"
+    );
+    assert!(
+        obj["status"]["configDigest"].is_string(),
+        "{}",
+        obj["status"]
     );
 }

@@ -95,3 +95,67 @@ fn schemas_use_only_formats_kubernetes_knows() {
         "formats Kubernetes warns about: {unknown:?}"
     );
 }
+
+/// `kubectl explain` prints each description as written: every one is whole sentences, with no
+/// line break a doc comment's wrapping left mid-sentence, no Rust type name (`u32`,
+/// `Option<…>`) and no rustdoc intra-doc link (`` [`Item`] ``).
+#[test]
+fn every_description_reads_as_sentences() {
+    fn walk(v: &serde_json::Value, path: &str, name: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::String(d)) = map.get("description") {
+                    out.extend(
+                        problems(d, name)
+                            .into_iter()
+                            .map(|p| format!("{path}: {p}: {d:?}")),
+                    );
+                }
+                for (k, child) in map {
+                    walk(child, &format!("{path}.{k}"), k, out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    walk(child, &format!("{path}[{i}]"), name, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn problems(d: &str, name: &str) -> Vec<&'static str> {
+        let rust_type = regex::Regex::new(
+            r"\b(u8|u16|u32|u64|u128|usize|i8|i16|i32|i64|isize|f32|f64|Option<|Vec<|BTreeMap<|HashMap<|Some\(|None\b)",
+        )
+        .unwrap();
+        let intra_doc =
+            regex::Regex::new(r"\[`[^`\]]+`\](?:[^(]|$)|\[[A-Z][A-Za-z]*::[A-Za-z:]+\]").unwrap();
+        let mut found = Vec::new();
+        let unwrapped = d.replace("\n\n", " ").replace("\n- ", " ");
+        if unwrapped.contains('\n') {
+            found.push("a line break inside a paragraph");
+        }
+        if rust_type.is_match(d) {
+            found.push("a Rust type name");
+        }
+        if intra_doc.is_match(d) {
+            found.push("an intra-doc link");
+        }
+        let d = d.trim();
+        if !d.ends_with(['.', ')', '`', ':', '?', '!']) {
+            found.push("no end of sentence");
+        }
+        // Kubernetes' own descriptions (LabelSelector) start with the field's name.
+        let first = d.chars().next().unwrap_or(' ');
+        if !(first.is_uppercase() || "`(0123456789".contains(first) || d.starts_with(name)) {
+            found.push("no start of sentence");
+        }
+        found
+    }
+    let mut found = Vec::new();
+    for crd in custody::crd::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        walk(&serde_json::to_value(&crd).unwrap(), &name, "", &mut found);
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}

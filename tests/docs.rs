@@ -72,3 +72,38 @@ fn every_library_item_readme_names_is_defined_where_it_says() {
         "README.md names library items not defined there: {wrong:?}"
     );
 }
+
+/// The quickstart shows cargo's progress (a cold build takes minutes: `--quiet` showed nothing)
+/// and builds the binary README's local-mode section runs, so a reader needs one build.
+#[test]
+fn the_quickstart_and_the_next_step_share_one_build() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let script = std::fs::read_to_string(root.join("tests/quickstart.sh")).unwrap();
+    let builds: Vec<&str> = script
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("cargo build"))
+        .collect();
+    assert_eq!(
+        builds,
+        ["cargo build"],
+        "tests/quickstart.sh builds with {builds:?}"
+    );
+    assert!(
+        script.contains("custody=\"${CARGO_TARGET_DIR:-target}/debug/custody\""),
+        "tests/quickstart.sh runs another binary"
+    );
+    let text = readme();
+    let local = text
+        .split("## Running it on your own checkpoints (local mode)")
+        .nth(1)
+        .expect("README has the local-mode section");
+    let block = local.split("```").nth(1).expect("a code block");
+    assert!(
+        block
+            .lines()
+            .any(|l| l.split('#').next().unwrap().trim() == "cargo build")
+            && block.contains("target/debug/custody sweep"),
+        "README's local-mode commands use another build:\n{block}"
+    );
+}

@@ -18,8 +18,10 @@ port=18931
 mkdir -p target/quickstart
 echo "==> python venv (LangGraph and the MCP SDK, pinned)" >&2
 python="$(tests/harness/venv.sh)/bin/python"
-echo "==> cargo build" >&2
-cargo build --quiet
+# Not --quiet: on a cold machine the build takes minutes, and cargo's progress shows them. The
+# binary is the one README's next section ("local mode") runs.
+echo "==> cargo build (target/debug/custody)" >&2
+cargo build
 custody="${CARGO_TARGET_DIR:-target}/debug/custody"
 
 if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow, PgValueFormat};
-use sqlx::{Row, ValueRef};
+use sqlx::{ConnectOptions, Connection, Row, ValueRef};
 
 use super::doc::{LATEST_FORMAT, parse_ts};
 use super::{
@@ -167,6 +167,9 @@ impl ChannelCols {
     }
 }
 
+/// How long connecting to the database may take, the first connection and the pool's alike.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A read-only pool on a PostgresSaver database.
 pub struct Reader {
     pool: PgPool,
@@ -184,9 +187,26 @@ impl Reader {
             .application_name("custody")
             // The reader must never write: the server enforces it for every statement.
             .options([("default_transaction_read_only", "on")]);
+        // A pool retries a failed connect until its acquire timeout and then says only "pool
+        // timed out"; one direct connection first says why (refused at host:port, an unknown
+        // host, a rejected password) at once.
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
+            .await
+            .unwrap_or_else(|_| {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+                )))
+            })
+            .map_err(|source| StoreError::Connect {
+                dsn: shown.clone(),
+                source,
+            })?;
+        // Only a check: the pool opens its own.
+        let _ = first.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(options)
             .await
             .map_err(|source| StoreError::Connect {

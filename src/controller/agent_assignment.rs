@@ -156,11 +156,13 @@ pub(super) async fn reconcile(
     let mut secret_env = current.secret_env.clone();
     let mut tool_count = current.tool_count;
     let mut digest = current.config_digest.clone();
+    let mut config = Cond::unknown(
+        conditions::CONFIG_RENDERED,
+        conditions::NOT_VALIDATED,
+        "the assignment is not valid yet",
+    );
     if let Some(v) = &validated {
         let rendered = render(a, v, &withheld);
-        secret_env = rendered.env;
-        tool_count = Some(rendered.tool_count);
-        digest = Some(rendered.digest.clone());
         let cm = json!({
             "apiVersion": "v1",
             "kind": "ConfigMap",
@@ -174,17 +176,42 @@ pub(super) async fn reconcile(
             "data": rendered.data,
         });
         ctx.lease.check().await?;
-        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+        let applied = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
             .patch(
                 &cm_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&cm),
             )
-            .await?;
+            .await;
+        config = match applied {
+            Ok(_) => {
+                secret_env = rendered.env;
+                tool_count = Some(rendered.tool_count);
+                digest = Some(rendered.digest.clone());
+                Cond::yes(
+                    conditions::CONFIG_RENDERED,
+                    conditions::CONFIG_MAP_APPLIED,
+                    format!("ConfigMap {cm_name} applied"),
+                )
+            }
+            // The API server's answer (RBAC, quota, size) is the spec's or the install's to
+            // fix: a condition and an Event say so, where a reconcile error would only log.
+            // The status keeps describing the ConfigMap as it is.
+            Err(kube::Error::Api(refused)) => {
+                config_refused(a, &current, &cm_name, &refused, &ctx).await
+            }
+            Err(e) => return Err(e.into()),
+        };
     }
+    // An RBAC or quota fix is not watched: look again soon.
+    let requeue = if config.status == conditions::FALSE {
+        WAITING
+    } else {
+        requeue
+    };
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
-    let ready = ready(&valid, &policy, validated.as_ref(), &cm_name);
+    let ready = ready(&valid, &policy, &config, validated.as_ref(), &cm_name);
     // 5. Events for what changed since the persisted status (API)
     report(
         a,
@@ -200,7 +227,7 @@ pub(super) async fn reconcile(
     let status = AgentAssignmentStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, valid, policy, degraded],
+            vec![ready, valid, policy, degraded, config],
             a.metadata.generation,
             &time(Utc::now()),
         ),
@@ -218,8 +245,44 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(requeue))
 }
 
-/// `Ready`: valid, every required server ready, and nothing withheld by the policy.
-fn ready(valid: &Cond, policy: &Cond, v: Option<&Validated<'_>>, cm_name: &str) -> Cond {
+/// `ConfigRendered=False` for a ConfigMap the API server refused, counted, with a Warning Event
+/// unless the persisted status already says the same.
+async fn config_refused(
+    a: &AgentAssignment,
+    current: &AgentAssignmentStatus,
+    cm_name: &str,
+    refused: &kube::core::Status,
+    ctx: &Context,
+) -> Cond {
+    ctx.count_unusable("AgentAssignment", conditions::CONFIG_MAP_REFUSED);
+    let c = Cond::no(
+        conditions::CONFIG_RENDERED,
+        conditions::CONFIG_MAP_REFUSED,
+        format!(
+            "the API server refused ConfigMap {cm_name} (HTTP {}): {}",
+            refused.code, refused.message
+        ),
+    );
+    let was = current
+        .conditions
+        .iter()
+        .find(|p| p.type_ == conditions::CONFIG_RENDERED);
+    if was.is_none_or(|p| p.status != c.status || p.message != c.message) {
+        ctx.event(a, EventType::Warning, c.reason, c.message.clone())
+            .await;
+    }
+    c
+}
+
+/// `Ready`: valid, every required server ready, nothing withheld by the policy, and the
+/// ConfigMap applied.
+fn ready(
+    valid: &Cond,
+    policy: &Cond,
+    config: &Cond,
+    v: Option<&Validated<'_>>,
+    cm_name: &str,
+) -> Cond {
     if valid.status != conditions::TRUE {
         return Cond::no(conditions::READY, valid.reason, valid.message.clone());
     }
@@ -234,6 +297,9 @@ fn ready(valid: &Cond, policy: &Cond, v: Option<&Validated<'_>>, cm_name: &str) 
     }
     if policy.status != conditions::TRUE {
         return Cond::no(conditions::READY, policy.reason, policy.message.clone());
+    }
+    if config.status == conditions::FALSE {
+        return Cond::no(conditions::READY, config.reason, config.message.clone());
     }
     let mut message = format!("configuration in ConfigMap {cm_name}");
     if let Some(v) = v
@@ -273,7 +339,8 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
 
 /// Events about what changed since the persisted status, so a requeue or a controller restart
 /// does not repeat them: the assignment turning not ready (or for another reason), tools
-/// withheld by the policy, optional servers left out or back, and a new configuration.
+/// withheld by the policy, optional servers left out or back, and a new configuration. (A
+/// refused ConfigMap has its own Event, [`config_refused`].)
 async fn report(
     a: &AgentAssignment,
     current: &AgentAssignmentStatus,
@@ -299,6 +366,7 @@ async fn report(
     // Waiting for a first discovery is a normal start, not a problem worth a Warning.
     if ready.status == conditions::FALSE
         && ready.reason != policy.reason
+        && ready.reason != conditions::CONFIG_MAP_REFUSED
         && ready.reason != conditions::WAITING_FOR_DISCOVERY
         && was(conditions::READY)
             .is_none_or(|p| p.status != conditions::FALSE || p.reason != ready.reason)
@@ -788,11 +856,12 @@ mod tests {
         let a = assignment(&["shop_create_basket"]);
         let valid = Cond::yes("Valid", "Validated", "2 tools");
         let policy = Cond::yes("PolicyCompliant", "WritesNeedApproval", "ok");
+        let config = Cond::yes("ConfigRendered", "ConfigMapApplied", "cm");
         let mut v = validated(&a, false);
         v.left_out = vec![
             "spec.servers[1]: optional MCPServer docs is not ready (Unreachable: refused)".into(),
         ];
-        let r = ready(&valid, &policy, Some(&v), "cm");
+        let r = ready(&valid, &policy, &config, Some(&v), "cm");
         assert_eq!(r.status, "True");
         let d = degraded(Some(&v));
         assert_eq!((d.status, d.reason), ("True", "OptionalServerUnavailable"));
@@ -800,11 +869,24 @@ mod tests {
         v.unavailable = vec![
             "spec.servers[0]: required MCPServer basket is not ready (Unreachable: refused)".into(),
         ];
-        let r = ready(&valid, &policy, Some(&v), "cm");
+        let r = ready(&valid, &policy, &config, Some(&v), "cm");
         assert_eq!((r.status, r.reason), ("False", "RequiredServerUnavailable"));
         assert!(r.message.contains("MCPServer basket"), "{}", r.message);
         v.left_out.clear();
         assert_eq!(degraded(Some(&v)).status, "False");
+        v.unavailable.clear();
+        let refused = Cond::no(
+            "ConfigRendered",
+            "ConfigMapRefused",
+            "the API server refused ConfigMap cm (HTTP 403): forbidden",
+        );
+        let r = ready(&valid, &policy, &refused, Some(&v), "cm");
+        assert_eq!((r.status, r.reason), ("False", "ConfigMapRefused"));
+        assert!(
+            r.message.contains("ConfigMap cm (HTTP 403)"),
+            "{}",
+            r.message
+        );
     }
 
     #[test]

@@ -30,11 +30,9 @@ const RECHECK: std::time::Duration = std::time::Duration::from_secs(300);
 /// the controller finds a store's Jobs and is woken when one of them changes.
 pub const STORE_LABEL: &str = "custody.dev/checkpoint-store";
 
-/// The CronJob's `startingDeadlineSeconds`: a run that cannot start within 5 minutes of its time
-/// (the controller manager was down, or the previous run was still going under `Forbid`) is
-/// skipped and counted as missed instead of starting late; without a deadline the CronJob
-/// controller also stops scheduling after 100 missed runs.
-const STARTING_DEADLINE_SECONDS: u32 = 300;
+/// How long after a run's deadline the CronJob controller has to record it (`lastScheduleTime`)
+/// before custody calls it missed: it creates the Job and writes the status in two steps.
+const MISS_MARGIN: chrono::TimeDelta = chrono::TimeDelta::seconds(5);
 
 pub(super) async fn reconcile(
     obj: Arc<Guard<CheckpointStore>>,
@@ -89,7 +87,9 @@ pub(super) async fn reconcile(
     }
     // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
     // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
-    // fault: retrying cannot help, so it becomes a condition instead of an endless error.
+    // fault: retrying cannot help, so it becomes a condition instead of an endless error. A run
+    // the CronJob controller skipped (pure, from the applied CronJob's status) is one too.
+    let mut requeue = RECHECK;
     let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
         Err(message) => Cond::no(
             conditions::SCHEDULED,
@@ -97,15 +97,26 @@ pub(super) async fn reconcile(
             message,
         ),
         Ok(applied) => match applied.await {
-            Ok(()) => Cond::yes(
-                conditions::SCHEDULED,
-                conditions::CRON_JOB_APPLIED,
-                format!(
-                    "CronJob {}-sweep on {}",
-                    store.name_any(),
-                    store.spec.schedule
-                ),
-            ),
+            Ok(cron) => {
+                let runs = runs(store, &cron, Utc::now());
+                if let Some(soon) = runs.recheck {
+                    requeue = requeue.min(soon);
+                }
+                match runs.missed {
+                    None => Cond::yes(
+                        conditions::SCHEDULED,
+                        conditions::CRON_JOB_APPLIED,
+                        format!(
+                            "CronJob {}-sweep on {}",
+                            store.name_any(),
+                            store.spec.schedule
+                        ),
+                    ),
+                    Some(message) => {
+                        Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, message)
+                    }
+                }
+            }
             Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
                 ctx.count_unusable("CheckpointStore", conditions::CRON_JOB_REFUSED);
                 let field = if refused.message.contains("spec.schedule") {
@@ -126,6 +137,22 @@ pub(super) async fn reconcile(
             Err(e) => return Err(e),
         },
     };
+    if scheduled.reason == conditions::MISSED_SCHEDULE {
+        ctx.count_unusable("CheckpointStore", conditions::MISSED_SCHEDULE);
+        let was = current
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::SCHEDULED);
+        if was.is_none_or(|c| c.message != scheduled.message) {
+            ctx.event(
+                store,
+                EventType::Warning,
+                conditions::MISSED_SCHEDULE,
+                scheduled.message.clone(),
+            )
+            .await;
+        }
+    }
     // 3. how the latest finished sweep Job ended (API read, pure), an Event when it failed
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
@@ -148,11 +175,12 @@ pub(super) async fn reconcile(
     }
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
-    //    CronJob that exists has an interval.
+    //    CronJob that exists has an interval (one that skipped a run exists).
     if let Some(s) = &current.last_sweep {
         ctx.metrics.set_sweep(&ns, &store.name_any(), s);
     }
-    let interval = (scheduled.status == conditions::TRUE)
+    let interval = (scheduled.status == conditions::TRUE
+        || scheduled.reason == conditions::MISSED_SCHEDULE)
         .then(|| schedule::longest_gap(&store.spec.schedule, Utc::now()))
         .flatten();
     ctx.metrics.set_sweep_jobs(
@@ -186,7 +214,84 @@ pub(super) async fn reconcile(
         serde_json::to_value(status)?,
     )
     .await?;
-    Ok(Action::requeue(RECHECK))
+    Ok(Action::requeue(requeue))
+}
+
+/// What the applied CronJob's status says about its runs.
+#[derive(Debug, PartialEq)]
+struct Runs {
+    /// `Scheduled`'s message when the latest run that should have started by now did not.
+    missed: Option<String>,
+    /// When to look again: right after the next run's deadline while a sweep runs (only then,
+    /// under `concurrencyPolicy: Forbid`, can the next run be skipped).
+    recheck: Option<std::time::Duration>,
+}
+
+/// Whether the CronJob skipped a run: the latest time its schedule was due, at least
+/// `startingDeadlineSeconds` ago, is after the CronJob last started one (`lastScheduleTime`)
+/// and after custody last changed it (creation or its own latest apply, so a new schedule is
+/// not judged by the old one's runs). The CronJob controller records a run it skips only as an
+/// Event on the CronJob; this is how the store shows it. `@every` schedules are not checked
+/// ([`schedule::cron`]).
+fn runs(store: &CheckpointStore, cron: &CronJob, now: chrono::DateTime<Utc>) -> Runs {
+    let none = Runs {
+        missed: None,
+        recheck: None,
+    };
+    let Some(schedule) = schedule::cron(&store.spec.schedule) else {
+        return none;
+    };
+    let deadline = chrono::TimeDelta::seconds(i64::from(store.spec.starting_deadline_seconds));
+    let to_chrono = |t: &k8s_openapi::jiff::Timestamp| {
+        chrono::DateTime::<Utc>::from_timestamp(t.as_second(), t.subsec_nanosecond().max(0) as u32)
+    };
+    let since = cron
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some(FIELD_MANAGER) && m.subresource.is_none())
+        .filter_map(|m| m.time.as_ref())
+        .chain(cron.metadata.creation_timestamp.as_ref())
+        .filter_map(|t| to_chrono(&t.0))
+        .max();
+    let status = cron.status.clone().unwrap_or_default();
+    let last = status
+        .last_schedule_time
+        .as_ref()
+        .and_then(|t| to_chrono(&t.0));
+    let active: Vec<String> = status
+        .active
+        .iter()
+        .flatten()
+        .filter_map(|r| r.name.clone())
+        .collect();
+    let late = now - deadline - MISS_MARGIN;
+    let missed = schedule
+        .find_previous_occurrence(&late, true)
+        .ok()
+        .filter(|due| since.is_some_and(|s| *due > s) && last.is_none_or(|l| l < *due))
+        .map(|due| {
+            let why = if active.is_empty() {
+                "the CronJob controller did not start it (was kube-controller-manager down?)"
+                    .to_owned()
+            } else {
+                format!(
+                    "Job {} was still running and concurrencyPolicy is Forbid",
+                    active.join(", ")
+                )
+            };
+            format!(
+                "the sweep due at {} did not start within startingDeadlineSeconds ({} s): {why}; the CronJob skipped it",
+                due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                store.spec.starting_deadline_seconds
+            )
+        });
+    let recheck = (!active.is_empty())
+        .then(|| schedule.find_next_occurrence(&late, false).ok())
+        .flatten()
+        .and_then(|next| (next + deadline + MISS_MARGIN * 2 - now).to_std().ok());
+    Runs { missed, recheck }
 }
 
 /// `Ready`: `True` when every other condition is, else `False` with the first one that is not
@@ -375,7 +480,7 @@ fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
 
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
 /// sweep ServiceAccount, with the same restrictive security settings as the controller.
-async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), Error> {
+async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJob, Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
     let cron = cron_job(
@@ -385,14 +490,13 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<(), E
         ctx.opts.egress.deny_metadata_addresses,
     );
     ctx.lease.check().await?;
-    Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
+    Ok(Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
         .patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&cron),
         )
-        .await?;
-    Ok(())
+        .await?)
 }
 
 /// The sweep CronJob of a store. With `spec.parallelism` N above 1 its Job is an Indexed Job of
@@ -462,7 +566,13 @@ fn cron_job(
             "schedule": store.spec.schedule,
             // A sweep still running when the next is due is not doubled up.
             "concurrencyPolicy": "Forbid",
-            "startingDeadlineSeconds": STARTING_DEADLINE_SECONDS,
+            // A run that cannot start in time (the controller manager was down, or the previous
+            // run was still going under Forbid) is skipped instead of starting late; without a
+            // deadline the CronJob controller also stops scheduling after 100 missed runs.
+            "startingDeadlineSeconds": store.spec.starting_deadline_seconds,
+            // The zone custody judges missed runs in ([`runs`]), whatever the controller
+            // manager's own.
+            "timeZone": "UTC",
             "successfulJobsHistoryLimit": 3,
             "failedJobsHistoryLimit": 3,
             "jobTemplate": {
@@ -590,6 +700,92 @@ mod tests {
         assert_eq!(r.message, "LastSweepSucceeded: late");
         let schema = Cond::unknown("SchemaCompatible", "NotChecked", "n");
         assert_eq!(ready(&[&schema]).status, "False");
+    }
+
+    fn store_on(schedule: &str) -> CheckpointStore {
+        serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": {"name": "orders", "namespace": "agents"},
+            "spec": {"backend": "postgres", "dsn": "postgres://db/x", "schedule": schedule,
+                     "startingDeadlineSeconds": 10},
+        }))
+        .unwrap()
+    }
+
+    fn cron_status(applied: &str, last: Option<&str>, active: &[&str]) -> CronJob {
+        let active: Vec<_> = active.iter().map(|n| json!({"name": n})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "orders-sweep", "creationTimestamp": "2026-12-01T09:00:00Z",
+                         "managedFields": [
+                             {"manager": "custody-controller", "operation": "Apply", "time": applied},
+                             {"manager": "kube-controller-manager", "operation": "Update",
+                              "subresource": "status", "time": "2026-12-01T11:00:00Z"}]},
+            "status": {"lastScheduleTime": last, "active": active},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_run_that_did_not_start_by_its_deadline_is_missed() {
+        let at = |t: &str| t.parse::<chrono::DateTime<Utc>>().unwrap();
+        let every_minute = store_on("* * * * *");
+        // The 10:05 run started; at 10:06:20 the 10:06 run is past its deadline (10 s + 5 s).
+        let stuck = cron_status(
+            "2026-12-01T10:00:00Z",
+            Some("2026-12-01T10:05:00Z"),
+            &["orders-sweep-29412345"],
+        );
+        let r = runs(&every_minute, &stuck, at("2026-12-01T10:06:20Z"));
+        assert_eq!(
+            r.missed.as_deref(),
+            Some(
+                "the sweep due at 2026-12-01T10:06:00Z did not start within startingDeadlineSeconds (10 s): Job orders-sweep-29412345 was still running and concurrencyPolicy is Forbid; the CronJob skipped it"
+            )
+        );
+        // Looked at again right after the 10:07 run's deadline, 10:07:20.
+        assert_eq!(r.recheck, Some(std::time::Duration::from_secs(60)));
+        // Within the deadline the run may still start.
+        let r = runs(&every_minute, &stuck, at("2026-12-01T10:06:12Z"));
+        assert_eq!(r.missed, None);
+        assert_eq!(r.recheck, Some(std::time::Duration::from_secs(8)));
+        // A run that started is not missed, and with nothing running nothing can be skipped.
+        let started = cron_status("2026-12-01T10:00:00Z", Some("2026-12-01T10:06:00Z"), &[]);
+        assert_eq!(
+            runs(&every_minute, &started, at("2026-12-01T10:06:30Z")),
+            Runs {
+                missed: None,
+                recheck: None
+            }
+        );
+        // Nothing ran since the CronJob was applied at 10:06:30 (a new schedule): not missed
+        // by the old schedule's runs; the controller manager being down is named.
+        let fresh = cron_status("2026-12-01T10:06:30Z", None, &[]);
+        assert_eq!(
+            runs(&every_minute, &fresh, at("2026-12-01T10:06:50Z")).missed,
+            None
+        );
+        let missed = runs(&every_minute, &fresh, at("2026-12-01T10:08:00Z")).missed;
+        assert!(
+            missed
+                .as_deref()
+                .is_some_and(|m| m.starts_with("the sweep due at 2026-12-01T10:07:00Z ")
+                    && m.contains("the CronJob controller did not start it")),
+            "{missed:?}"
+        );
+        // Macros parse; `@every` is not judged.
+        let hourly = runs(&store_on("@hourly"), &stuck, at("2026-12-01T11:00:20Z"));
+        assert!(
+            hourly
+                .missed
+                .is_some_and(|m| m.starts_with("the sweep due at 2026-12-01T11:00:00Z ")),
+        );
+        assert_eq!(
+            runs(&store_on("@every 30m"), &stuck, at("2026-12-01T11:00:20Z")),
+            Runs {
+                missed: None,
+                recheck: None
+            }
+        );
     }
 
     #[test]

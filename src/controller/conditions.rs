@@ -75,10 +75,24 @@ pub const HEALTHY: &str = "Healthy";
 pub const REACHABLE: &str = "Reachable";
 /// Condition type of a CheckpointStore: the database holds LangGraph tables custody reads.
 pub const SCHEMA_COMPATIBLE: &str = "SchemaCompatible";
-/// Condition type of a CheckpointStore: the sweep CronJob is applied.
+/// Condition type of a CheckpointStore: the sweep CronJob is applied and starts its runs on time.
 pub const SCHEDULED: &str = "Scheduled";
 /// Condition type of a CheckpointStore: how the most recent finished sweep Job ended.
 pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
+/// Reason (`Scheduled`, `Ready`, Event): the CronJob skipped a sweep that could not start
+/// within `spec.startingDeadlineSeconds` of its time.
+pub const MISSED_SCHEDULE: &str = "MissedSchedule";
+/// Condition type of an AgentAssignment: its ConfigMap was applied.
+pub const CONFIG_RENDERED: &str = "ConfigRendered";
+/// `ConfigRendered=True`: the API server took the ConfigMap.
+pub const CONFIG_MAP_APPLIED: &str = "ConfigMapApplied";
+/// `ConfigRendered=False` (and `Ready=False`): the API server refused the ConfigMap (RBAC
+/// without `patch` on ConfigMaps, a quota, a ConfigMap over 1 MiB); the message names the
+/// ConfigMap and the API server's answer.
+pub const CONFIG_MAP_REFUSED: &str = "ConfigMapRefused";
+/// Warning Event reason: the API server refused a status write (an installed CRD older than the
+/// controller, whose schema does not have or types differently a field the controller writes).
+pub const STATUS_REFUSED: &str = "StatusRefused";
 
 /// Reason (any kind's `Valid` or `Reachable`, Event): the spec fails validation.
 pub const INVALID_SPEC: &str = "InvalidSpec";

@@ -1,11 +1,11 @@
-//! `/metrics` (OpenMetrics text), `/healthz` (the process is up) and `/readyz` (the CRDs are
-//! installed and the client works; standby replicas are ready too: they only wait for the lease,
-//! and a replica that lost it keeps serving `/metrics`). `/readyz` says which in its body:
-//! `ready: leading` or `ready: standby`.
+//! `/metrics` (OpenMetrics text), `/healthz` (the process is up) and `/readyz` (the installed
+//! CRDs are the ones this binary serves, and the leader's watches work; standby replicas are
+//! ready too: they only wait for the lease, and a replica that lost it keeps serving
+//! `/metrics`). `/readyz` says which in its body: `ready: leading` or `ready: standby`, or
+//! `not ready: ` and why ([`Readiness::check`]) with status 503.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::extract::State;
@@ -15,10 +15,12 @@ use axum::routing::get;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::readiness::Readiness;
+
 #[derive(Clone)]
 struct AppState {
     registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Readiness>,
     leader: Gauge,
 }
 
@@ -26,7 +28,7 @@ struct AppState {
 pub async fn serve(
     addr: SocketAddr,
     registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
+    ready: Arc<Readiness>,
     leader: Gauge,
 ) -> std::io::Result<()> {
     let app = Router::new()
@@ -60,14 +62,9 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::SeqCst) {
-        let role = if s.leader.get() == 1 {
-            "ready: leading"
-        } else {
-            "ready: standby"
-        };
-        (StatusCode::OK, role)
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    match s.ready.check() {
+        Ok(()) if s.leader.get() == 1 => (StatusCode::OK, "ready: leading".to_owned()),
+        Ok(()) => (StatusCode::OK, "ready: standby".to_owned()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
     }
 }

@@ -15,11 +15,11 @@ mod http;
 pub mod lifetime;
 mod mcp_server;
 pub mod metrics;
+pub mod readiness;
 mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -133,6 +133,8 @@ pub struct Context {
     pub opts: Options,
     /// The leader lease, checked before every write.
     pub lease: LeaseFence,
+    /// What `/readyz` answers; the controllers report failed watches to it.
+    pub readiness: Arc<readiness::Readiness>,
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -286,8 +288,8 @@ fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) 
 /// Runs the controller until SIGTERM or Ctrl-C.
 ///
 /// # Errors
-/// The Kubernetes client cannot be built, the CRDs are not installed, or the HTTP server cannot
-/// bind.
+/// The Kubernetes client cannot be built or the lease manager cannot start. (A CRD that is
+/// missing or another release's keeps the controller running, not ready, and logged at ERROR.)
 pub async fn run(opts: Options) -> anyhow::Result<()> {
     let client = Client::try_default().await?;
     let mut registry = Registry::default();
@@ -312,17 +314,45 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             &opts.lease_name,
             &identity,
         ),
+        readiness: Arc::default(),
     });
-    let ready = Arc::new(AtomicBool::new(false));
     let server = tokio::spawn(http::serve(
         opts.metrics_addr,
         Arc::new(registry),
-        ready.clone(),
+        ctx.readiness.clone(),
         ctx.metrics.leader.clone(),
     ));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
 
-    ensure_crds(&client).await?;
-    ready.store(true, Ordering::SeqCst);
+    // Not ready, and not leading, until the installed CRDs are the ones this binary serves: an
+    // older schema refuses or drops the fields it writes. Rechecked until they are, so applying
+    // the right CRDs needs no restart.
+    let mut reported = Vec::new();
+    loop {
+        let problems = readiness::check_crds(&client).await;
+        let fine = problems.is_empty();
+        if !fine && problems != reported {
+            for problem in &problems {
+                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
+            }
+            reported.clone_from(&problems);
+        }
+        ctx.readiness.set_crd_problems(problems);
+        if fine {
+            break;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(readiness::CRD_RECHECK) => {}
+            () = &mut shutdown => {
+                server.abort();
+                return Ok(());
+            }
+        }
+    }
+    if !reported.is_empty() {
+        tracing::info!("the installed CRDs are the ones this controller serves now");
+    }
 
     let (mut leader, mut lease_task) = lease_manager(&client, &opts, &identity).await?;
     // How long to wait before asking the Lease again when the lease manager says this replica
@@ -347,8 +377,6 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         std::future::ready(free.then_some(()))
     });
     tokio::pin!(released);
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
     loop {
         tracing::info!(%identity, "waiting for the leader lease");
         while !*leader.borrow_and_update() {
@@ -450,33 +478,6 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-}
-
-/// Fails early, with the fix, when a CRD is missing (otherwise every watch would error forever).
-async fn ensure_crds(client: &Client) -> anyhow::Result<()> {
-    listable::<MCPServer>(client, "MCPServers").await?;
-    listable::<AgentAssignment>(client, "AgentAssignments").await?;
-    listable::<HandleClass>(client, "HandleClasses").await?;
-    listable::<CheckpointStore>(client, "CheckpointStores").await
-}
-
-async fn listable<K>(client: &Client, kind: &str) -> anyhow::Result<()>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let lp = kube::api::ListParams::default().limit(1);
-    Api::<K>::all(client.clone())
-        .list_metadata(&lp)
-        .await
-        .map(drop)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot list {kind}: {e}; are the CRDs installed (kubectl apply -f crds/crds.yaml)?"
-            )
-        })
 }
 
 /// The objects in `store`, in `referenced`'s namespace, whose spec `refers` to its name: how a
@@ -666,8 +667,9 @@ async fn forget_server(ctx: &Context, namespace: String, name: String) {
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error
 /// policy; what remains are watch errors (of the kind or of what it owns or watches: a 403 when
 /// RBAC lacks `list`/`watch`, an unknown resource when a CRD is missing), logged at WARN and
-/// counted in `custody_reconcile_failures_total{kind, reason}` ([`watch_failure`]); the watcher
-/// retries with backoff.
+/// counted in `custody_reconcile_failures_total{kind, reason}` ([`watch_failure`]) and make the
+/// controller not ready for a while ([`readiness::WATCH_ERROR_WINDOW`]); the watcher retries
+/// with backoff.
 fn drain<K>(
     kind: &'static str,
     ctx: &Arc<Context>,
@@ -682,6 +684,10 @@ where
             Err(C::QueueError(e)) => {
                 let reason = watch_failure(&e);
                 tracing::warn!(kind, reason, error = %e, "watch failed; retrying");
+                // An expired resourceVersion is the watch protocol's normal restart (a relist).
+                if reason != "watch_expired" {
+                    ctx.readiness.watch_failed(kind, reason, &e.to_string());
+                }
                 ctx.metrics
                     .failures
                     .get_or_create(&metrics::FailureLabels { kind, reason })
@@ -700,7 +706,8 @@ type ControllerResult<K> =
 
 /// The `reason` label of a failed watch or list: `watch_forbidden` for HTTP 403 (the
 /// ServiceAccount may not list or watch the resource), `watch_not_found` for 404 (the resource
-/// is not served: a missing CRD), else `watch`.
+/// is not served: a missing CRD), `watch_expired` for 410 (the resourceVersion was compacted:
+/// the watcher lists again, nothing is wrong), else `watch`.
 fn watch_failure(e: &watcher::Error) -> &'static str {
     let code = match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
@@ -712,6 +719,7 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
     match code {
         Some(403) => "watch_forbidden",
         Some(404) => "watch_not_found",
+        Some(410) => "watch_expired",
         _ => "watch",
     }
 }
@@ -756,13 +764,66 @@ where
         "kind": K::kind(&()),
         "status": status,
     });
-    api.patch_status(
-        &obj.name_any(),
-        &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
-        &kube::api::Patch::Apply(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &obj.name_any(),
+            &kube::api::PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await;
+    if let Err(kube::Error::Api(refused)) = &written {
+        status_refused(ctx, obj, refused).await;
+    }
+    written?;
     Ok(())
+}
+
+/// A status write the API server answered with an error: without a status to show it in, a
+/// Warning Event on the object and `custody_reconcile_failures_total{reason="StatusRefused"}`
+/// say what an operator should know. Answers that say to come back later (409 conflict, 429,
+/// 503, 504) are the retry's business.
+async fn status_refused<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    obj: &K,
+    refused: &kube::core::Status,
+) {
+    if matches!(refused.code, 409 | 429 | 503 | 504) {
+        return;
+    }
+    let kind = K::kind(&());
+    tracing::warn!(%kind, name = %obj.meta().name.as_deref().unwrap_or_default(), code = refused.code, error = %refused.message, "the API server refused a status write");
+    ctx.metrics
+        .failures
+        .get_or_create(&metrics::FailureLabels {
+            kind: status_kind(&kind),
+            reason: conditions::STATUS_REFUSED,
+        })
+        .inc();
+    ctx.event(
+        obj,
+        EventType::Warning,
+        conditions::STATUS_REFUSED,
+        format!(
+            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side -f crds/crds.yaml)",
+            refused.code,
+            refused.message,
+            env!("CARGO_PKG_VERSION")
+        ),
+    )
+    .await;
+}
+
+/// The metric label of one of the four kinds (labels are `&'static str`).
+fn status_kind(kind: &str) -> &'static str {
+    [
+        "MCPServer",
+        "AgentAssignment",
+        "HandleClass",
+        "CheckpointStore",
+    ]
+    .into_iter()
+    .find(|k| *k == kind)
+    .unwrap_or("other")
 }
 
 /// An owner reference that makes `owner` the controller of a child (garbage-collected with it).
@@ -805,6 +866,7 @@ pub(crate) mod fixtures {
             observed: RwLock::default(),
             opts: Wrapper::parse_from(["custody"]).opts,
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
+            readiness: Arc::default(),
         };
         (Arc::new(ctx), handle)
     }
@@ -875,5 +937,11 @@ mod tests {
             "watch"
         );
         assert_eq!(watch_failure(&watcher::Error::NoResourceVersion), "watch");
+        assert_eq!(
+            watch_failure(&watcher::Error::WatchError(Box::new(
+                Status::failure("too old resource version", "Expired").with_code(410)
+            ))),
+            "watch_expired"
+        );
     }
 }

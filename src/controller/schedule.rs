@@ -18,8 +18,7 @@ pub const RUNS: usize = 20_000;
 pub const HORIZON_DAYS: i64 = 8 * 366;
 
 /// The longest gap in seconds between consecutive runs of `schedule` among its next [`RUNS`]
-/// runs after `now` within [`HORIZON_DAYS`], in UTC (the CronJob sets no `timeZone`: kube-controller-manager's zone,
-/// UTC in the usual images).
+/// runs after `now` within [`HORIZON_DAYS`], in UTC (the CronJob's `timeZone`).
 ///
 /// Takes what a CronJob's `spec.schedule` takes: five fields (minute hour day-of-month month
 /// day-of-week; day-of-month and day-of-week both restricted means either, as in Vixie cron),
@@ -32,18 +31,7 @@ pub fn longest_gap(schedule: &str, now: DateTime<Utc>) -> Option<u64> {
     if let Some(every) = schedule.strip_prefix("@every ") {
         return every_seconds(every.trim());
     }
-    // croner knows every macro of Kubernetes' cron library but this one.
-    let schedule = if schedule.eq_ignore_ascii_case("@midnight") {
-        "@daily"
-    } else {
-        schedule
-    };
-    let cron = CronParser::builder()
-        .seconds(Seconds::Disallowed)
-        .year(Year::Disallowed)
-        .build()
-        .parse(schedule)
-        .ok()?;
+    let cron = cron(schedule)?;
     let horizon = now + chrono::Duration::days(HORIZON_DAYS);
     let mut runs = cron
         .iter_after(now)
@@ -57,6 +45,24 @@ pub fn longest_gap(schedule: &str, now: DateTime<Utc>) -> Option<u64> {
         previous = run;
     }
     longest
+}
+
+/// A CronJob schedule of five fields or a macro other than `@every`, as Kubernetes' cron library
+/// reads it; `None` for anything else.
+pub fn cron(schedule: &str) -> Option<croner::Cron> {
+    let schedule = schedule.trim();
+    // croner knows every macro of Kubernetes' cron library but this one.
+    let schedule = if schedule.eq_ignore_ascii_case("@midnight") {
+        "@daily"
+    } else {
+        schedule
+    };
+    CronParser::builder()
+        .seconds(Seconds::Disallowed)
+        .year(Year::Disallowed)
+        .build()
+        .parse(schedule)
+        .ok()
 }
 
 /// Seconds of a Go duration such as `1h30m` or `90s` (what `@every` takes), in whole seconds;

@@ -66,8 +66,8 @@ pub struct CheckpointStoreSpec {
     /// Cron schedule of the sweep CronJob the controller creates, e.g. `*/15 * * * *`: five
     /// fields or a macro (`@hourly`, `@every 30m`), as CronJob `spec.schedule` takes them.
     #[serde(default = "default_schedule")]
-    #[x_kube(validation = Rule::new("self.matches('^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9a-z.]+|[^ ]+( +[^ ]+){4})$')").message("schedule must be five cron fields (minute hour day-of-month month day-of-week) or a macro such as @hourly"))]
-    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new(format!("self.matches('{SCHEDULE_PATTERN}')")).message(SCHEDULE_MESSAGE))]
+    #[schemars(length(max = SCHEDULE_MAX_LEN))]
     pub schedule: String,
 
     /// How many pods sweep the store at once, each its own disjoint shard of the threads
@@ -77,7 +77,7 @@ pub struct CheckpointStoreSpec {
     /// database has cores to spare or probes are the bottleneck (BENCHMARKS.md). 1 to 64,
     /// default 1.
     #[serde(default = "default_parallelism")]
-    #[schemars(range(min = 1, max = 64))]
+    #[schemars(range(min = 1, max = PARALLELISM_MAX))]
     pub parallelism: u32,
 
     /// How long one sweep Job may run, in seconds, before Kubernetes stops it (the Job's
@@ -85,8 +85,18 @@ pub struct CheckpointStoreSpec {
     /// `LastSweepSucceeded`). The CronJob starts no sweep while one runs, so without a bound one
     /// stuck sweep would block every later one. 1 to 86400, default 600.
     #[serde(default = "default_sweep_timeout_seconds")]
-    #[schemars(range(min = 1, max = 86400))]
+    #[schemars(range(min = 1, max = SECONDS_MAX))]
     pub sweep_timeout_seconds: u32,
+
+    /// How late, in seconds, a sweep may start after its scheduled time (the CronJob's
+    /// `startingDeadlineSeconds`). A run that cannot start by then (the previous sweep still
+    /// runs, as the CronJob starts none while one does, or the controller manager was down) is
+    /// skipped, and the store shows it: `Scheduled=False` with reason `MissedSchedule` and a
+    /// Warning Event, until a later run starts. 10 to 86400 (Kubernetes checks CronJobs every
+    /// 10 s, so a shorter deadline can skip runs that were on time), default 300.
+    #[serde(default = "default_starting_deadline_seconds")]
+    #[schemars(range(min = STARTING_DEADLINE_MIN, max = SECONDS_MAX))]
+    pub starting_deadline_seconds: u32,
 
     /// Which HandleClasses (same namespace) apply to this store's threads. Empty or absent
     /// selects all of them.
@@ -151,6 +161,29 @@ fn default_parallelism() -> u32 {
 /// and below the default 15-minute schedule, so a stuck run ends before the next is due.
 fn default_sweep_timeout_seconds() -> u32 {
     600
+}
+
+// The bounds the CRD's schema enforces, and local mode checks the same
+// (`validate::checkpoint_store`), one definition for both.
+
+/// `spec.schedule`'s shape (a CEL rule in the CRD): five cron fields or a macro. Kubernetes
+/// checks each field's range when it creates the CronJob.
+pub const SCHEDULE_PATTERN: &str = "^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9a-z.]+|[^ ]+( +[^ ]+){4})$";
+/// What a `spec.schedule` that does not match [`SCHEDULE_PATTERN`] is told.
+pub const SCHEDULE_MESSAGE: &str = "schedule must be five cron fields (minute hour day-of-month month day-of-week) or a macro such as @hourly";
+/// The longest `spec.schedule`, in bytes.
+pub const SCHEDULE_MAX_LEN: usize = 128;
+/// The most sweep pods of one run (`spec.parallelism`, from 1).
+pub const PARALLELISM_MAX: u32 = 64;
+/// The upper bound of `spec.sweepTimeoutSeconds` (from 1) and `spec.startingDeadlineSeconds`: a
+/// day.
+pub const SECONDS_MAX: u32 = 86_400;
+/// The lower bound of `spec.startingDeadlineSeconds`.
+pub const STARTING_DEADLINE_MIN: u32 = 10;
+
+/// Five minutes: a run that starts later than that is better skipped for the next one.
+fn default_starting_deadline_seconds() -> u32 {
+    300
 }
 
 fn default_schedule() -> String {

@@ -16,7 +16,9 @@ pub use checkpoint_store::*;
 pub use handle_class::*;
 pub use mcp_server::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, CustomResourceDefinitionSpec,
+};
 use kube::CustomResourceExt;
 use serde::{Deserialize, Serialize};
 
@@ -25,9 +27,25 @@ pub const GROUP: &str = "custody.dev";
 /// API version of every custody resource.
 pub const VERSION: &str = "v1alpha1";
 
+/// Annotation of every generated CRD: [`schema_hash`] of its spec, so the controller can tell at
+/// startup whether the installed CRDs are the ones it serves (an older release's schema refuses
+/// or prunes fields this binary writes). The API server fills in defaults of a CRD's spec when
+/// it stores it, so the installed spec cannot be hashed again; the annotation travels with it.
+pub const SCHEMA_HASH_ANNOTATION: &str = "custody.dev/schema-sha256";
+
+/// Hex SHA-256 of a CRD spec's JSON (serde_json's sorted keys, so the order of fields in the
+/// types does not matter): the value of [`SCHEMA_HASH_ANNOTATION`].
+pub fn schema_hash(spec: &CustomResourceDefinitionSpec) -> String {
+    use sha2::Digest;
+    let value = serde_json::to_value(spec).expect("a CRD spec serializes");
+    hex::encode(sha2::Sha256::digest(value.to_string()))
+}
+
 /// Every CRD custody defines, in a stable order (the order of `crds/`).
 ///
-/// Their schemas carry only `format`s Kubernetes knows ([`schema::strip_unknown_formats`]).
+/// Their schemas carry only `format`s Kubernetes knows ([`schema::strip_unknown_formats`]), their
+/// descriptions no doc-comment line wraps ([`schema::unwrap_descriptions`]), and each is
+/// annotated with its [`SCHEMA_HASH_ANNOTATION`].
 pub fn all() -> Vec<CustomResourceDefinition> {
     [
         MCPServer::crd(),
@@ -39,7 +57,15 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     .map(|crd| {
         let mut value = serde_json::to_value(crd).expect("a CRD serializes");
         schema::strip_unknown_formats(&mut value);
-        serde_json::from_value(value).expect("a CRD without some formats is still a CRD")
+        schema::unwrap_descriptions(&mut value);
+        let mut crd: CustomResourceDefinition =
+            serde_json::from_value(value).expect("a CRD without some formats is still a CRD");
+        let hash = schema_hash(&crd.spec);
+        crd.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(SCHEMA_HASH_ANNOTATION.to_owned(), hash);
+        crd
     })
     .collect()
 }

@@ -105,8 +105,55 @@ pub fn strip_unknown_formats(schema: &mut serde_json::Value) {
     }
 }
 
+/// Joins the lines of every `description` that a doc comment's wrapping split, recursively:
+/// schemars keeps the comment's line breaks, and `kubectl explain` would print each one, breaking
+/// sentences mid-way. Paragraphs (a blank line) and list items (a line starting `- `) stay on
+/// their own lines.
+pub fn unwrap_descriptions(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    serde_json::Value::String(text) if key == "description" => {
+                        *text = unwrapped(text);
+                    }
+                    other => unwrap_descriptions(other),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap_descriptions),
+        _ => {}
+    }
+}
+
+/// `text` with each wrapped paragraph on one line ([`unwrap_descriptions`]).
+fn unwrapped(text: &str) -> String {
+    text.split("\n\n")
+        .map(|paragraph| {
+            let mut out = String::new();
+            for line in paragraph.lines().map(str::trim) {
+                if !out.is_empty() {
+                    out.push(if line.starts_with("- ") { '\n' } else { ' ' });
+                }
+                out.push_str(line);
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wrapped_descriptions_are_joined() {
+        let mut v = serde_json::json!({"description": "One sentence\nwrapped.\n\nTwo:\n- a\n- b",
+            "properties": {"description": {"type": "string", "description": "x\ny"}}});
+        super::unwrap_descriptions(&mut v);
+        assert_eq!(v["description"], "One sentence wrapped.\n\nTwo:\n- a\n- b");
+        assert_eq!(v["properties"]["description"]["description"], "x y");
+    }
+
     /// A CEL rule cannot name a constant: [`super::OBJECT_NAME_RULE`] spells out the pattern,
     /// its backslash escaped once more for the CEL string.
     #[test]

@@ -75,8 +75,9 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
     if !(1..=300).contains(&spec.timeout_seconds) {
         return Err(err("spec.timeoutSeconds", "must be between 1 and 300"));
     }
-    for name in spec.headers.keys() {
+    for (name, value) in &spec.headers {
         header_name(name).map_err(|m| err(format!("spec.headers.{name}"), m))?;
+        header_value(value).map_err(|m| err(format!("spec.headers.{name}"), m))?;
     }
     for (i, h) in spec.headers_from.iter().enumerate() {
         header_name(&h.name).map_err(|m| err(format!("spec.headersFrom[{i}].name"), m))?;
@@ -181,6 +182,19 @@ fn header_name(name: &str) -> Result<(), String> {
     http::HeaderName::try_from(name)
         .map(|_| ())
         .map_err(|_| format!("{name:?} is not a valid HTTP header name"))
+}
+
+/// A header value HTTP can carry (visible ASCII, spaces and tabs; no newline or other control
+/// character), checked when the resources load rather than at the first request. The message
+/// never contains the value: it may be a credential.
+///
+/// # Errors
+/// What is wrong, without the value.
+pub fn header_value(value: &str) -> Result<(), String> {
+    http::HeaderValue::from_str(value).map(drop).map_err(|_| {
+        "the value is not a valid HTTP header value (a newline or another control character)"
+            .to_owned()
+    })
 }
 
 /// A reference to an object in the same namespace: a DNS-1123 subdomain, the form of every
@@ -323,8 +337,10 @@ pub fn replay_template(spec: &HandleClassSpec) -> Result<Option<Template>, Field
 /// Validates a CheckpointStore spec.
 ///
 /// # Errors
-/// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`; `audit.maxAgeSeconds` not
-/// greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
+/// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`; `parallelism`,
+/// `sweepTimeoutSeconds`, `startingDeadlineSeconds` or `schedule` outside the CRD's bounds (which
+/// the API server enforces in a cluster; local mode has only this check); `audit.maxAgeSeconds`
+/// not greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
 pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     match (&spec.dsn, &spec.dsn_from) {
         (Some(_), Some(_)) => {
@@ -337,6 +353,7 @@ pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     if spec.principal_key.is_empty() {
         return Err(err("spec.principalKey", "must not be empty"));
     }
+    cluster_bounds(spec)?;
     if spec.audit.max_age_seconds <= spec.audit.grace_seconds {
         return Err(err(
             "spec.audit.maxAgeSeconds",
@@ -352,6 +369,53 @@ pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
         return Err(err(
             "spec.audit.verdictPath",
             "must be dot-separated non-empty keys, e.g. custody",
+        ));
+    }
+    Ok(())
+}
+
+/// The CheckpointStore bounds the CRD's schema enforces in a cluster, for local mode, from the
+/// same constants ([`super::checkpoint_store`]'s `SCHEDULE_PATTERN`, `PARALLELISM_MAX`, …).
+fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
+    use super::{
+        PARALLELISM_MAX, SCHEDULE_MAX_LEN, SCHEDULE_MESSAGE, SCHEDULE_PATTERN, SECONDS_MAX,
+        STARTING_DEADLINE_MIN,
+    };
+    static SCHEDULE: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(SCHEDULE_PATTERN).expect("a valid regex"));
+    let range = |field: &str, value: u32, min: u32, max: u32| {
+        if (min..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(err(
+                field,
+                format!("{value} is out of range: {min} to {max}"),
+            ))
+        }
+    };
+    range("spec.parallelism", spec.parallelism, 1, PARALLELISM_MAX)?;
+    range(
+        "spec.sweepTimeoutSeconds",
+        spec.sweep_timeout_seconds,
+        1,
+        SECONDS_MAX,
+    )?;
+    range(
+        "spec.startingDeadlineSeconds",
+        spec.starting_deadline_seconds,
+        STARTING_DEADLINE_MIN,
+        SECONDS_MAX,
+    )?;
+    if spec.schedule.len() > SCHEDULE_MAX_LEN {
+        return Err(err(
+            "spec.schedule",
+            format!("longer than {SCHEDULE_MAX_LEN} bytes"),
+        ));
+    }
+    if !SCHEDULE.is_match(&spec.schedule) {
+        return Err(err(
+            "spec.schedule",
+            format!("{:?}: {SCHEDULE_MESSAGE}", spec.schedule),
         ));
     }
     Ok(())

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::checkpoint::Backend;
 use crate::crd::validate;
@@ -242,12 +242,16 @@ impl Resources {
             .map(|(k, v)| (k.clone(), SecretString::from(v.clone())))
             .collect();
         for (i, h) in server.spec.headers_from.iter().enumerate() {
-            let value = self.secret(
-                &label(server),
-                &format!("spec.headersFrom[{i}].secretKeyRef"),
-                &ns,
-                &h.secret_key_ref,
-            )?;
+            let field = format!("spec.headersFrom[{i}].secretKeyRef");
+            let value = self.secret(&label(server), &field, &ns, &h.secret_key_ref)?;
+            validate::header_value(value.expose_secret()).map_err(|m| LoadError::Reference {
+                resource: label(server),
+                field: field.clone(),
+                message: format!(
+                    "Secret {:?} key {:?}: {m}",
+                    h.secret_key_ref.name, h.secret_key_ref.key
+                ),
+            })?;
             headers.push((h.name.clone(), value));
         }
         Ok(ServerConfig {

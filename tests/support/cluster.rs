@@ -354,6 +354,29 @@ impl ControllerProcess {
         log: &Path,
         args: &[&str],
     ) -> Self {
+        let c = Self::spawn(binary, kubeconfig, identity, log, args);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while c.get("/readyz").is_none_or(|(status, _)| status != 200) {
+            assert!(c.alive(), "the controller exited:\n{}", c.log_tail());
+            assert!(
+                Instant::now() < deadline,
+                "/readyz not 200 after 60 s:\n{}",
+                c.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        c
+    }
+
+    /// [`Self::start`] without waiting for `/readyz`: for a controller that must not become
+    /// ready.
+    pub fn spawn(
+        binary: &Path,
+        kubeconfig: &Path,
+        identity: &str,
+        log: &Path,
+        args: &[&str],
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -379,24 +402,13 @@ impl ControllerProcess {
             &mut line,
         )
         .unwrap();
-        let c = Self {
+        Self {
             identity: identity.to_owned(),
             port,
             pid: line.trim().parse().expect("the controller's pid"),
             log: log.to_owned(),
             wrapper,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while c.get("/readyz").is_none_or(|(status, _)| status != 200) {
-            assert!(c.alive(), "the controller exited:\n{}", c.log_tail());
-            assert!(
-                Instant::now() < deadline,
-                "/readyz not 200 after 60 s:\n{}",
-                c.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(200));
         }
-        c
     }
 
     /// Whether the controller still runs (a dead one is a zombie until the wrapper reaps it).

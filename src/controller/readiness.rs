@@ -1,0 +1,261 @@
+//! What `/readyz` answers: not ready while the installed CRDs are not the ones this binary
+//! serves (checked at startup, [`crd_problems`]) or while the leader's watches of its kinds fail
+//! (a 403 from RBAC, a CRD deleted meanwhile), with the reason in the body.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{Api, Client};
+
+use crate::crd::{SCHEMA_HASH_ANNOTATION, VERSION};
+
+/// How long a watch error keeps the controller not ready. kube-runtime retries a failed watch
+/// with an exponential backoff capped at 30 s (plus jitter of up to as much again), so a watch
+/// that keeps failing reports again within 60 s; one that recovered stops reporting, and the
+/// controller is ready again this long after its last error.
+pub const WATCH_ERROR_WINDOW: Duration = Duration::from_secs(90);
+
+/// How often the startup check of the CRDs is repeated while it fails, so applying the right
+/// CRDs makes the controller ready without a restart.
+pub const CRD_RECHECK: Duration = Duration::from_secs(10);
+
+/// The controller's readiness, shared by the HTTP server and the controllers.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// `None` until the first startup check finished; then `Some(problems)`, empty when none.
+    crds: Option<Vec<String>>,
+    /// The last watch error of each controller (by kind): when, and what.
+    watches: BTreeMap<&'static str, (Instant, String)>,
+}
+
+impl Readiness {
+    /// Records the outcome of a startup check of the CRDs (empty: they are the ones served).
+    pub fn set_crd_problems(&self, problems: Vec<String>) {
+        self.state.lock().expect("not poisoned").crds = Some(problems);
+    }
+
+    /// Records a failed watch or list of the controller of `kind` (`reason` is its metric label).
+    pub fn watch_failed(&self, kind: &'static str, reason: &str, error: &str) {
+        self.state
+            .lock()
+            .expect("not poisoned")
+            .watches
+            .insert(kind, (Instant::now(), format!("{reason}: {error}")));
+    }
+
+    /// `Ok(())` when ready, else `Err(why)` for `/readyz`'s body.
+    ///
+    /// # Errors
+    /// The startup check has not finished or found problems, or a watch failed within
+    /// [`WATCH_ERROR_WINDOW`].
+    pub fn check(&self) -> Result<(), String> {
+        let state = self.state.lock().expect("not poisoned");
+        match &state.crds {
+            None => return Err("starting: checking the installed CRDs".to_owned()),
+            Some(problems) if !problems.is_empty() => {
+                return Err(format!("installed CRDs: {}", problems.join("; ")));
+            }
+            Some(_) => {}
+        }
+        let failing: Vec<String> = state
+            .watches
+            .iter()
+            .filter(|(_, (at, _))| at.elapsed() < WATCH_ERROR_WINDOW)
+            .map(|(kind, (at, error))| {
+                format!(
+                    "the {kind} controller's watch failed {} s ago: {error}",
+                    at.elapsed().as_secs()
+                )
+            })
+            .collect();
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing.join("; "))
+        }
+    }
+}
+
+/// Reads the installed CRDs of every kind this binary serves; the problems [`crd_problems`]
+/// finds, plus one for each CRD that cannot be read.
+pub async fn check_crds(client: &Client) -> Vec<String> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let mut installed = Vec::new();
+    let mut problems = Vec::new();
+    for want in crate::crd::all() {
+        let name = want.metadata.name.clone().unwrap_or_default();
+        match api.get_opt(&name).await {
+            Ok(found) => installed.push((want, found)),
+            Err(e) => problems.push(format!(
+                "cannot read CustomResourceDefinition {name}: {e} (the controller's ClusterRole in charts/custody grants get on it)"
+            )),
+        }
+    }
+    problems.extend(crd_problems(&installed));
+    problems
+}
+
+/// What is wrong with each installed CRD (`None`: not installed) against the one this binary
+/// generates: not installed, not established, the version not served, or a schema other than
+/// this binary's (its [`SCHEMA_HASH_ANNOTATION`] differs or is missing: installed from another
+/// release). Each problem names the CRD and what to apply.
+pub fn crd_problems(
+    installed: &[(CustomResourceDefinition, Option<CustomResourceDefinition>)],
+) -> Vec<String> {
+    let fix = format!(
+        "apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml (or helm upgrade with crds.templated)",
+        env!("CARGO_PKG_VERSION")
+    );
+    let mut problems = Vec::new();
+    for (want, found) in installed {
+        let name = want.metadata.name.as_deref().unwrap_or_default();
+        let Some(found) = found else {
+            problems.push(format!("CRD {name} is not installed: {fix}"));
+            continue;
+        };
+        let served: Vec<&str> = found
+            .spec
+            .versions
+            .iter()
+            .filter(|v| v.served)
+            .map(|v| v.name.as_str())
+            .collect();
+        if !served.contains(&VERSION) {
+            problems.push(format!(
+                "CRD {name} serves {served:?}, not {VERSION}, the version this controller reads and writes: {fix}"
+            ));
+            continue;
+        }
+        let established = found
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if !established {
+            problems.push(format!("CRD {name} is not Established yet"));
+        }
+        let annotation = |crd: &CustomResourceDefinition| {
+            crd.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(SCHEMA_HASH_ANNOTATION))
+                .cloned()
+        };
+        let expected = annotation(want).unwrap_or_default();
+        match annotation(found) {
+            Some(hash) if hash == expected => {}
+            Some(hash) => problems.push(format!(
+                "CRD {name} has schema {SCHEMA_HASH_ANNOTATION} {}…, this controller serves {}…: the installed schema is another release's, and may refuse or drop fields this controller writes: {fix}",
+                short(&hash),
+                short(&expected)
+            )),
+            None => problems.push(format!(
+                "CRD {name} has no {SCHEMA_HASH_ANNOTATION} annotation (installed from an older custody release, or by hand): its schema may refuse or drop fields this controller writes: {fix}"
+            )),
+        }
+    }
+    problems
+}
+
+/// The first 12 hex digits of a hash, enough to tell two apart in a message.
+fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn installed(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+        crd.status = serde_json::from_value(serde_json::json!({
+            "conditions": [{"type": "Established", "status": "True"}],
+        }))
+        .unwrap();
+        crd
+    }
+
+    #[test]
+    fn installed_crds_must_be_this_binarys() {
+        let want = crate::crd::all().remove(0);
+        let name = want.metadata.name.clone().unwrap();
+        let same = installed(want.clone());
+        assert!(crd_problems(&[(want.clone(), Some(same.clone()))]).is_empty());
+
+        let missing = crd_problems(&[(want.clone(), None)]);
+        assert_eq!(missing.len(), 1);
+        assert!(
+            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
+            "{missing:?}"
+        );
+
+        let mut old = same.clone();
+        old.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(SCHEMA_HASH_ANNOTATION.into(), "0123456789abcdef".into());
+        let p = crd_problems(&[(want.clone(), Some(old))]);
+        assert!(
+            p[0].starts_with(&format!(
+                "CRD {name} has schema custody.dev/schema-sha256 0123456789ab…, this controller serves {}…",
+                &crate::crd::schema_hash(&want.spec)[..12]
+            )),
+            "{p:?}"
+        );
+
+        let mut unannotated = same.clone();
+        unannotated.metadata.annotations = None;
+        let p = crd_problems(&[(want.clone(), Some(unannotated))]);
+        assert!(
+            p[0].contains("has no custody.dev/schema-sha256 annotation"),
+            "{p:?}"
+        );
+
+        let mut other_version = same.clone();
+        other_version.spec.versions[0].name = "v1alpha0".into();
+        let p = crd_problems(&[(want.clone(), Some(other_version))]);
+        assert!(
+            p[0].starts_with(&format!("CRD {name} serves [\"v1alpha0\"], not v1alpha1")),
+            "{p:?}"
+        );
+
+        let p = crd_problems(&[(want.clone(), Some(want))]);
+        assert_eq!(p, [format!("CRD {name} is not Established yet")]);
+    }
+
+    #[test]
+    fn a_recent_watch_error_makes_the_controller_not_ready() {
+        let r = Readiness::default();
+        assert!(r.check().unwrap_err().starts_with("starting"));
+        r.set_crd_problems(vec!["CRD x is not installed".into()]);
+        assert_eq!(
+            r.check().unwrap_err(),
+            "installed CRDs: CRD x is not installed"
+        );
+        r.set_crd_problems(Vec::new());
+        assert_eq!(r.check(), Ok(()));
+        r.watch_failed("AgentAssignment", "watch_forbidden", "403 forbidden");
+        assert_eq!(
+            r.check().unwrap_err(),
+            "the AgentAssignment controller's watch failed 0 s ago: watch_forbidden: 403 forbidden"
+        );
+        r.state
+            .lock()
+            .unwrap()
+            .watches
+            .get_mut("AgentAssignment")
+            .unwrap()
+            .0 = Instant::now() - WATCH_ERROR_WINDOW;
+        assert_eq!(r.check(), Ok(()));
+    }
+}
