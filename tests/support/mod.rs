@@ -15,6 +15,7 @@ pub mod agent;
 pub mod checkpoints;
 pub mod failpoint;
 pub mod fixtures;
+pub mod world;
 
 /// An environment variable `tests/run.sh` exports.
 pub fn var(name: &str) -> String {
