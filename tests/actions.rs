@@ -34,6 +34,8 @@ impl World {
         self.checkpoints.state(thread)
     }
 
+    /// The arguments of [`World::sweep`], for the failpoint runner.
+    #[cfg(feature = "failpoints")]
     fn args(&self) -> Vec<String> {
         ["sweep", "--apply", "-o", "json", "-f"]
             .into_iter()
@@ -49,6 +51,11 @@ impl World {
     /// Baskets ever created on the server.
     async fn baskets(&self) -> u64 {
         support::baskets(&self.server.url()).await
+    }
+
+    /// MCP sessions opened on the server so far, this reading's own included.
+    async fn sessions(&self) -> u64 {
+        support::sessions(&self.server.url()).await
     }
 
     /// (sku, qty) of a live basket.
@@ -78,8 +85,16 @@ async fn remint_case(kind: Kind) {
     let w = World::new(kind, "act_remint", "remint", SERVER).await;
     let (thread, old) = w.filled_and_gone("").await;
     let before = w.baskets().await;
+    let sessions = w.sessions().await;
 
     let report = w.sweep(true);
+    // One session per server per sweep (mcp::Sessions): the probes, the mint and both replays
+    // share the probes' session; the second +1 is the reading's own.
+    assert_eq!(
+        w.sessions().await,
+        sessions + 2,
+        "the sweep opened one session on its server"
+    );
     let r = row(&report, &thread);
     assert_eq!(r["verdict"], "gone", "{r}");
     assert_eq!(r["action"]["plan"], "remint", "{r}");

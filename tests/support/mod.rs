@@ -424,6 +424,13 @@ pub async fn baskets(url: &str) -> u64 {
         .unwrap()
 }
 
+/// MCP sessions clients have opened on the basket server at `url`, this call's own included.
+pub async fn sessions(url: &str) -> u64 {
+    call(url, "count_baskets", json!({})).await["sessions"]
+        .as_u64()
+        .unwrap()
+}
+
 /// (sku, qty) of a live basket, sorted (tests/py/basket_server.py lists them sorted,
 /// tests/py/misbehaving_server.py in the order they were added).
 pub async fn items(url: &str, basket: &str) -> Vec<(String, u64)> {
