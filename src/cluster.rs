@@ -136,6 +136,7 @@ pub async fn store_target(
         classes,
         stores: vec![store],
         secrets,
+        ..Resources::default()
     };
     let (target, left_out) = resources.targets_without_bad_classes()?.remove(0);
     Ok(StoreTarget { target, left_out })

@@ -5,38 +5,19 @@
 
 mod support;
 
-use std::process::Command;
-
 use serde_json::{Value, json};
-use support::checkpoints::{Checkpoints, Kind};
+use support::checkpoints::Kind;
 #[cfg(feature = "failpoints")]
 use support::failpoint::Stopped;
+use support::world::{World, row};
 use support::{BasketServer, Db};
 
-/// A basket server, a checkpoint database and a resource directory acting on it.
-struct World {
-    server: BasketServer,
-    res: tempfile::TempDir,
-    checkpoints: Checkpoints,
-}
+/// The server of every world here: handles die only when a test deletes them. The kill -9 suite
+/// runs for many minutes on a busy machine, and baskets expiring by the default inactivity TTL
+/// (600 s) were re-minted by later runs and counted as extra mints.
+const SERVER: &[(&str, &str)] = &[("BASKET_TTL_SECONDS", "86400")];
 
 impl World {
-    async fn new(kind: Kind, name: &str, on_gone: &str) -> Self {
-        // Handles die only when a test deletes them: the kill -9 suite runs for many minutes on
-        // a busy machine, and baskets expiring by the default inactivity TTL (600 s) were
-        // re-minted by later runs and counted as extra mints.
-        let server = BasketServer::start(&[("BASKET_TTL_SECONDS", "86400")]);
-        let res = tempfile::tempdir().unwrap();
-        let checkpoints = Checkpoints::new(kind, res.path(), name).await;
-        let (backend, dsn) = checkpoints.backend_dsn();
-        support::act_resources(res.path(), &server.url(), backend, &dsn, on_gone);
-        Self {
-            server,
-            res,
-            checkpoints,
-        }
-    }
-
     fn db(&self) -> Db<'_> {
         self.checkpoints.db()
     }
@@ -53,27 +34,14 @@ impl World {
         self.checkpoints.state(thread)
     }
 
+    /// The arguments of [`World::sweep`], for the failpoint runner.
+    #[cfg(feature = "failpoints")]
     fn args(&self) -> Vec<String> {
         ["sweep", "--apply", "-o", "json", "-f"]
             .into_iter()
             .map(str::to_owned)
             .chain([self.res.path().display().to_string()])
             .collect()
-    }
-
-    /// `custody sweep --apply -f RES -o json`, asserting success.
-    fn sweep(&self) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-            .args(self.args())
-            .output()
-            .expect("run custody");
-        assert!(
-            out.status.success(),
-            "custody sweep --apply failed:\nstdout:\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("sweep JSON")
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> Value {
@@ -83,6 +51,11 @@ impl World {
     /// Baskets ever created on the server.
     async fn baskets(&self) -> u64 {
         support::baskets(&self.server.url()).await
+    }
+
+    /// MCP sessions opened on the server so far, this reading's own included.
+    async fn sessions(&self) -> u64 {
+        support::sessions(&self.server.url()).await
     }
 
     /// (sku, qty) of a live basket.
@@ -108,21 +81,20 @@ impl World {
     }
 }
 
-fn row<'a>(report: &'a Value, thread: &str) -> &'a Value {
-    report["stores"][0]["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["thread_id"] == thread)
-        .unwrap_or_else(|| panic!("no row for {thread} in {report}"))
-}
-
 async fn remint_case(kind: Kind) {
-    let w = World::new(kind, "act_remint", "remint").await;
+    let w = World::new(kind, "act_remint", "remint", SERVER).await;
     let (thread, old) = w.filled_and_gone("").await;
     let before = w.baskets().await;
+    let sessions = w.sessions().await;
 
-    let report = w.sweep();
+    let report = w.sweep(true);
+    // One session per server per sweep (mcp::Sessions): the probes, the mint and both replays
+    // share the probes' session; the second +1 is the reading's own.
+    assert_eq!(
+        w.sessions().await,
+        sessions + 2,
+        "the sweep opened one session on its server"
+    );
     let r = row(&report, &thread);
     assert_eq!(r["verdict"], "gone", "{r}");
     assert_eq!(r["action"]["plan"], "remint", "{r}");
@@ -159,7 +131,7 @@ async fn remint_case(kind: Kind) {
     assert_eq!(w.outcomes(&thread).await, vec!["reminted"]);
 
     // The next sweep finds the new basket alive and leaves the thread alone.
-    let again = w.sweep();
+    let again = w.sweep(true);
     let r = row(&again, &thread);
     assert_eq!(r["verdict"], "ok", "{r}");
     assert!(r["action"].is_null(), "{r}");
@@ -193,11 +165,11 @@ async fn remint_replays_and_the_graph_continues_postgres() {
 }
 
 async fn escalate_case(kind: Kind) {
-    let w = World::new(kind, "act_escalate", "escalate").await;
+    let w = World::new(kind, "act_escalate", "escalate", SERVER).await;
     w.write("t-expired,t-absent,t-other-principal,t-live", "");
     let before = w.baskets().await;
 
-    let report = w.sweep();
+    let report = w.sweep(true);
     for thread in ["t-expired", "t-absent", "t-other-principal"] {
         let r = row(&report, thread);
         assert_eq!(r["action"]["plan"], "escalate", "{r}");
@@ -222,7 +194,7 @@ async fn escalate_case(kind: Kind) {
     let checkpoint = state["checkpoint_id"].clone();
 
     // Escalated once: the next sweep leaves it (and writes no checkpoint).
-    let again = w.sweep();
+    let again = w.sweep(true);
     let r = row(&again, "t-expired");
     assert_eq!(r["action"]["outcome"], "skipped", "{r}");
     assert_eq!(r["action"]["reason"], "already escalated", "{r}");
@@ -251,9 +223,9 @@ async fn escalate_routes_the_graph_to_handle_gone_postgres() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fail_writes_verdict_failed() {
-    let w = World::new(Kind::Sqlite, "act_fail", "fail").await;
+    let w = World::new(Kind::Sqlite, "act_fail", "fail", SERVER).await;
     w.write("t-expired", "");
-    let r = w.sweep();
+    let r = w.sweep(true);
     assert_eq!(row(&r, "t-expired")["action"]["outcome"], "failed");
     let done = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));
     assert!(
@@ -302,7 +274,7 @@ fn without_apply_nothing_is_written() {
 
 #[cfg(feature = "failpoints")]
 async fn moved_case(kind: Kind) {
-    let w = World::new(kind, "act_moved", "escalate").await;
+    let w = World::new(kind, "act_moved", "escalate", SERVER).await;
     w.write("t-expired", "");
     let stopped = Stopped::at(&w.args(), "act::before-append", "return(wait)");
     // custody has read the thread and decided; LangGraph resumes it now.
@@ -359,14 +331,14 @@ const STEPS: [&str; 7] = [
 
 #[cfg(feature = "failpoints")]
 async fn kill_case(kind: Kind) {
-    let w = World::new(kind, "act_kill", "remint").await;
+    let w = World::new(kind, "act_kill", "remint", SERVER).await;
     for (i, step) in STEPS.iter().enumerate() {
         let (thread, old) = w.filled_and_gone(&format!("k{i}-")).await;
         let before = w.baskets().await;
 
         Stopped::at(&w.args(), &format!("act::{step}"), "return").kill();
 
-        let report = w.sweep();
+        let report = w.sweep(true);
         assert_eq!(
             w.baskets().await,
             before + 1,

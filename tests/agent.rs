@@ -7,55 +7,12 @@
 
 mod support;
 
-use std::process::Command;
-
-use serde_json::{Value, json};
-use support::BasketServer;
+use serde_json::json;
 use support::agent::{self, PARKED_AT};
-use support::checkpoints::{Checkpoints, Kind};
-
-/// A basket server, a checkpoint database and local-mode resources acting on it (`onGone`).
-struct World {
-    server: BasketServer,
-    res: tempfile::TempDir,
-    checkpoints: Checkpoints,
-}
+use support::checkpoints::Kind;
+use support::world::{World, row};
 
 impl World {
-    async fn new(kind: Kind, name: &str, on_gone: &str) -> Self {
-        let server = BasketServer::start(&[]);
-        let res = tempfile::tempdir().unwrap();
-        let checkpoints = Checkpoints::new(kind, res.path(), name).await;
-        let (backend, dsn) = checkpoints.backend_dsn();
-        support::act_resources(res.path(), &server.url(), backend, &dsn, on_gone);
-        Self {
-            server,
-            res,
-            checkpoints,
-        }
-    }
-
-    fn url(&self) -> String {
-        self.server.url()
-    }
-
-    /// `custody sweep (--apply | --dry-run) -f RES -o json`, asserting success.
-    fn sweep(&self, apply: bool) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-            .args(["sweep", if apply { "--apply" } else { "--dry-run" }])
-            .args(["-o", "json", "-f"])
-            .arg(self.res.path())
-            .output()
-            .expect("run custody");
-        assert!(
-            out.status.success(),
-            "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("sweep JSON")
-    }
-
     /// A thread parked at the approval of its third `add_item` (`extra`×1), two items recorded
     /// (widget×2, gadget×1), whose basket was then deleted on the server. Returns its basket.
     async fn parked_and_gone(&self, thread: &str, handle_in_args: bool) -> String {
@@ -89,19 +46,10 @@ impl World {
     }
 }
 
-fn row<'a>(report: &'a Value, thread: &str) -> &'a Value {
-    report["stores"][0]["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["thread_id"] == thread)
-        .unwrap_or_else(|| panic!("no row for {thread} in {report}"))
-}
-
 /// The handle lives only in state (the model's calls carry sku and qty): custody re-mints and
 /// replays, and the approved or edited call runs on the new basket.
 async fn remint_case(kind: Kind) {
-    let w = World::new(kind, "agent_remint", "remint").await;
+    let w = World::new(kind, "agent_remint", "remint", &[]).await;
     let old = w.parked_and_gone("t-approve", false).await;
     let edited_old = w.parked_and_gone("t-edit", false).await;
     let parked = agent::state(&w.checkpoints, "t-approve");
@@ -193,7 +141,7 @@ async fn a_hitl_agent_reminted_continues_on_the_new_basket_postgres() {
 /// that call spending the dead basket, so custody escalates instead, and whatever the reviewer
 /// decides, the agent takes its escalation path without calling the server.
 async fn pending_call_case(kind: Kind) {
-    let w = World::new(kind, "agent_pending", "remint").await;
+    let w = World::new(kind, "agent_pending", "remint", &[]).await;
     let threads = ["t-approve", "t-edit", "t-reject"];
     for t in threads {
         w.parked_and_gone(t, true).await;
@@ -264,7 +212,7 @@ async fn a_pending_call_holding_the_handle_is_escalated_not_reminted_postgres() 
 /// answered by the agent's own guard instead of the server.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_escalated_hitl_agent_takes_its_escalation_path() {
-    let w = World::new(Kind::Sqlite, "agent_escalate", "escalate").await;
+    let w = World::new(Kind::Sqlite, "agent_escalate", "escalate", &[]).await;
     w.parked_and_gone("t-live", false).await;
     let before = support::baskets(&w.url()).await;
     let report = w.sweep(true);

@@ -46,12 +46,13 @@ fn has_empty_port(url: &str) -> bool {
     host_port.ends_with(':')
 }
 
-/// Validates an MCPServer spec.
+/// Validates an MCPServer spec and returns its reconciliation rules, compiled
+/// ([`reconciliation`]).
 ///
 /// # Errors
 /// The first problem found: a URL that is not absolute `http`/`https`, a timeout outside
 /// 1–300 s, an invalid header name, a reconciliation rule as in [`reconciliation`].
-pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
+pub fn mcp_server(spec: &MCPServerSpec) -> Result<Vec<LookupRule>, FieldError> {
     let url = url::Url::parse(&spec.url).map_err(|e| err("spec.url", format!("not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(err(
@@ -84,8 +85,7 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<(), FieldError> {
         secret_name(&h.secret_key_ref.name)
             .map_err(|m| err(format!("spec.headersFrom[{i}].secretKeyRef.name"), m))?;
     }
-    reconciliation(spec)?;
-    Ok(())
+    reconciliation(spec)
 }
 
 /// A Secret name as Kubernetes names Secrets: a DNS-1123 subdomain (lowercase letters, digits,

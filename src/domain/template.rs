@@ -153,7 +153,7 @@ impl Template {
         &self,
         ctx: &Context<'_>,
     ) -> Result<serde_json::Map<String, Value>, TemplateError> {
-        match render_node(&self.0, ctx, "")? {
+        match walk(&self.0, "", &|leaf, path| render_leaf(leaf, ctx, path))? {
             Value::Object(map) => Ok(map),
             _ => unreachable!("a template root is always an object"),
         }
@@ -170,15 +170,80 @@ impl Template {
     /// # Errors
     /// [`TemplateError::Missing`] when a placeholder other than `{{handle}}` has no value here.
     pub fn bind(&self, ctx: &Context<'_>) -> Result<Self, TemplateError> {
-        bind_node(&self.0, ctx, "").map(Self)
+        walk(&self.0, "", &|leaf, path| bind_leaf(leaf, ctx, path)).map(Self)
     }
 }
 
-fn bind_node(node: &Node, ctx: &Context<'_>, path: &str) -> Result<Node, TemplateError> {
+/// A leaf of a template tree, as [`walk`] hands it to its per-leaf step.
+enum Leaf<'a> {
+    Literal(&'a Value),
+    String(&'a [Piece]),
+}
+
+/// What a [`walk`] builds: a tree of the template's shape.
+trait Tree: Sized {
+    fn array(items: Vec<Self>) -> Self;
+    fn object(entries: Vec<(String, Self)>) -> Self;
+}
+
+impl Tree for Node {
+    fn array(items: Vec<Self>) -> Self {
+        Self::Array(items)
+    }
+    fn object(entries: Vec<(String, Self)>) -> Self {
+        Self::Object(entries)
+    }
+}
+
+impl Tree for Value {
+    fn array(items: Vec<Self>) -> Self {
+        Self::Array(items)
+    }
+    fn object(entries: Vec<(String, Self)>) -> Self {
+        Self::Object(entries.into_iter().collect())
+    }
+}
+
+/// The one walk over a parsed template, for binding and rendering alike: arrays and objects keep
+/// their shape and `leaf` maps each literal and string, given its argument path (`filter.ids[0]`;
+/// a key of the root object is its own path).
+fn walk<T: Tree>(
+    node: &Node,
+    path: &str,
+    leaf: &impl Fn(Leaf<'_>, &str) -> Result<T, TemplateError>,
+) -> Result<T, TemplateError> {
     Ok(match node {
-        Node::Literal(v) => Node::Literal(v.clone()),
-        Node::String(pieces) => match pieces.as_slice() {
-            [Piece::Var(Var::Handle)] => Node::String(pieces.clone()),
+        Node::Literal(v) => leaf(Leaf::Literal(v), path)?,
+        Node::String(pieces) => leaf(Leaf::String(pieces), path)?,
+        Node::Array(items) => T::array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| walk(n, &format!("{path}[{i}]"), leaf))
+                .collect::<Result<_, _>>()?,
+        ),
+        Node::Object(entries) => T::object(
+            entries
+                .iter()
+                .map(|(k, n)| {
+                    let child = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    Ok((k.clone(), walk(n, &child, leaf)?))
+                })
+                .collect::<Result<_, TemplateError>>()?,
+        ),
+    })
+}
+
+/// [`Template::bind`]'s step: every placeholder but `{{handle}}` becomes data.
+fn bind_leaf(leaf: Leaf<'_>, ctx: &Context<'_>, path: &str) -> Result<Node, TemplateError> {
+    Ok(match leaf {
+        Leaf::Literal(v) => Node::Literal(v.clone()),
+        Leaf::String(pieces) => match pieces {
+            [Piece::Var(Var::Handle)] => Node::String(pieces.to_vec()),
             [Piece::Var(var)] => Node::Literal(lookup(var, ctx, path)?),
             pieces => Node::String(
                 pieces
@@ -195,26 +260,6 @@ fn bind_node(node: &Node, ctx: &Context<'_>, path: &str) -> Result<Node, Templat
                     .collect::<Result<_, TemplateError>>()?,
             ),
         },
-        Node::Array(items) => Node::Array(
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, n)| bind_node(n, ctx, &format!("{path}[{i}]")))
-                .collect::<Result<_, _>>()?,
-        ),
-        Node::Object(entries) => Node::Object(
-            entries
-                .iter()
-                .map(|(k, n)| {
-                    let child = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    Ok((k.clone(), bind_node(n, ctx, &child)?))
-                })
-                .collect::<Result<_, TemplateError>>()?,
-        ),
     })
 }
 
@@ -301,45 +346,24 @@ fn parse_string(s: &str, path: &str, scope: Scope) -> Result<Vec<Piece>, Templat
     Ok(pieces)
 }
 
-fn render_node(node: &Node, ctx: &Context<'_>, path: &str) -> Result<Value, TemplateError> {
-    Ok(match node {
-        Node::Literal(v) => v.clone(),
-        Node::String(pieces) => match pieces.as_slice() {
-            [Piece::Var(var)] => lookup(var, ctx, path)?,
-            pieces => {
-                let mut out = String::new();
-                for piece in pieces {
-                    match piece {
-                        Piece::Text(t) => out.push_str(t),
-                        Piece::Var(var) => match lookup(var, ctx, path)? {
-                            Value::String(s) => out.push_str(&s),
-                            other => out.push_str(&other.to_string()),
-                        },
-                    }
+/// [`Template::render`]'s step: every placeholder becomes its value.
+fn render_leaf(leaf: Leaf<'_>, ctx: &Context<'_>, path: &str) -> Result<Value, TemplateError> {
+    Ok(match leaf {
+        Leaf::Literal(v) => v.clone(),
+        Leaf::String([Piece::Var(var)]) => lookup(var, ctx, path)?,
+        Leaf::String(pieces) => {
+            let mut out = String::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(t) => out.push_str(t),
+                    Piece::Var(var) => match lookup(var, ctx, path)? {
+                        Value::String(s) => out.push_str(&s),
+                        other => out.push_str(&other.to_string()),
+                    },
                 }
-                Value::String(out)
             }
-        },
-        Node::Array(items) => Value::Array(
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, n)| render_node(n, ctx, &format!("{path}[{i}]")))
-                .collect::<Result<_, _>>()?,
-        ),
-        Node::Object(entries) => Value::Object(
-            entries
-                .iter()
-                .map(|(k, n)| {
-                    let child = if path.is_empty() {
-                        k.clone()
-                    } else {
-                        format!("{path}.{k}")
-                    };
-                    Ok((k.clone(), render_node(n, ctx, &child)?))
-                })
-                .collect::<Result<_, TemplateError>>()?,
-        ),
+            Value::String(out)
+        }
     })
 }
 

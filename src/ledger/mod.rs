@@ -179,6 +179,8 @@ pub struct NewEntry<'a> {
     pub action: Action,
     /// Its inputs.
     pub plan: &'a Value,
+    /// The sweep's clock: the entry's `created_at` (and first `updated_at`).
+    pub now: DateTime<Utc>,
 }
 
 /// What [`Ledger::record_intent`] found.
@@ -270,13 +272,12 @@ impl Ledger {
     /// # Errors
     /// [`LedgerError::Query`].
     pub async fn record_intent(&self, e: &NewEntry<'_>) -> Result<Recorded, LedgerError> {
-        let now = Utc::now();
         const SQL: &str = "INSERT INTO custody_actions (idempotency_key, thread_id, checkpoint_ns, checkpoint_id, handle_class, action, state, plan, created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, $6, 'intent', $7, $8, $8) ON CONFLICT (idempotency_key) DO NOTHING RETURNING idempotency_key";
         let inserted: Option<String> = run!(
             &self.pool, scalar SQL,
             e.key, e.thread_id, e.checkpoint_ns, e.checkpoint_id, e.handle_class,
-            e.action.as_str(), Json(e.plan), now;
+            e.action.as_str(), Json(e.plan), e.now;
             fetch_optional
         )?;
         if inserted.is_some() {

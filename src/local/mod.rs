@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, validate};
-use crate::plan::label;
 pub use crate::plan::{LoadError, Resources};
+use crate::plan::{compiled_key, label};
 
 impl Resources {
     /// Reads and validates the YAML file `path`, or every YAML file in the directory `path`.
@@ -113,14 +113,16 @@ impl Resources {
             match (custody, kind_name, api_version.as_str()) {
                 (true, "MCPServer", _) => {
                     let s: MCPServer = typed(value).map_err(|m| invalid(&kind, m))?;
-                    validate::mcp_server(&s.spec)
+                    let rules = validate::mcp_server(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
+                    self.compiled.reconciliation.insert(compiled_key(&s), rules);
                     self.servers.push(s);
                 }
                 (true, "HandleClass", _) => {
                     let c: HandleClass = typed(value).map_err(|m| invalid(&kind, m))?;
-                    validate::handle_class(&c.spec)
+                    let rules = validate::handle_class(&c.spec)
                         .map_err(|e| invalid(&label(&c), e.to_string()))?;
+                    self.compiled.classes.insert(compiled_key(&c), rules);
                     self.classes.push(c);
                 }
                 (true, "CheckpointStore", _) => {
@@ -205,6 +207,33 @@ mod tests {
             e.contains("(MCPServer default/b): spec.timeoutSeconds: invalid type"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn rules_are_compiled_once_when_the_file_is_read() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec:\n  url: http://127.0.0.1:1/mcp\n  reconciliation:\n  - tool: create_basket\n    lookup:\n      tool: find_basket\n      arguments: {key: '{{idempotency_key}}'}\n      idField: basket_id\n      found: {path: basket_id}\n---\napiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata: {name: basket}\nspec:\n  serverRef: basket\n  statePath: basket\n  probe:\n    tool: get_basket\n    arguments: {basket_id: '{{handle}}'}\n---\napiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: orders}\nspec:\n  backend: sqlite\n  dsn: sqlite://x.sqlite\n  principalKey: principal\n";
+        let mut r = Resources::parse(Path::new("all.yaml"), text).unwrap();
+        assert!(r.compiled.classes.contains_key("default/basket"));
+        assert!(r.compiled.reconciliation.contains_key("default/basket"));
+        // The compile step takes what loading compiled: specs made invalid after loading are
+        // not compiled again.
+        r.classes[0].spec.probe.arguments =
+            BTreeMap::from([("basket_id".to_owned(), "{{nope}}".into())]);
+        r.servers[0].spec.reconciliation[0].lookup.arguments =
+            BTreeMap::from([("key".to_owned(), "{{handle}}".into())]);
+        let targets = r.targets().unwrap();
+        let class = &targets[0].classes[0];
+        let (probe, _, _) = &r.compiled.classes["default/basket"];
+        assert_eq!(&class.probe_arguments, probe);
+        assert_eq!(
+            targets[0].audit.servers[0].rules,
+            r.compiled.reconciliation["default/basket"]
+        );
+        // Resources from the API server come without compiled rules and are compiled (and
+        // refused) by the compile step.
+        r.compiled = crate::plan::Compiled::default();
+        let e = r.targets().unwrap_err().to_string();
+        assert!(e.contains("spec.probe.arguments.basket_id"), "{e}");
     }
 
     #[test]

@@ -77,6 +77,28 @@ pub struct Resources {
     pub stores: Vec<CheckpointStore>,
     /// Secrets, for `headersFrom` and `dsnFrom`.
     pub secrets: Vec<Secret>,
+    /// Rules already compiled when the resources were validated (local mode validates every
+    /// file as it reads it), which the compile step takes instead of compiling them again.
+    /// Empty for resources from the API server: the compile step validates those itself.
+    pub compiled: Compiled,
+}
+
+/// A HandleClass's rules as [`validate::handle_class`] compiles them: the probe template, the
+/// gone rule and the replay template.
+pub type ClassRules = (Template, GoneRule, Option<Template>);
+
+/// Rules compiled when resources were validated, by `namespace/name` of their resource.
+#[derive(Default)]
+pub struct Compiled {
+    /// Of HandleClasses.
+    pub classes: BTreeMap<String, ClassRules>,
+    /// Of MCPServers: their `reconciliation` rules.
+    pub reconciliation: BTreeMap<String, Vec<LookupRule>>,
+}
+
+/// The key of a resource in [`Compiled`].
+pub(crate) fn compiled_key<K: ResourceExt>(r: &K) -> String {
+    format!("{}/{}", namespace(r), r.name_any())
 }
 
 impl Resources {
@@ -170,13 +192,17 @@ impl Resources {
             if server.spec.reconciliation.is_empty() {
                 continue;
             }
-            // Files are validated when loaded; objects from the API server are validated here.
-            let rules =
-                validate::reconciliation(&server.spec).map_err(|e| LoadError::Reference {
-                    resource: label(server),
-                    field: e.field,
-                    message: e.message,
-                })?;
+            // Files are compiled when loaded; objects from the API server are compiled here.
+            let rules = match self.compiled.reconciliation.get(&compiled_key(server)) {
+                Some(rules) => rules.clone(),
+                None => {
+                    validate::reconciliation(&server.spec).map_err(|e| LoadError::Reference {
+                        resource: label(server),
+                        field: e.field,
+                        message: e.message,
+                    })?
+                }
+            };
             out.push(ServerRules {
                 server: self.server_config(server)?,
                 rules,
@@ -196,13 +222,15 @@ impl Resources {
                 field: "spec.serverRef".into(),
                 message: format!("no MCPServer {:?} in namespace {ns}", class.spec.server_ref),
             })?;
-        // Files are validated when loaded; objects from the API server are validated here.
-        let (template, gone, replay) =
-            validate::handle_class(&class.spec).map_err(|e| LoadError::Reference {
+        // Files are compiled when loaded; objects from the API server are compiled here.
+        let (template, gone, replay) = match self.compiled.classes.get(&compiled_key(class)) {
+            Some(rules) => rules.clone(),
+            None => validate::handle_class(&class.spec).map_err(|e| LoadError::Reference {
                 resource: label(class),
                 field: e.field,
                 message: e.message,
-            })?;
+            })?,
+        };
         Ok(ClassPlan {
             name: class.name_any(),
             state_path: StatePath::new(&class.spec.state_path),

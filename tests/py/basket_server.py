@@ -12,7 +12,8 @@ Tools (all declare an outputSchema and set every annotation hint explicitly):
   add_item(basket_id, sku, qty=1)   -> basket view; refreshes the inactivity timer
   get_basket(basket_id)             -> basket view; read-only, never refreshes the timer
   delete_basket(basket_id)          -> {"basket_id", "deleted": true}; destructive
-  count_baskets(customer=None)      -> {"count": baskets ever created, "live": live now}
+  count_baskets(customer=None)      -> {"count": baskets ever created, "live": live now,
+                                        "sessions": sessions clients have opened}
 
 A failing call on an unknown, deleted or expired basket is a tool error (isError: true)
 whose text starts with `BASKET_NOT_FOUND:` or `BASKET_EXPIRED:`.
@@ -259,6 +260,7 @@ class Deleted(BaseModel):
 class BasketCount(BaseModel):
     count: int = Field(description="Baskets ever created (for the customer, when given)")
     live: int = Field(description="Of those, baskets neither expired nor deleted")
+    sessions: int = Field(description="MCP sessions clients have opened on this server so far")
 
 
 def _view(basket: Basket) -> BasketView:
@@ -336,6 +338,20 @@ server = BasketServer(
     log_level="WARNING",
 )
 
+# Negotiations answered (initialize and server/discover requests): one per client session in
+# either era, so a test can tell whether a client reused its session (count_baskets' sessions).
+_SESSIONS = 0
+
+
+async def _count_sessions(ctx: Any, call_next: Any) -> Any:
+    global _SESSIONS
+    if ctx.method in ("initialize", "server/discover"):
+        _SESSIONS += 1
+    return await call_next(ctx)
+
+
+server.middleware.append(_count_sessions)
+
 
 @server.tool(
     title="Create basket",
@@ -400,13 +416,13 @@ def delete_basket(basket_id: str) -> Annotated[CallToolResult, Deleted]:
     title="Count baskets",
     description=(
         "Read-only: how many baskets were ever created (count) and how many are live now (live), "
-        "for one customer or for all."
+        "for one customer or for all, and how many MCP sessions clients have opened (sessions)."
     ),
     annotations=_hints(read_only=True, destructive=False, idempotent=True, title="Count baskets"),
 )
 def count_baskets(customer: str | None = None) -> Annotated[CallToolResult, BasketCount]:
     created, live = STORE.count(customer)
-    return _ok(BasketCount(count=created, live=live))
+    return _ok(BasketCount(count=created, live=live, sessions=_SESSIONS))
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ pub mod agent;
 pub mod checkpoints;
 pub mod failpoint;
 pub mod fixtures;
+pub mod world;
 
 /// An environment variable `tests/run.sh` exports.
 pub fn var(name: &str) -> String {
@@ -419,6 +420,13 @@ pub async fn call(url: &str, tool: &str, arguments: Value) -> Value {
 /// Baskets ever created on the basket server at `url`.
 pub async fn baskets(url: &str) -> u64 {
     call(url, "count_baskets", json!({})).await["count"]
+        .as_u64()
+        .unwrap()
+}
+
+/// MCP sessions clients have opened on the basket server at `url`, this call's own included.
+pub async fn sessions(url: &str) -> u64 {
+    call(url, "count_baskets", json!({})).await["sessions"]
         .as_u64()
         .unwrap()
 }

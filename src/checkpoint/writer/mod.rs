@@ -26,18 +26,20 @@
 use chrono::{DateTime, Utc};
 use rmpv::Value as Mp;
 use serde_json::{Map, Value};
-use sqlx::Row;
-use sqlx::{Postgres, Sqlite, Transaction};
 
 mod ids;
 mod msgpack;
 mod pool;
+mod postgres;
+mod sqlite;
 
 pub use ids::{interrupt_id, new_checkpoint_id, task_id};
 use ids::{next_version, python_iso};
 pub use msgpack::json_to_mp;
-use msgpack::{encode, map_get, map_get_mut, map_mut, map_set, primitive_json, set_json};
+use msgpack::{encode, map_get, map_get_mut, map_set};
 pub use pool::{ActLock, Tx, WritePool};
+use postgres::Pg;
+use sqlite::Lite;
 
 use super::serde::{DecodeError, read};
 
@@ -151,281 +153,104 @@ struct PendingWrite {
 /// [`WriteError::Query`] for a database error, [`WriteError::Unsupported`] for rows custody
 /// will not rewrite; in both cases nothing is written.
 pub async fn append(tx: &mut Tx, req: &AppendRequest<'_>) -> Result<Appended, WriteError> {
+    let thread_id = req.thread_id;
     match tx {
-        Tx::Postgres(tx) => append_pg(tx, req).await,
-        Tx::Sqlite(tx) => append_sqlite(tx, req).await,
+        Tx::Postgres(tx) => append_to(&mut Pg { tx, thread_id }, req).await,
+        Tx::Sqlite(tx) => append_to(&mut Lite { tx, thread_id }, req).await,
     }
 }
 
-async fn append_pg(
-    tx: &mut Transaction<'static, Postgres>,
+/// One thread's rows of one LangGraph saver in a write transaction: what PostgresSaver
+/// ([`postgres`]) and SqliteSaver ([`sqlite`]) store differently. The recipe over them is
+/// written once, in [`append_to`] and [`head_of`].
+trait Saver {
+    /// The latest root checkpoint's row.
+    type Row;
+    /// Its document as the row holds it, before decoding.
+    type Stored;
+    /// The document being patched.
+    type Doc;
+
+    /// The id and row of the thread's latest root checkpoint.
+    async fn latest(&mut self) -> Result<Option<(String, Self::Row)>, WriteError>;
+    /// The row's document and its metadata.
+    fn decode(row: Self::Row) -> Result<(Self::Stored, Value), WriteError>;
+    /// The pending writes of `checkpoint_id`, in LangGraph's order (task path, task, index).
+    async fn writes(&mut self, checkpoint_id: &str) -> Result<Vec<PendingWrite>, WriteError>;
+    /// Decodes the stored document for patching.
+    fn open(stored: Self::Stored) -> Result<Self::Doc, WriteError>;
+    /// Every channel version of the document.
+    fn versions(doc: &Self::Doc) -> Result<Vec<Value>, WriteError>;
+    /// The raw value of `channel` (`None`: no value, or an `empty` one).
+    async fn value(&mut self, doc: &Self::Doc, channel: &str) -> Result<Option<Mp>, WriteError>;
+    /// Makes `value` the value of `channel`, at `version`.
+    fn set(doc: &mut Self::Doc, channel: &str, value: Mp, version: &str) -> Result<(), WriteError>;
+    /// Gives the document its new id and timestamp, and a null `updated_channels` (pg-D).
+    fn stamp(doc: &mut Self::Doc, id: &str, ts: &str) -> Result<(), WriteError>;
+    /// Inserts the new checkpoint `id` (with what the saver stores beside it).
+    async fn insert(
+        &mut self,
+        id: &str,
+        parent_id: &str,
+        doc: Self::Doc,
+        metadata: &Value,
+    ) -> Result<(), WriteError>;
+    /// Inserts the carried interrupt as a pending write of checkpoint `id`.
+    async fn insert_interrupt(
+        &mut self,
+        id: &str,
+        write: &InterruptWrite,
+    ) -> Result<(), WriteError>;
+    /// The id of the thread's latest root checkpoint.
+    async fn latest_id(&mut self) -> Result<Option<String>, WriteError>;
+    /// `(task_id, channel)` of every write of `checkpoint_id`.
+    async fn write_channels(
+        &mut self,
+        checkpoint_id: &str,
+    ) -> Result<Vec<(String, String)>, WriteError>;
+}
+
+/// The append recipe (module documentation) over one saver's rows.
+async fn append_to<S: Saver>(
+    rows: &mut S,
     req: &AppendRequest<'_>,
 ) -> Result<Appended, WriteError> {
-    let latest = sqlx::query(
-        "SELECT checkpoint_id, checkpoint, metadata FROM checkpoints
-         WHERE thread_id = $1 AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1",
-    )
-    .bind(req.thread_id)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(latest) = latest else {
+    let Some((latest_id, latest)) = rows.latest().await? else {
         return Ok(Appended::Moved(
             "the thread has no checkpoints any more".into(),
         ));
     };
-    let latest_id: String = latest.try_get("checkpoint_id")?;
     if latest_id != req.expected_checkpoint_id {
         return Ok(moved_to(&latest_id));
     }
-    let mut doc: Value = latest.try_get("checkpoint")?;
-    let metadata: Value = latest.try_get("metadata")?;
-    let writes = sqlx::query(
-        "SELECT task_id, task_path, channel, type, blob FROM checkpoint_writes
-         WHERE thread_id = $1 AND checkpoint_ns = '' AND checkpoint_id = $2
-         ORDER BY task_path, task_id, idx",
-    )
-    .bind(req.thread_id)
-    .bind(&latest_id)
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .map(|r| {
-        Ok(PendingWrite {
-            task_id: r.try_get("task_id")?,
-            task_path: r.try_get("task_path")?,
-            channel: r.try_get("channel")?,
-            type_: r.try_get("type")?,
-            blob: r.try_get("blob")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    let (stored, metadata) = S::decode(latest)?;
+    let writes = rows.writes(&latest_id).await?;
     if let Some(reason) = moved_by_writes(&writes, req.expected_interrupt) {
         return Ok(Appended::Moved(reason));
     }
 
-    let versions = doc
-        .get("channel_versions")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let version = next_version(versions.values())?;
-    let step = metadata.get("step").and_then(Value::as_i64).unwrap_or(-1);
-    let new_id = new_checkpoint_id(&latest_id, req.now, step + 1)?;
-
-    // Patch each touched channel's raw value, then store it: blob or inline (pg-A, pg-E).
-    let mut blobs = Vec::new();
-    for (channel, patches) in by_channel(req.patches) {
-        let current = match versions.get(&channel).and_then(Value::as_str) {
-            Some(v) => {
-                let blob = sqlx::query(
-                    "SELECT type, blob FROM checkpoint_blobs
-                     WHERE thread_id = $1 AND checkpoint_ns = '' AND channel = $2 AND version = $3",
-                )
-                .bind(req.thread_id)
-                .bind(&channel)
-                .bind(v)
-                .fetch_optional(&mut **tx)
-                .await?;
-                match blob {
-                    Some(row) => raw_typed(
-                        &channel,
-                        row.try_get::<String, _>("type")?.as_str(),
-                        row.try_get::<Option<Vec<u8>>, _>("blob")?,
-                    )?,
-                    None => doc
-                        .get("channel_values")
-                        .and_then(|m| m.get(&channel))
-                        .map(json_to_mp),
-                }
-            }
-            None => None,
-        };
-        let value = patch_channel(&channel, current, &patches)?;
-        let values = doc
-            .get_mut("channel_values")
-            .and_then(Value::as_object_mut)
-            .ok_or_else(|| WriteError::Unsupported("checkpoint has no channel_values".into()))?;
-        if let Some(inline) = primitive_json(&value) {
-            values.insert(channel.clone(), inline);
-        } else {
-            values.remove(&channel);
-            blobs.push((channel.clone(), encode(&value)));
-        }
-        set_json(
-            &mut doc,
-            "channel_versions",
-            &channel,
-            Value::String(version.clone()),
-        )?;
-    }
-    let obj = doc
-        .as_object_mut()
-        .ok_or_else(|| WriteError::Unsupported("checkpoint is not an object".into()))?;
-    obj.insert("id".into(), Value::String(new_id.clone()));
-    obj.insert("ts".into(), Value::String(python_iso(req.now)));
-    obj.insert("updated_channels".into(), Value::Null);
-
-    let interrupt = carry_interrupt(&writes, &latest_id, step, &new_id)?;
-    for (channel, blob) in &blobs {
-        sqlx::query(
-            "INSERT INTO checkpoint_blobs (thread_id, checkpoint_ns, channel, version, type, blob)
-             VALUES ($1, '', $2, $3, 'msgpack', $4)",
-        )
-        .bind(req.thread_id)
-        .bind(channel)
-        .bind(&version)
-        .bind(blob)
-        .execute(&mut **tx)
-        .await?;
-    }
-    sqlx::query(
-        "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, checkpoint, metadata)
-         VALUES ($1, '', $2, $3, $4, $5)",
-    )
-    .bind(req.thread_id)
-    .bind(&new_id)
-    .bind(&latest_id)
-    .bind(&doc)
-    .bind(new_metadata(&metadata, step, &req.tags))
-    .execute(&mut **tx)
-    .await?;
-    let carried = match interrupt {
-        Ok(write) => {
-            sqlx::query(
-                "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-                 VALUES ($1, '', $2, $3, $4, $5, $6, 'msgpack', $7)",
-            )
-            .bind(req.thread_id)
-            .bind(&new_id)
-            .bind(&write.task_id)
-            .bind(&write.task_path)
-            .bind(INTERRUPT_IDX)
-            .bind(INTERRUPT)
-            .bind(&write.blob)
-            .execute(&mut **tx)
-            .await?;
-            InterruptCarry::Recreated
-        }
-        Err(carry) => carry,
-    };
-    Ok(Appended::Written {
-        checkpoint_id: new_id,
-        interrupt: carried,
-    })
-}
-
-async fn append_sqlite(
-    tx: &mut Transaction<'static, Sqlite>,
-    req: &AppendRequest<'_>,
-) -> Result<Appended, WriteError> {
-    let latest = sqlx::query(
-        "SELECT checkpoint_id, type, checkpoint, metadata FROM checkpoints
-         WHERE thread_id = ? AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1",
-    )
-    .bind(req.thread_id)
-    .fetch_optional(&mut **tx)
-    .await?;
-    let Some(latest) = latest else {
-        return Ok(Appended::Moved(
-            "the thread has no checkpoints any more".into(),
-        ));
-    };
-    let latest_id: String = latest.try_get("checkpoint_id")?;
-    if latest_id != req.expected_checkpoint_id {
-        return Ok(moved_to(&latest_id));
-    }
-    let type_: Option<String> = latest.try_get("type")?;
-    if type_.as_deref() != Some("msgpack") {
-        return Err(WriteError::Unsupported(format!(
-            "checkpoint serialized as {type_:?}; custody writes only msgpack checkpoints"
-        )));
-    }
-    let bytes: Vec<u8> = latest.try_get("checkpoint")?;
-    let metadata: Option<Vec<u8>> = latest.try_get("metadata")?;
-    let metadata: Value = serde_json::from_slice(metadata.as_deref().unwrap_or(b"{}"))
-        .map_err(|e| WriteError::Unsupported(format!("checkpoint metadata is not JSON: {e}")))?;
-    let writes = sqlx::query(
-        "SELECT task_id, task_path, channel, type, value FROM writes
-         WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
-         ORDER BY task_path, task_id, idx",
-    )
-    .bind(req.thread_id)
-    .bind(&latest_id)
-    .fetch_all(&mut **tx)
-    .await?
-    .into_iter()
-    .map(|r| {
-        Ok(PendingWrite {
-            task_id: r.try_get("task_id")?,
-            task_path: r.try_get("task_path")?,
-            channel: r.try_get("channel")?,
-            type_: r.try_get("type")?,
-            blob: r.try_get("value")?,
-        })
-    })
-    .collect::<Result<Vec<_>, sqlx::Error>>()?;
-    if let Some(reason) = moved_by_writes(&writes, req.expected_interrupt) {
-        return Ok(Appended::Moved(reason));
-    }
-
-    // sq-A: decode the whole document, keep ext values as they are, re-encode.
-    let mut doc = read(&bytes)?;
-    let versions: Vec<Value> = match map_get(&doc, "channel_versions") {
-        Some(Mp::Map(entries)) => entries
-            .iter()
-            .map(|(_, v)| crate::checkpoint::serde::to_data(v))
-            .collect::<Result<_, _>>()?,
-        _ => Vec::new(),
-    };
-    let version = next_version(versions.iter())?;
+    let mut doc = S::open(stored)?;
+    let version = next_version(S::versions(&doc)?.iter())?;
     let step = metadata.get("step").and_then(Value::as_i64).unwrap_or(-1);
     let new_id = new_checkpoint_id(&latest_id, req.now, step + 1)?;
     for (channel, patches) in by_channel(req.patches) {
-        let current = match map_get(&doc, "channel_values") {
-            Some(values) => map_get(values, &channel).cloned(),
-            None => None,
-        };
+        let current = rows.value(&doc, &channel).await?;
         let value = patch_channel(&channel, current, &patches)?;
-        map_set(map_mut(&mut doc, "channel_values")?, &channel, value);
-        map_set(
-            map_mut(&mut doc, "channel_versions")?,
-            &channel,
-            Mp::from(version.as_str()),
-        );
+        S::set(&mut doc, &channel, value, &version)?;
     }
-    map_set(&mut doc, "id", Mp::from(new_id.as_str()));
-    map_set(&mut doc, "ts", Mp::from(python_iso(req.now).as_str()));
-    map_set(&mut doc, "updated_channels", Mp::Nil);
+    S::stamp(&mut doc, &new_id, &python_iso(req.now))?;
 
     let interrupt = carry_interrupt(&writes, &latest_id, step, &new_id)?;
-    let metadata = serde_json::to_vec(&new_metadata(&metadata, step, &req.tags))
-        .map_err(|e| WriteError::Unsupported(format!("metadata: {e}")))?;
-    sqlx::query(
-        "INSERT INTO checkpoints (thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, type, checkpoint, metadata)
-         VALUES (?, '', ?, ?, 'msgpack', ?, ?)",
+    rows.insert(
+        &new_id,
+        &latest_id,
+        doc,
+        &new_metadata(&metadata, step, &req.tags),
     )
-    .bind(req.thread_id)
-    .bind(&new_id)
-    .bind(&latest_id)
-    .bind(encode(&doc))
-    .bind(metadata)
-    .execute(&mut **tx)
     .await?;
     let carried = match interrupt {
         Ok(write) => {
-            sqlx::query(
-                "INSERT INTO writes (thread_id, checkpoint_ns, checkpoint_id, task_id, task_path, idx, channel, type, value)
-                 VALUES (?, '', ?, ?, ?, ?, ?, 'msgpack', ?)",
-            )
-            .bind(req.thread_id)
-            .bind(&new_id)
-            .bind(&write.task_id)
-            .bind(&write.task_path)
-            .bind(INTERRUPT_IDX)
-            .bind(INTERRUPT)
-            .bind(&write.blob)
-            .execute(&mut **tx)
-            .await?;
+            rows.insert_interrupt(&new_id, &write).await?;
             InterruptCarry::Recreated
         }
         Err(carry) => carry,
@@ -464,55 +289,19 @@ pub struct Head {
 /// # Errors
 /// [`WriteError::Query`].
 pub async fn head(tx: &mut Tx, thread_id: &str) -> Result<Option<Head>, WriteError> {
-    let (latest, writes): (Option<String>, Vec<(String, String)>) = match tx {
-        Tx::Postgres(tx) => {
-            let latest: Option<String> = sqlx::query_scalar(
-                "SELECT checkpoint_id FROM checkpoints
-                 WHERE thread_id = $1 AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1",
-            )
-            .bind(thread_id)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let writes = match &latest {
-                Some(id) => {
-                    sqlx::query_as(
-                        "SELECT task_id, channel FROM checkpoint_writes
-                     WHERE thread_id = $1 AND checkpoint_ns = '' AND checkpoint_id = $2",
-                    )
-                    .bind(thread_id)
-                    .bind(id)
-                    .fetch_all(&mut **tx)
-                    .await?
-                }
-                None => Vec::new(),
-            };
-            (latest, writes)
-        }
-        Tx::Sqlite(tx) => {
-            let latest: Option<String> = sqlx::query_scalar(
-                "SELECT checkpoint_id FROM checkpoints
-                 WHERE thread_id = ? AND checkpoint_ns = '' ORDER BY checkpoint_id DESC LIMIT 1",
-            )
-            .bind(thread_id)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let writes = match &latest {
-                Some(id) => {
-                    sqlx::query_as(
-                        "SELECT task_id, channel FROM writes
-                     WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?",
-                    )
-                    .bind(thread_id)
-                    .bind(id)
-                    .fetch_all(&mut **tx)
-                    .await?
-                }
-                None => Vec::new(),
-            };
-            (latest, writes)
-        }
+    match tx {
+        Tx::Postgres(tx) => head_of(&mut Pg { tx, thread_id }).await,
+        Tx::Sqlite(tx) => head_of(&mut Lite { tx, thread_id }).await,
+    }
+}
+
+async fn head_of<S: Saver>(rows: &mut S) -> Result<Option<Head>, WriteError> {
+    let Some(checkpoint_id) = rows.latest_id().await? else {
+        return Ok(None);
     };
-    let writes: Vec<PendingWrite> = writes
+    let writes: Vec<PendingWrite> = rows
+        .write_channels(&checkpoint_id)
+        .await?
         .into_iter()
         .map(|(task_id, channel)| PendingWrite {
             task_id,
@@ -522,7 +311,7 @@ pub async fn head(tx: &mut Tx, thread_id: &str) -> Result<Option<Head>, WriteErr
             blob: None,
         })
         .collect();
-    Ok(latest.map(|checkpoint_id| Head {
+    Ok(Some(Head {
         checkpoint_id,
         interrupt_pending: interrupt_pending(&writes),
     }))
@@ -702,6 +491,7 @@ fn patch_channel(channel: &str, current: Option<Mp>, patches: &[&Patch]) -> Resu
 
 #[cfg(test)]
 mod tests {
+    use super::msgpack::primitive_json;
     use super::*;
     use chrono::TimeZone;
 

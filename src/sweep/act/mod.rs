@@ -287,6 +287,7 @@ impl<'a> Actor<'a> {
             handle_class: &class.name,
             action: ledger_action(plan),
             plan: &plan_json,
+            now,
         };
         match self.ledger.record_intent(&new).await {
             Ok(Recorded::Ours(entry)) => {
