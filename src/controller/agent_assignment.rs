@@ -173,14 +173,18 @@ pub(super) async fn reconcile(
             },
             "data": rendered.data,
         });
-        ctx.lease.check().await?;
-        Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-            .patch(
+        let cms = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
+        // A read instead of a write when nothing changed: the controller rechecks every
+        // assignment each minute and whenever a server it names changes.
+        if !config_map_current(cms.get_opt(&cm_name).await?.as_ref(), &cm) {
+            ctx.lease.check().await?;
+            cms.patch(
                 &cm_name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&cm),
             )
             .await?;
+        }
     }
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
@@ -216,6 +220,37 @@ pub(super) async fn reconcile(
     let before = a.status.as_ref().map(serde_json::to_value).transpose()?;
     apply_status(&ctx, &api, a, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// Whether `existing` already holds everything the `rendered` apply sets: its data, its labels
+/// and annotations, and the owner reference (another writer's extra labels do not count; an
+/// edited or removed key does).
+fn config_map_current(existing: Option<&ConfigMap>, rendered: &Value) -> bool {
+    let Some(Ok(existing)) = existing.map(serde_json::to_value) else {
+        return false;
+    };
+    let subset = |want: &Value, have: &Value| {
+        want.as_object()
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| have.get(k) == Some(v))
+    };
+    let meta = |o: &Value, field: &str| o["metadata"][field].clone();
+    let uids = |o: &Value| -> BTreeSet<String> {
+        o["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| Some(r["uid"].as_str()?.to_owned()))
+            .collect()
+    };
+    existing["data"] == rendered["data"]
+        && subset(&meta(rendered, "labels"), &meta(&existing, "labels"))
+        && subset(
+            &meta(rendered, "annotations"),
+            &meta(&existing, "annotations"),
+        )
+        && uids(rendered).is_subset(&uids(&existing))
 }
 
 /// `Ready`: valid, every required server ready, and nothing withheld by the policy.
