@@ -679,6 +679,15 @@ async fn unchanged_observations_write_nothing_and_an_outage_is_written_within_an
         checked >= started + 50.0,
         "health checks went on meanwhile: last at {checked}, the window began at {started}"
     );
+    // Each reconcile of the window was timed.
+    let text = infra().metrics().await;
+    for (kind, _) in objects {
+        let series = format!("custody_reconcile_duration_seconds_count{{kind=\"{kind}\"}}");
+        assert!(
+            metric(&text, &series).is_some_and(|n| n >= 1.0),
+            "{series} in:\n{text}"
+        );
+    }
 
     server.stop();
     let down = Instant::now();
@@ -987,6 +996,8 @@ async fn deleting_owners_removes_what_they_own() {
     let series = [
         format!("custody_server_healthy{labels}"),
         format!("custody_server_tools{labels}"),
+        format!("custody_server_last_health_check_timestamp_seconds{labels}"),
+        format!("custody_server_last_discovery_timestamp_seconds{labels}"),
     ];
     let infra = infra();
     let text = infra.metrics().await;
