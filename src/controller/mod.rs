@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::registry::Registry;
@@ -131,6 +131,9 @@ pub struct Context {
     pub opts: Options,
     /// The leader lease, checked before every write.
     pub lease: LeaseFence,
+    /// The AgentAssignment controller's cache, set when the controllers start (each leadership
+    /// starts new ones): the duplicate-agent check reads it instead of listing.
+    pub assignments: std::sync::Mutex<Option<Store<Guard<AgentAssignment>>>>,
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -195,6 +198,14 @@ impl LeaseFence {
 }
 
 impl Context {
+    /// The AgentAssignment controller's cache, once the controllers run.
+    pub fn assignment_store(&self) -> Option<Store<Guard<AgentAssignment>>> {
+        self.assignments
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Counts a reconcile that found its object unusable (an invalid spec, a reference that does
     /// not resolve) in `custody_reconcile_failures_total{kind,reason}`. `reason` is the
     /// condition's reason (`InvalidSpec`, `UnknownServer`, `SecretNotResolved`, …), so a failure
@@ -310,6 +321,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             &opts.lease_name,
             &identity,
         ),
+        assignments: std::sync::Mutex::default(),
     });
     let ready = Arc::new(AtomicBool::new(false));
     let server = tokio::spawn(http::serve(
@@ -480,7 +492,7 @@ where
 /// The objects in `store`, in `referenced`'s namespace, whose spec `refers` to its name: how a
 /// change to a Secret or an MCPServer reaches the objects that use it.
 fn referrers<K, O>(
-    store: &kube::runtime::reflector::Store<Guard<K>>,
+    store: &Store<Guard<K>>,
     referenced: &O,
     refers: impl Fn(&K, &str) -> bool,
 ) -> Vec<ObjectRef<Guard<K>>>
@@ -545,6 +557,9 @@ async fn controllers(ctx: Arc<Context>) {
         wc.clone(),
     );
     let assignment_store = assignments.store();
+    *ctx.assignments
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(assignment_store.clone());
     let assignments = assignments
         .owns(Api::<ConfigMap>::all(client.clone()), wc.clone())
         .watches(
@@ -857,6 +872,7 @@ pub(crate) mod fixtures {
             observed: RwLock::default(),
             opts: Wrapper::parse_from(["custody"]).opts,
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
+            assignments: std::sync::Mutex::default(),
         };
         (Arc::new(ctx), handle)
     }

@@ -5,7 +5,8 @@ passes their addresses; prints one JSON document of figures (BENCHMARKS.md, "Con
 scale").
 
 Phases, all in one run of one controller process:
-  apply    N MCPServers (names spread over a few server processes), 200 AgentAssignments,
+  apply    N MCPServers (names spread over a few server processes, credentials from 10
+           Secrets), 200 AgentAssignments,
            100 HandleClasses, 50 CheckpointStores; time until every object is Ready
   steady   after a settling minute, a window of --window seconds: API requests by verb and
            resource (the API server's audit log, the controller's own user only), objects whose
@@ -67,9 +68,36 @@ def custody(kind, name, spec):
     }
 
 
+TOKENS = 10
+
+
 def objects(n, urls, dsn):
+    # Credentials from Secrets, as in deploy/examples (the basket server ignores the header): each
+    # health check reads its server's Secret.
+    tokens = [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"mcp-token-{k}", "namespace": NS},
+            "stringData": {"authorization": f"Bearer bench-{k}"},
+        }
+        for k in range(TOKENS)
+    ]
     servers = [
-        custody("MCPServer", f"s{i:04d}", {"url": urls[i % len(urls)], "timeoutSeconds": 5})
+        custody(
+            "MCPServer",
+            f"s{i:04d}",
+            {
+                "url": urls[i % len(urls)],
+                "timeoutSeconds": 5,
+                "headersFrom": [
+                    {
+                        "name": "Authorization",
+                        "secretKeyRef": {"name": f"mcp-token-{i % TOKENS}", "key": "authorization"},
+                    }
+                ],
+            },
+        )
         for i in range(n)
     ]
     # Each assignment names two servers (a required one and an optional one), read-only tools.
@@ -112,7 +140,7 @@ def objects(n, urls, dsn):
         )
         for i in range(STORES)
     ]
-    return servers, assignments, classes, stores
+    return tokens, servers, assignments, classes, stores
 
 
 KINDS = ["MCPServer", "AgentAssignment", "HandleClass", "CheckpointStore"]
@@ -260,7 +288,8 @@ def main():
     loads = [loadavg()]
 
     # --- apply, then wait for Ready ------------------------------------------------------
-    servers, assignments, classes, stores = objects(n, urls, a.dsn)
+    tokens, servers, assignments, classes, stores = objects(n, urls, a.dsn)
+    apply_list(tokens)
     t0 = time.time()
     apply_list(servers + assignments + classes + stores)
     out["apply_s"] = round(time.time() - t0, 1)

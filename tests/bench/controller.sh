@@ -47,9 +47,14 @@ pg_dir="$work/controller-pg"
 log() { printf 'controller.sh: %s\n' "$*" >&2; }
 
 export CARGO_INCREMENTAL=0
-log "building the controller (release)"
-cargo build --release --bin custody >&2
-custody="$repo/target/release/custody"
+# CUSTODY_BENCH_BIN: another custody binary (a quick check of this script; figures are from the
+# release build).
+custody="${CUSTODY_BENCH_BIN:-}"
+if [[ -z "$custody" ]]; then
+  log "building the controller (release)"
+  cargo build --release --bin custody >&2
+  custody="$repo/target/release/custody"
+fi
 venv="$(tests/harness/venv.sh)"
 python="$venv/bin/python"
 
@@ -73,6 +78,7 @@ dsn="${pg_url%/postgres}/bench"
 "$python" -c 'import sys, psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
 with psycopg.connect(sys.argv[1], autocommit=True) as c:
+    c.execute("DROP DATABASE IF EXISTS bench")
     c.execute("CREATE DATABASE bench")
 with PostgresSaver.from_conn_string(sys.argv[2]) as s:
     s.setup()' "$pg_url" "$dsn"
