@@ -168,6 +168,58 @@ pub async fn write_sweep_status(
     Ok(())
 }
 
+/// Field manager of one store's entry in a HandleClass's `status.observedLifetime`: one per
+/// store, so server-side apply keeps every store's entry (an apply drops the list entries its
+/// manager wrote before and leaves out now). Field managers are at most 128 characters; a
+/// longer one is named by a digest of the store's name.
+pub fn lifetime_field_manager(store: &str) -> String {
+    let name = format!("custody-lifetime-{store}");
+    if name.len() <= 128 {
+        return name;
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(store.as_bytes());
+    format!("custody-lifetime-{}", hex::encode(&digest[..16]))
+}
+
+/// Writes each class's observed lifetime to its HandleClass's `status.observedLifetime` entry
+/// for this store (server-side apply under [`lifetime_field_manager`]). A class deleted since
+/// the sweep began is skipped.
+///
+/// # Errors
+/// An API call failed.
+pub async fn write_lifetimes(
+    client: &Client,
+    ns: &str,
+    lifetimes: &[crate::sweep::lifetime::ClassLifetime],
+) -> Result<(), ClusterError> {
+    let api: Api<HandleClass> = Api::namespaced(client.clone(), ns);
+    for l in lifetimes {
+        let patch = json!({
+            "apiVersion": "custody.dev/v1alpha1",
+            "kind": "HandleClass",
+            "status": {"observedLifetime": [l.observed]},
+        });
+        match api
+            .patch_status(
+                &l.handle_class,
+                &PatchParams::apply(&lifetime_field_manager(&l.observed.store)).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            r => {
+                r.map_err(api_err(format!(
+                    "patch HandleClass {ns}/{} status",
+                    l.handle_class
+                )))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Field manager of one shard's entry in `status.shards`: one manager per index, so server-side
 /// apply merges the entries of shards that finish at the same time instead of replacing them.
 pub fn shard_field_manager(index: u32) -> String {

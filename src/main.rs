@@ -96,6 +96,13 @@ struct SweepArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
     output: Format,
+    /// For tests only (hidden from --help): the sweep's clock, RFC 3339, instead of the system
+    /// time. It moves what the sweep computes from `now` (handle ages, declared TTLs,
+    /// `minParkedSeconds`, observed lifetimes), so a test can compress a sweep schedule of
+    /// hours into seconds against servers that read the same clock; timestamps custody writes
+    /// (ledger rows, `finishedAt`) keep the system time.
+    #[arg(long, hide = true, value_name = "RFC3339")]
+    now: Option<chrono::DateTime<chrono::Utc>>,
     #[command(flatten)]
     egress: custody::mcp::egress::EgressOptions,
 }
@@ -230,7 +237,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         }
         (None, None) => unreachable!("clap requires --filename or --store"),
     };
-    let now = chrono::Utc::now();
+    let now = args.now.unwrap_or_else(chrono::Utc::now);
     let mut finished = Vec::new();
     let mut failures = Vec::new();
     // Rows are written as each batch finishes, never held: memory stays flat with the store.
@@ -292,6 +299,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             )
             .await?;
         }
+        custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
         events.publish(client, ns, name).await;
     }
     out.finish(&failures)?;

@@ -201,6 +201,7 @@ impl<W: Write + Send> SweepWriter<W> {
                         field(out, json, "warnings", false, &r.warnings)?;
                         field(out, json, "servers", false, &r.servers)?;
                         field(out, json, "summary", false, &r.summary)?;
+                        field(out, json, "lifetimes", false, &r.lifetimes)?;
                     }
                     Err(e) => field(out, json, "error", false, e)?,
                 }
@@ -469,7 +470,55 @@ fn write_end(out: &mut dyn Write, r: &Report, rows: u64) -> std::io::Result<()> 
         not_applicable(&s.not_applicable),
         r.too_recent,
         s.duration_ms
-    )
+    )?;
+    for l in &r.lifetimes {
+        write_lifetime(out, l)?;
+    }
+    Ok(())
+}
+
+/// One line per class a probe answered for: its observed lifetime.
+fn write_lifetime(
+    out: &mut dyn Write,
+    l: &crate::sweep::lifetime::ClassLifetime,
+) -> std::io::Result<()> {
+    let o = &l.observed;
+    let secs = |s: Option<u64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s}s"));
+    let age = |s: Option<i64>| s.map_or_else(|| "-".to_owned(), |s| format!("{s}s"));
+    writeln!(
+        out,
+        "observed lifetime of {} ({} handles, {} found gone, {}): p5 {}, p50 {}, p95 {}; oldest alive {}, youngest gone {}",
+        l.handle_class,
+        o.handles,
+        o.handles_gone,
+        if o.across_sweeps {
+            "across sweeps"
+        } else {
+            "this sweep only"
+        },
+        secs(o.p5_seconds),
+        secs(o.p50_seconds),
+        secs(o.p95_seconds),
+        age(o.oldest_alive_seconds),
+        age(o.youngest_gone_seconds),
+    )?;
+    if let Some(c) = &l.declared_ttl {
+        let verdict = match (c.plausible, c.suggested_seconds) {
+            (Some(true), _) => "consistent with the observations".to_owned(),
+            (Some(false), Some(s)) => format!(
+                "longer than the observations support: consider {s}s (p5 × {}; never applied)",
+                crate::domain::lifetime::SUGGESTION_FACTOR
+            ),
+            (Some(false), None) => "longer than the observations support".to_owned(),
+            (None, _) => "not judged: too few observations".to_owned(),
+        };
+        writeln!(
+            out,
+            "  declared TTL of {} ({} {}s): {verdict}",
+            l.handle_class, c.source, c.ttl_seconds
+        )?;
+    }
+    Ok(())
 }
 
 /// `, 2 not applicable (1 metadata, 1 no_channel)`: the (thread, HandleClass) pairs a class
@@ -719,6 +768,7 @@ mod tests {
                 ok: 3,
                 ..Default::default()
             },
+            lifetimes: Vec::new(),
         }
     }
 
@@ -815,7 +865,7 @@ mod tests {
         }
         let f = finished("ns/a");
         let expected = format!(
-            "{{\n  \"stores\": [\n    {{\n      \"store\": \"ns/a\",\n      \"rows\": [\n        {},\n        {}\n      ],\n      \"skipped\": [\n        {}\n      ],\n      \"settled\": [],\n      \"audit\": null,\n      \"too_recent\": 0,\n      \"warnings\": {},\n      \"servers\": [],\n      \"summary\": {}\n    }},\n    {{\n      \"store\": \"ns/b\",\n      \"rows\": [\n        {}\n      ],\n      \"skipped\": [],\n      \"error\": \"store ns/b: \\\"quoted\\\"\"\n    }}\n  ],\n  \"errors\": [\n    \"store ns/b: \\\"quoted\\\"\"\n  ]\n}}\n",
+            "{{\n  \"stores\": [\n    {{\n      \"store\": \"ns/a\",\n      \"rows\": [\n        {},\n        {}\n      ],\n      \"skipped\": [\n        {}\n      ],\n      \"settled\": [],\n      \"audit\": null,\n      \"too_recent\": 0,\n      \"warnings\": {},\n      \"servers\": [],\n      \"summary\": {},\n      \"lifetimes\": []\n    }},\n    {{\n      \"store\": \"ns/b\",\n      \"rows\": [\n        {}\n      ],\n      \"skipped\": [],\n      \"error\": \"store ns/b: \\\"quoted\\\"\"\n    }}\n  ],\n  \"errors\": [\n    \"store ns/b: \\\"quoted\\\"\"\n  ]\n}}\n",
             line(&row("t1")),
             line(&row("t2")),
             line(&skipped),

@@ -32,6 +32,15 @@
 //! below the huge value's size, and that an acting sweep writes nothing to a bad thread while it
 //! escalates the good ones).
 //!
+//! A SQLite file in WAL mode (SqliteSaver's), read by an observing sweep in
+//! [`an_observing_sweep_writes_nothing_next_to_a_wal_database`] (issue 17, item 5):
+//!
+//! | file | writable directory | read-only mount |
+//! |---|---|---|
+//! | closed by its writer (no `-wal`, no `-shm`) | right verdicts, no file created (read immutable, checked unchanged after the scan) | same (was: SQLite code 14) |
+//! | held open by a live SqliteSaver (`-wal`, `-shm`) | right verdicts through them, no file created | same |
+//! | a copy with its `-wal` but no `-shm` | — | refused: why, and what to do (open and close it once, or sweep a copy in a writable directory) |
+//!
 //! Bad MCP replies come from tests/py/bad_reply_server.py, one process per case, next to the
 //! real basket server; probes in [`bad_probe_replies_are_unknown_never_gone`] (one sweep, two
 //! threads, every bad server a HandleClass of its own on the same `basket` channel), discovery
@@ -1380,5 +1389,166 @@ fn threads_without_the_channel_are_counted_or_absent() {
         stderr.contains("spec.appliesTo")
             && stderr.contains("exactly one of everyParkedThread: true or a non-empty metadata"),
         "{stderr}"
+    );
+}
+
+/// The names of the files in `dir`, sorted.
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `custody ARGS…` with `dir` mounted read-only (a private mount namespace: as root or in a
+/// user namespace, so the check holds for root too, which a chmod would not stop).
+fn custody_with_read_only(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("unshare")
+        .args(["--map-root-user", "--mount", "sh", "-c"])
+        .arg(r#"mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && shift && exec "$@""#)
+        .arg(dir)
+        .arg("-")
+        .arg(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .output()
+        .expect("run unshare (util-linux)")
+}
+
+/// thread → verdict of a sweep's JSON output, which must have succeeded.
+fn sweep_verdicts(out: &std::process::Output) -> BTreeMap<String, String> {
+    assert!(
+        out.status.success(),
+        "custody sweep failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("sweep JSON");
+    support::verdicts(&report)
+        .into_iter()
+        .map(|(thread, (verdict, _))| (thread, verdict))
+        .collect()
+}
+
+/// Issue 17, item 5: an observing sweep writes nothing next to the user's SQLite file. LangGraph's
+/// SqliteSaver keeps its database in WAL mode; SQLite's read-only open of such a file with no
+/// connection on it creates `-wal` and `-shm` beside it (and leaves them), and on a read-only
+/// directory fails with code 14. Real LangGraph files throughout: closed by their writer, in a
+/// writable and in a read-only directory; held open by a live SqliteSaver (its `-wal` and
+/// `-shm` present), also read-only; and a copy with the `-wal` but no `-shm`, which SQLite
+/// cannot read without writing: an error saying why and what to do.
+#[test]
+fn an_observing_sweep_writes_nothing_next_to_a_wal_database() {
+    let basket = BasketServer::start(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    let header = std::fs::read(&db).unwrap();
+    assert_eq!(
+        (header[18], header[19]),
+        (2, 2),
+        "SqliteSaver's file is in WAL mode"
+    );
+    assert_eq!(
+        listing(data.path()),
+        ["checkpoints.sqlite"],
+        "the writer closed"
+    );
+    let res = tempfile::tempdir().unwrap();
+    support::basket_resources(
+        res.path(),
+        &basket.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let r = res.path().to_str().unwrap();
+    let sweep = ["sweep", "--dry-run", "-o", "json", "-f", r];
+    let want: BTreeMap<String, String> = [("t-expired", "gone"), ("t-live", "ok")]
+        .into_iter()
+        .map(|(t, v)| (t.to_owned(), v.to_owned()))
+        .collect();
+
+    // Closed by its writer, in a writable directory and mounted read-only.
+    assert_eq!(sweep_verdicts(&support::custody(&sweep)), want);
+    assert_eq!(
+        listing(data.path()),
+        ["checkpoints.sqlite"],
+        "nothing beside it"
+    );
+    assert_eq!(
+        sweep_verdicts(&custody_with_read_only(data.path(), &sweep)),
+        want
+    );
+    assert_eq!(listing(data.path()), ["checkpoints.sqlite"]);
+
+    // Held open by a live SqliteSaver: its -wal and -shm are there, and are what SQLite reads
+    // through (the writer's index); nothing new appears, read-only too.
+    let mut writer = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args([
+            "-c",
+            "import sys\n\
+             from langgraph.checkpoint.sqlite import SqliteSaver\n\
+             with SqliteSaver.from_conn_string(sys.argv[1]) as saver:\n\
+             \x20   saver.setup()\n\
+             \x20   list(saver.list(None, limit=1))\n\
+             \x20   print('open', flush=True)\n\
+             \x20   sys.stdin.read()\n",
+        ])
+        .arg(&db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 5];
+    writer
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut line)
+        .unwrap();
+    assert_eq!(&line, b"open\n");
+    let open = [
+        "checkpoints.sqlite",
+        "checkpoints.sqlite-shm",
+        "checkpoints.sqlite-wal",
+    ];
+    assert_eq!(listing(data.path()), open);
+    assert_eq!(sweep_verdicts(&support::custody(&sweep)), want);
+    assert_eq!(
+        sweep_verdicts(&custody_with_read_only(data.path(), &sweep)),
+        want
+    );
+    assert_eq!(listing(data.path()), open);
+
+    // A copy of the file and its -wal without the -shm: refused, saying why and what to do.
+    let copy = tempfile::tempdir().unwrap();
+    for name in ["checkpoints.sqlite", "checkpoints.sqlite-wal"] {
+        std::fs::copy(data.path().join(name), copy.path().join(name)).unwrap();
+    }
+    drop(writer.stdin.take());
+    assert!(writer.wait().unwrap().success());
+    let copied = copy.path().join("checkpoints.sqlite");
+    support::basket_resources(
+        res.path(),
+        &basket.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", copied.display()),
+    );
+    let out = custody_with_read_only(copy.path(), &sweep);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("is in WAL mode and has a")
+            && text.contains("but no")
+            && text.contains("-shm: SQLite cannot read it without creating the -shm next to it")
+            && text.contains("copy the file and its -wal"),
+        "{text}"
+    );
+    assert_eq!(
+        listing(copy.path()),
+        ["checkpoints.sqlite", "checkpoints.sqlite-wal"]
     );
 }

@@ -154,6 +154,36 @@ fn a_url_with_an_empty_port_is_refused_naming_the_field() {
     );
 }
 
+/// Issue 17, item 5 of the follow-up: `errorTextPrefixes: []` would read as no narrowing (every
+/// `isError` answer gone, so a probe that raised would be taken for one that said gone); it is
+/// refused naming the field.
+#[test]
+fn an_empty_error_text_prefix_list_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    support::basket_resources(
+        dir.path(),
+        "http://127.0.0.1:9/mcp",
+        "auto",
+        "sqlite",
+        "sqlite://x.sqlite",
+    );
+    use support::fixtures::{merged, object, observing_basket_class, write_resources};
+    let class = merged(
+        observing_basket_class(),
+        serde_json::json!({"probe": {"goneWhen": {"errorTextPrefixes": []}}}),
+    );
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", class)],
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("spec.probe.goneWhen.errorTextPrefixes: must list at least one prefix"),
+        "{err}"
+    );
+}
+
 /// `-f` takes one file as well as a directory, as `kubectl apply -f` does.
 #[test]
 fn filename_takes_a_single_file() {

@@ -1213,6 +1213,23 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
         },
     )
     .await;
+    // ... and the sweep's wall time and end, for the dashboard and the overdue alert
+    let series = |m: &str| format!("{m}{{namespace=\"{}\",name=\"orders\"}}", &*ns);
+    let finished = DateTime::parse_from_rfc3339(last["finishedAt"].as_str().unwrap()).unwrap();
+    let text = infra.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            &series("custody_sweep_last_success_timestamp_seconds")
+        ),
+        Some(finished.timestamp_millis() as f64 / 1000.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series("custody_sweep_duration_seconds")),
+        Some(last["durationMs"].as_f64().unwrap() / 1000.0),
+        "{text}"
+    );
     let again = get(&client, &ns, "CheckpointStore", "orders")
         .await
         .unwrap();
@@ -1944,6 +1961,19 @@ async fn a_sweep_job_past_its_deadline_shows_in_last_sweep_succeeded() {
         condition(&obj, "LastSweepSucceeded").unwrap()["reason"],
         "NoSweepFinished"
     );
+    // the gauges of the sweep alerts: the default schedule's interval, no failure yet
+    let series = |m: &str| format!("{m}{{namespace=\"{}\",name=\"orders\"}}", &*ns);
+    let text = infra.metrics().await;
+    assert_eq!(
+        metric(&text, &series("custody_sweep_schedule_interval_seconds")),
+        Some(900.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, &series("custody_sweep_last_failed")),
+        Some(0.0),
+        "{text}"
+    );
 
     apply(&client, &ns, &store(Some(1))).await;
     let cron = job_spec(1).await;
@@ -1986,6 +2016,14 @@ async fn a_sweep_job_past_its_deadline_shows_in_last_sweep_succeeded() {
         condition(&obj, "Ready").unwrap()["reason"],
         "DeadlineExceeded"
     );
+    eventually("custody_sweep_last_failed 1", async || {
+        let text = infra.metrics().await;
+        match metric(&text, &series("custody_sweep_last_failed")) {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
     let event = wait_event(
         &client,
         &ns,

@@ -347,7 +347,14 @@ async fn misbehaving_servers_fail_cleanly() {
         ("cursor_loop", Ok(()), ""),
         ("jsonrpc_error", Err("rpc_error"), "internal error"),
         ("http_500", Err("transport"), "500"),
-        ("drop_mid_stream", Err("timeout"), "timed out"),
+        // Issue 17, item 14: a stream the server closes mid-reply (and again on each resume) is
+        // its own cause, not a timeout.
+        (
+            "drop_mid_stream",
+            Err("transport"),
+            "tools/list failed: stream dropped: the server closed the connection in the middle \
+             of its reply 3 times",
+        ),
         ("slow_bytes", Err("timeout"), "timed out"),
         (
             "wrong_id",
@@ -427,6 +434,81 @@ async fn misbehaving_servers_fail_cleanly() {
     }
     let text = report.join("\n");
     assert!(!text.contains("FAIL"), "\n{text}");
+}
+
+/// Issue 17, item 14 (local mode): a connection that fails before any HTTP answer says what
+/// happened in custody's words, with the real cause and the address, once per step: not rmcp's
+/// "Send message error Client error: error sending request for url (…)". Real failures: a closed
+/// port, a name that does not resolve, an https URL to a plain HTTP server (TLS).
+#[test]
+fn connect_failures_say_what_happened() {
+    // The Python SDK's server (uvicorn) answers a TLS ClientHello with its 400 for a request
+    // it cannot parse, as plain HTTP servers do.
+    let plain = BasketServer::start(&[]);
+    let plain_port = plain.port;
+    let port = support::free_port();
+    for (url, category, says) in [
+        (
+            format!("http://127.0.0.1:{port}/mcp"),
+            "refused",
+            format!(
+                "connect failed: connection refused to 127.0.0.1:{port} (nothing listens there)"
+            ),
+        ),
+        (
+            "http://custody-nowhere.invalid/mcp".to_owned(),
+            "connect",
+            "connect failed: custody-nowhere.invalid does not resolve: failed to lookup address \
+             information"
+                .to_owned(),
+        ),
+        (
+            format!("https://127.0.0.1:{plain_port}/mcp"),
+            "tls",
+            format!("connect failed: TLS handshake with 127.0.0.1:{plain_port} failed: "),
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::write_file(
+            dir.path(),
+            "server.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: s}}\n\
+                 spec: {{url: \"{url}\", timeoutSeconds: 3}}\n"
+            ),
+        );
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{url}: {stdout}{stderr}");
+        assert!(
+            stdout.contains(&says),
+            "{url}: wants {says:?} in:\n{stdout}"
+        );
+        assert!(
+            !stdout.contains("Send message error") && !stdout.contains("error sending request"),
+            "{url}: rmcp's text:\n{stdout}"
+        );
+        // Both eras failed alike (mode: auto): the cause is said once, not per era.
+        assert_eq!(
+            stdout.matches(&says).count(),
+            2,
+            "discovery and health: {stdout}"
+        );
+        assert!(
+            !stderr.contains("reqwest::Error {"),
+            "a Debug dump: {stderr}"
+        );
+
+        let json =
+            support::custody(&["discover", "-f", dir.path().to_str().unwrap(), "-o", "json"]);
+        let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+        let text = doc.to_string();
+        assert!(
+            text.contains(&format!("\"{category}\"")),
+            "{url}: cause {category}: {text}"
+        );
+    }
 }
 
 /// Issue 17, item 11: a `tools/list` cursor repeated keeps the tools listed so far, stops (no

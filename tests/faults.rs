@@ -14,11 +14,12 @@
 //! | 1a | PostgreSQL restarted while the sweep scans | the sweep exits 1 naming the store and the lost connection, writes nothing; the next run acts | `postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts` |
 //! | 1b | PostgreSQL restarted while the sweep acts (between mint and replay) | the act lock went with the connection: the action stops with an error saying so, the ledger keeps the minted handle; the next run replays and appends, one basket | `postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once` |
 //! | 2 | checkpoint database read-only (`default_transaction_read_only`), or a role with SELECT only (PostgreSQL) | observing works; acting exits 1 with "the checkpoint database refuses writes (<the database's reason>)", writes nothing, not even custody's tables; writable again, the next run acts | `a_read_only_database_is_observed_refused_for_acting_then_acted_on` |
-//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream, or is slower than its timeout | `unknown` (never `gone`) with the cause; one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
+//! | 3a | probe: server hangs, answers 5xx, drops the SSE stream (on each resume too), or is slower than its timeout | `unknown` (never `gone`) with the cause (a dropped stream: `stream dropped`, not a timeout); one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
 //! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
 //! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
 //! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
 //! | 3e | replay call hangs / 5xx / drops | its effect is unknown: escalated with the cause, never replayed twice, one basket | `a_replay_call_that_fails_escalates_and_never_replays_twice` |
+//! | 3f | replay cannot connect (the server refuses connections right after the mint, then while the next run starts) | nothing was sent: the entry stays minted and the run reports "replay not sent, retried next sweep: … connection refused to …"; listening again, the next run replays each item once, one basket | `a_replay_that_cannot_connect_is_retried_next_run` |
 //! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
 //! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
 //!
@@ -535,12 +536,15 @@ async fn probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout() 
     let r = report(&run(&sweep_args(res.path(), &["--dry-run"])));
     let took = started.elapsed();
     assert_eq!(row(&r, "t-live", "basket")["verdict"], "ok", "{r:#}");
-    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again; rmcp then leaves
-    // the request to its deadline, so it reads as a timeout (as in discovery, tests/discovery.rs).
+    // A dropped stream is resumed (GET with Last-Event-ID) and dropped again: after the bounded
+    // resumes it is its own cause, not a timeout (issue 17, item 14; tests/discovery.rs too).
     for (name, want) in [
         ("hang", "tools/call get_basket timed out after 3s"),
         ("http-500", "500"),
-        ("drop", "tools/call get_basket timed out after 3s"),
+        (
+            "drop",
+            "tools/call failed: stream dropped: the server closed the connection in the middle",
+        ),
         ("slow-late", "tools/call get_basket timed out after 3s"),
     ] {
         let bad = row(&r, "t-live", name);
@@ -703,6 +707,77 @@ async fn a_replay_call_that_fails_escalates_and_never_replays_twice() {
         assert_eq!(r["action"]["reason"], "already escalated", "{case}: {r:#}");
         assert_eq!(baskets(&bad.url()).await, 1, "{case}: not minted again");
     }
+}
+
+/// Issue 17, item 14: a replay whose connection fails (the server refuses connections right
+/// after the mint: the call was never sent) is retried at the next run, not escalated: the
+/// entry stays minted with nothing replayed; a run while the server still refuses (no session at
+/// all) retries again; once the server listens again, the next run replays every item exactly
+/// once onto the one minted basket.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_that_cannot_connect_is_retried_next_run() {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    let reopen = res.path().join("reopen");
+    let bad = Peer::misbehaving_with(
+        "call_close_listener",
+        &[
+            ("MISBEHAVE_TOOLS", "create_basket"),
+            ("MISBEHAVE_TIMES", "1"),
+            ("MISBEHAVE_REOPEN_FILE", reopen.to_str().unwrap()),
+        ],
+    );
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    let old = db.filled(&basket.url(), "");
+    remint_on(res.path(), &bad.url(), &db);
+
+    for attempt in ["the call refused", "no session"] {
+        let out = run(&sweep_args(res.path(), &["--apply"]));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("replay not sent, retried next sweep")
+                && text.contains("connection refused to 127.0.0.1"),
+            "{attempt}: reported as retried: {text}"
+        );
+        assert!(!text.contains("escalated"), "{attempt}: {text}");
+        let state = db.state("t-live");
+        assert_eq!(
+            state["values"]["basket"]["value"],
+            old.as_str(),
+            "{attempt}"
+        );
+        assert!(state["values"]["custody"].is_null(), "{attempt}: {state}");
+        assert_eq!(
+            db.unsettled().await,
+            1,
+            "{attempt}: the entry stays pending"
+        );
+    }
+
+    std::fs::write(&reopen, b"").unwrap();
+    support::wait_for_port(bad.port, Duration::from_secs(10));
+    let done = act(res.path());
+    let state = db.state("t-live");
+    assert_eq!(
+        state["values"]["custody"]["verdict"], "reminted",
+        "{done:#}"
+    );
+    let new = state["values"]["basket"]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(new, old);
+    assert_eq!(baskets(&bad.url()).await, 1, "minted once");
+    assert_eq!(
+        items(&bad.url(), &new).await,
+        vec![("gadget".to_owned(), 1), ("widget".to_owned(), 2)],
+        "each item replayed exactly once"
+    );
+    assert_eq!(db.unsettled().await, 0);
 }
 
 // ------------------------------------------------------------------ 4: audit settlement killed

@@ -5,7 +5,7 @@
 # 2. the npm MCP peer @modelcontextprotocol/server-everything    (${CUSTODY_CACHE}/npm, npm ci)
 # 3. a throwaway PostgreSQL 15, stopped on exit                  (tests/harness/pg.sh)
 # 3b. a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and
-#    kubectl + helm, built once from Go modules (tests/cluster/build.sh, ~27 min on 2 cores, cached), on
+#    kubectl + helm + promtool, built once from Go modules (tests/cluster/build.sh, ~27 min on 2 cores, cached), on
 #    127.0.0.1, stopped on exit                                  (tests/cluster/up.sh, down.sh)
 # 3c. one real node (kube-scheduler, kubelet, containerd, runc, CNI) in namespaces of its own,
 #    and custody's image built from this tree and imported into it, stopped on exit with a
@@ -29,6 +29,8 @@
 #   CUSTODY_TEST_HITL_AGENT    tests/py/hitl_agent.py (absolute): the create_agent HITL agent
 #   CUSTODY_TEST_KUBECONFIG    admin kubeconfig of the test control plane
 #   CUSTODY_TEST_K8S_BIN       directory with kubectl and helm (and the control plane's binaries)
+#   CUSTODY_TEST_PROMTOOL      promtool (same directory; tests/monitoring.rs checks the chart's
+#                              alert rules and dashboard queries with it)
 #   CUSTODY_TEST_NODE          1: the cluster has a node (tests/pods.rs runs real Pods)
 #   CUSTODY_TEST_NODE_SH       tests/cluster/node.sh (absolute): `expose DIR PORT` makes a host
 #                              loopback port reachable from Pods
@@ -150,6 +152,7 @@ export CUSTODY_TEST_ORDER_GRAPH="$root/tests/py/order_graph.py"
 export CUSTODY_TEST_HITL_AGENT="$root/tests/py/hitl_agent.py"
 export CUSTODY_TEST_KUBECONFIG="$kubeconfig"
 export CUSTODY_TEST_K8S_BIN="$k8s_bin"
+export CUSTODY_TEST_PROMTOOL="$k8s_bin/promtool"
 
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check

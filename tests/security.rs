@@ -150,6 +150,86 @@ fn a_name_resolving_to_a_metadata_address_is_refused_at_connect_time() {
     assert!(off.status.success(), "{}", text(&off));
 }
 
+/// `custody ARGS…` with `HTTP_PROXY` (and `HTTPS_PROXY`) pointing at `proxy`, `/etc/hosts`
+/// replaced by `hosts` as in [`custody_with_hosts`].
+fn custody_via_proxy(proxy: &str, hosts: &str, args: &[&str]) -> Output {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), hosts).unwrap();
+    Command::new("unshare")
+        .args(["--map-root-user", "--mount", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/hosts && shift && exec "$@""#)
+        .arg(file.path())
+        .arg("-")
+        .arg(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .env("HTTP_PROXY", proxy)
+        .env("HTTPS_PROXY", proxy)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .output()
+        .expect("run unshare (util-linux)")
+}
+
+/// Issue 17, item 14: with a proxy configured, the proxy resolves the MCP host name, so the
+/// resolver check inside the connection sees only the proxy's address. custody checks the
+/// target before connecting instead: a name resolving here to the metadata address is refused
+/// (the proxy is never contacted), and a name that does not resolve here is refused rather than
+/// handed to the proxy to resolve. The proxy is a real listener that counts its connections.
+#[test]
+fn a_proxy_does_not_bypass_the_metadata_check() {
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    proxy.set_nonblocking(true).unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let accepted = || {
+        let mut n = 0;
+        while let Ok((stream, _)) = proxy.accept() {
+            drop(stream);
+            n += 1;
+        }
+        n
+    };
+    let hosts = "127.0.0.1 localhost\n169.254.169.254 custody-meta.test\n";
+    for (url, says) in [
+        (
+            "http://custody-meta.test:8080/mcp",
+            "custody-meta.test resolves to 169.254.169.254, which is link-local",
+        ),
+        (
+            "https://custody-nowhere.invalid/mcp",
+            "custody-nowhere.invalid does not resolve here",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        server_yaml(dir.path(), url);
+        let d = dir.path().to_str().unwrap();
+        let out = custody_via_proxy(&proxy_url, hosts, &["discover", "-f", d, "-o", "json"]);
+        let t = text(&out);
+        assert!(!out.status.success(), "{url}: {t}");
+        assert!(t.contains(says), "{url}: {t}");
+        assert!(t.contains("--deny-metadata-addresses"), "{url}: {t}");
+        assert_eq!(accepted(), 0, "{url}: the proxy was contacted: {t}");
+    }
+    // Control: with the option off, the same unresolvable name goes to the proxy (which
+    // closes the connection), so the proxy really is in the path the check guards.
+    let dir = tempfile::tempdir().unwrap();
+    server_yaml(dir.path(), "http://custody-nowhere.invalid/mcp");
+    let d = dir.path().to_str().unwrap();
+    let out = custody_via_proxy(
+        &proxy_url,
+        hosts,
+        &[
+            "discover",
+            "-f",
+            d,
+            "-o",
+            "json",
+            "--deny-metadata-addresses=false",
+        ],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(accepted() > 0, "the proxy was not used: {}", text(&out));
+}
+
 #[test]
 fn redirects_are_not_followed() {
     let basket = BasketServer::start(&[]);
@@ -461,7 +541,7 @@ async fn sweep_roles_need_only_the_documented_grants() {
     pg.sql(
         "orders",
         "DO $$ BEGIN IF (SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_tables
-            WHERE tableowner = 'custody_act') <> 'custody_actions,custody_audit,custody_migrations'
+            WHERE tableowner = 'custody_act') <> 'custody_actions,custody_audit,custody_handle_lifetimes,custody_migrations'
             THEN RAISE 'custody_act owns other tables'; END IF; END $$",
     );
 }

@@ -16,6 +16,8 @@ mod postgres;
 pub mod serde;
 mod shard;
 mod sqlite;
+
+pub use sqlite::Access;
 mod typed;
 pub mod writer;
 
@@ -212,6 +214,9 @@ pub enum StoreError {
     /// A query failed part-way.
     #[error("query failed: {0}")]
     Query(#[from] sqlx::Error),
+    /// A SQLite file read without locks changed during the read (see `sqlite::Quiescent`).
+    #[error("{0}")]
+    Changed(String),
 }
 
 /// A connected, read-only checkpoint database.
@@ -230,10 +235,26 @@ impl Store {
     /// # Errors
     /// [`StoreError::Dsn`], [`StoreError::Connect`] or [`StoreError::Schema`].
     pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
+        Self::connect_for(backend, dsn, Access::Observe).await
+    }
+
+    /// [`Store::connect`] for an observing or an acting sweep. Observing writes nothing next to
+    /// a SQLite file, even in WAL mode with no connection open (read immutable then, and checked
+    /// unchanged at the end of the scan); acting opens it as SQLite does by default (the acting
+    /// sweep's writable pool writes there anyway). PostgreSQL is read alike.
+    ///
+    /// # Errors
+    /// As [`Store::connect`]; [`StoreError::Schema`] also for a SQLite file that cannot be read
+    /// without writing next to it, saying why and what to do.
+    pub async fn connect_for(
+        backend: Backend,
+        dsn: &str,
+        access: Access,
+    ) -> Result<Self, StoreError> {
         check_scheme(backend, dsn)?;
         Ok(match backend {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
-            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn).await?),
+            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn, access).await?),
         })
     }
 

@@ -72,13 +72,162 @@ pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreEr
 /// A read-only pool on a SqliteSaver file.
 pub struct Reader {
     pool: SqlitePool,
+    /// Set when the file is read without SQLite's locking ([`Quiescent`]): the scan ends by
+    /// checking that nothing wrote it meanwhile.
+    quiescent: Option<Quiescent>,
+}
+
+/// How a sweep may open the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// An observing sweep, the controller's schema check: nothing is written next to the file.
+    Observe,
+    /// An acting sweep, which writes the file anyway (its writable pool creates `-wal`/`-shm`
+    /// and removes them when it closes): SQLite's usual read-only open.
+    Act,
+}
+
+/// A WAL-mode file that no connection has open (no `-wal` next to it: SQLite removes it when
+/// the last connection closes, after copying its pages into the file). Such a file holds the
+/// whole database, but SQLite cannot open it read-only without creating `-wal` and `-shm` next
+/// to it (a read-only connection cannot remove them again, so they stay), and in a read-only
+/// directory cannot open it at all (`SQLITE_CANTOPEN`, code 14). It is read with `immutable=1`
+/// instead, which creates nothing and takes no locks; that is wrong only if a writer changes the
+/// file during the read, and a writer cannot do so without a `-wal` file, which exists for as
+/// long as it has the database open, and without changing the file's size or times when it
+/// copies pages back. So the scan ends by checking both ([`Quiescent::unchanged`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Quiescent {
+    path: std::path::PathBuf,
+    /// `len`, `mtime`, `ctime` (ns) and inode of the file when it was opened.
+    stamp: (u64, i128, i128, u64),
+}
+
+/// The `-wal` and `-shm` files SQLite keeps next to `path` in WAL mode.
+fn companions(path: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let with = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        std::path::PathBuf::from(name)
+    };
+    (with("-wal"), with("-shm"))
+}
+
+fn stamp(meta: &std::fs::Metadata) -> (u64, i128, i128, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+    (
+        meta.len(),
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+        meta.ino(),
+    )
+}
+
+/// Whether a file's header says WAL mode: file format write and read versions (bytes 18 and
+/// 19 of the 100-byte header) both 2 (sqlite.org/fileformat.html, "File format version
+/// numbers"). A file too short to have a header is not.
+fn is_wal(path: &std::path::Path) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut header = [0u8; 20];
+    let mut file = std::fs::File::open(path)?;
+    match file.read_exact(&mut header) {
+        Ok(()) => Ok(header[18] == 2 && header[19] == 2),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// How an observing sweep opens `path`: `Ok(Some(_))` to read it immutable (see [`Quiescent`]),
+/// `Ok(None)` for SQLite's read-only open, which creates nothing here (rollback-journal mode, or
+/// WAL mode with both `-wal` and `-shm` present, a writer's or left by one).
+///
+/// # Errors
+/// A sentence for the one state SQLite cannot read without writing: WAL mode with a `-wal` file
+/// but no `-shm` (SQLite would create the `-shm`; reading the file alone would miss the
+/// transactions in the `-wal`).
+fn observe_plan(path: &std::path::Path) -> Result<Option<Quiescent>, String> {
+    if !is_wal(path).unwrap_or(false) {
+        return Ok(None);
+    }
+    let (wal, shm) = companions(path);
+    match (wal.exists(), shm.exists()) {
+        (true, true) => Ok(None),
+        (true, false) => Err(format!(
+            "{} is in WAL mode and has a {} but no {}: SQLite cannot read it without creating \
+             the -shm next to it, and an observing sweep writes nothing there. Let the agent \
+             (or sqlite3 with write access) open and close the database once, which folds the \
+             -wal back into the file; or copy the file and its -wal to a directory custody may \
+             write and sweep the copy",
+            path.display(),
+            wal.display(),
+            shm.display()
+        )),
+        (false, _) => {
+            let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+            Ok(Some(Quiescent {
+                path: path.to_owned(),
+                stamp: stamp(&meta),
+            }))
+        }
+    }
+}
+
+/// Whether the DSN itself asks for `immutable=1` (or `true`), SQLite's own URI parameter.
+fn explicitly_immutable(dsn: &str) -> bool {
+    url::Url::parse(dsn).is_ok_and(|u| {
+        u.query_pairs()
+            .any(|(k, v)| k == "immutable" && (v == "1" || v == "true"))
+    })
+}
+
+impl Quiescent {
+    /// Whether nothing wrote the file since it was opened: still no `-wal`, and the same size,
+    /// times and inode.
+    ///
+    /// # Errors
+    /// A sentence naming what changed.
+    fn unchanged(&self) -> Result<(), String> {
+        let (wal, _) = companions(&self.path);
+        if wal.exists() {
+            return Err(format!(
+                "{} was opened by a writer while custody read it (read without locks, as no \
+                 connection had it open: {} appeared); the read may be inconsistent, so it is \
+                 not used: run the sweep again",
+                self.path.display(),
+                wal.display()
+            ));
+        }
+        let now = std::fs::metadata(&self.path).map_err(|e| e.to_string())?;
+        if stamp(&now) != self.stamp {
+            return Err(format!(
+                "{} changed while custody read it (read without locks, as no connection had it \
+                 open); the read may be inconsistent, so it is not used: run the sweep again",
+                self.path.display()
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Reader {
-    pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
+    pub(super) async fn connect(dsn: &str, access: Access) -> Result<Self, StoreError> {
         let options = connect_options(dsn)?
             .read_only(true)
             .busy_timeout(Duration::from_secs(5));
+        // An explicit `immutable=1` in the DSN is the user's (README); otherwise an observing
+        // sweep decides from the files next to the database.
+        let quiescent = match access {
+            Access::Observe if !explicitly_immutable(dsn) => {
+                observe_plan(options.get_filename()).map_err(StoreError::Schema)?
+            }
+            _ => None,
+        };
+        let options = if quiescent.is_some() {
+            options.immutable(true)
+        } else {
+            options
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(1)
             .connect_with(options)
@@ -97,7 +246,7 @@ impl Reader {
                 "{dsn}: no LangGraph SqliteSaver tables (expected checkpoints and writes); is this the SqliteSaver database?"
             )));
         }
-        Ok(Self { pool })
+        Ok(Self { pool, quiescent })
     }
 
     pub(super) fn parked_threads<'a>(
@@ -105,7 +254,7 @@ impl Reader {
         channels: &'a [String],
         shard: Shard,
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
-        sqlx::query(PARKED_SQL)
+        let rows = sqlx::query(PARKED_SQL)
             .bind(i64::try_from(MAX_VALUE_BYTES).unwrap_or(i64::MAX))
             .fetch(&self.pool)
             .filter_map(move |row| async move {
@@ -118,7 +267,13 @@ impl Reader {
                     },
                     Err(e) => Some(Err(StoreError::Query(e))),
                 }
-            })
+            });
+        // An immutable read ends with its check: a file that changed under it fails the scan.
+        let check = futures::stream::iter(self.quiescent.as_ref())
+            .filter_map(|q| async move { q.unchanged().err().map(StoreError::Changed) });
+        rows.map(Some)
+            .chain(check.map(|e| Some(Err(e))))
+            .filter_map(|item| async move { item })
             .boxed()
     }
 }
@@ -182,5 +337,49 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
             Ok(classify(thread_id, doc, metadata, pending, found).map(Scanned::Parked))
         }
         Err(e) => skip(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quiescent_read_is_refused_when_a_writer_came_or_the_file_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sqlite");
+        let mut header = vec![0u8; 100];
+        header[18] = 2;
+        header[19] = 2;
+        std::fs::write(&path, &header).unwrap();
+        let plan = observe_plan(&path)
+            .unwrap()
+            .expect("no -wal: read immutable");
+        assert_eq!(plan.unchanged(), Ok(()));
+
+        let (wal, shm) = companions(&path);
+        std::fs::write(&wal, b"").unwrap();
+        assert!(plan.unchanged().unwrap_err().contains("appeared"));
+        std::fs::write(&shm, b"").unwrap();
+        assert_eq!(
+            observe_plan(&path),
+            Ok(None),
+            "-wal and -shm: SQLite's read-only open"
+        );
+        std::fs::remove_file(&shm).unwrap();
+        assert!(observe_plan(&path).unwrap_err().contains("but no"));
+        std::fs::remove_file(&wal).unwrap();
+
+        std::fs::write(&path, [header.as_slice(), b"more"].concat()).unwrap();
+        assert!(
+            plan.unchanged()
+                .unwrap_err()
+                .contains("changed while custody read it")
+        );
+
+        header[18] = 1;
+        header[19] = 1;
+        std::fs::write(&path, &header).unwrap();
+        assert_eq!(observe_plan(&path), Ok(None), "rollback-journal mode");
     }
 }

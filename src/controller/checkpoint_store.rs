@@ -15,6 +15,7 @@ use serde_json::json;
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::KindLabels;
+use super::schedule;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
@@ -146,10 +147,20 @@ pub(super) async fn reconcile(
         .await;
     }
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
-    // 4. metrics from the last sweep the CronJob wrote (pure)
+    // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
+    //    CronJob that exists has an interval.
     if let Some(s) = &current.last_sweep {
         ctx.metrics.set_sweep(&ns, &store.name_any(), s);
     }
+    let interval = (scheduled.status == conditions::TRUE)
+        .then(|| schedule::longest_gap(&store.spec.schedule, Utc::now()))
+        .flatten();
+    ctx.metrics.set_sweep_jobs(
+        &ns,
+        &store.name_any(),
+        interval,
+        last_run.status == conditions::FALSE,
+    );
     // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
     //    field managers.
     let status = CheckpointStoreStatus {

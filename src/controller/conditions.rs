@@ -132,6 +132,9 @@ pub const CATALOG_LISTED: &str = "CatalogListed";
 /// Reason (`Discovered`): the catalog was listed until `tools/list` repeated a cursor; tools of
 /// later pages may be missing (the message says which cursor).
 pub const CATALOG_INCOMPLETE: &str = "CatalogIncomplete";
+/// Event (Warning): discovery left tools out of the catalog (names that cannot be exposed); the
+/// note names them and why, unless the catalog is private.
+pub const TOOLS_LEFT_OUT: &str = "ToolsLeftOut";
 /// Reason (`Healthy`): the health check was answered.
 pub const ANSWERED: &str = "Answered";
 /// Reason (`Healthy`): the health check failed without a category (not seen in practice: every

@@ -1,7 +1,9 @@
 //! HandleClass: valid when its server exists and has been discovered, its tools exist in the
 //! server's catalog, and its templates parse; a probe that may write gets a warning condition.
 //! `Ready` follows `Valid`, so `kubectl wait --for=condition=Ready` works; a class that turns
-//! invalid, or whose probe may write, gets a Warning Event.
+//! invalid, or whose probe may write, gets a Warning Event. `DeclaredTtlPlausible` comes from
+//! the observed lifetimes the sweeps write ([`super::lifetime`]), with a Warning Event when it
+//! turns `False`.
 
 use std::sync::Arc;
 
@@ -87,7 +89,11 @@ pub(super) async fn reconcile(
     {
         ctx.count_unusable("HandleClass", bad.reason);
     }
-    // 4. Ready (pure) and Events for what changed since the persisted status (API)
+    // 4. the declared TTL against the lifetimes the sweeps observed (pure), and its metrics
+    let plausible = super::lifetime::condition(class);
+    ctx.metrics.lifetime.set(class, &ns, plausible.as_ref());
+    conds.extend(plausible);
+    // 5. Ready (pure) and Events for what changed since the persisted status (API)
     let ready = ready(&conds);
     report(class, &current, &conds, &ctx).await;
     conds.push(ready);
@@ -99,12 +105,20 @@ pub(super) async fn reconcile(
             &time(Utc::now()),
         ),
         observed_generation: class.metadata.generation,
+        // The sweeps' field: never written here.
+        observed_lifetime: Vec::new(),
     };
     let api: Api<HandleClass> = Api::namespaced(ctx.client.clone(), &ns);
+    // Compared without the sweeps' field, which this status leaves out.
     let before = class
         .status
         .as_ref()
-        .map(serde_json::to_value)
+        .map(|s| {
+            serde_json::to_value(HandleClassStatus {
+                observed_lifetime: Vec::new(),
+                ..s.clone()
+            })
+        })
         .transpose()?;
     apply_status(&ctx, &api, class, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))

@@ -384,22 +384,50 @@ fn catalog_message(c: &discovery::Catalog) -> String {
         c.tools.len(),
         c.protocol_version.as_deref().unwrap_or("?")
     );
-    if !c.left_out.is_empty() {
-        if c.cache_scope == Some(CacheScope::Private) {
-            message += &format!("; {} tools left out (invalid names)", c.left_out.len());
-        } else {
-            let each: Vec<String> = c
-                .left_out
-                .iter()
-                .map(|t| format!("{:?}: {}", t.name, t.reason))
-                .collect();
-            message += &format!("; {} tools left out: {}", c.left_out.len(), each.join("; "));
-        }
+    if let Some(left_out) = left_out_message(c) {
+        message += &format!("; {left_out}");
     }
     if let Some(why) = &c.incomplete {
         message += &format!("; catalog incomplete: {why}");
     }
     message
+}
+
+/// `N tools left out: "name": why; …` (only the count for a private catalog), or `None` when
+/// every tool was kept.
+fn left_out_message(c: &discovery::Catalog) -> Option<String> {
+    if c.left_out.is_empty() {
+        return None;
+    }
+    if c.cache_scope == Some(CacheScope::Private) {
+        return Some(format!(
+            "{} tools left out (invalid names)",
+            c.left_out.len()
+        ));
+    }
+    let each: Vec<String> = c
+        .left_out
+        .iter()
+        .map(|t| format!("{:?}: {}", t.name, t.reason))
+        .collect();
+    Some(format!(
+        "{} tools left out: {}",
+        c.left_out.len(),
+        each.join("; ")
+    ))
+}
+
+/// The note of a Warning `ToolsLeftOut` Event, when discovery left tools out and the persisted
+/// `Discovered` condition does not already say so in the same words (so neither a rediscovery
+/// nor a controller restart repeats it; a tool newly left out, or one fewer, says it again).
+fn left_out_event(current: &MCPServerStatus, c: &discovery::Catalog) -> Option<String> {
+    let note = left_out_message(c)?;
+    let message = catalog_message(c);
+    let said = current
+        .conditions
+        .iter()
+        .any(|k| k.type_ == conditions::DISCOVERED && k.message == message);
+    (!said).then_some(note)
 }
 
 /// A failed health check's reason, explained as discovery errors are.
@@ -464,6 +492,10 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                 .await;
             }
         }
+    }
+    if let Some(note) = o.catalog.as_ref().and_then(|c| left_out_event(current, c)) {
+        ctx.event(server, EventType::Warning, conditions::TOOLS_LEFT_OUT, note)
+            .await;
     }
     if let Some(h) = &o.health {
         ctx.metrics
@@ -565,12 +597,39 @@ mod tests {
              not 1-64 letters, digits, _ or -; catalog incomplete: tools/list returned cursor c \
              again after 2 pages"
         );
+        // The Event says it once: not again while the persisted condition says the same.
+        let mut status = MCPServerStatus::default();
+        assert_eq!(
+            left_out_event(&status, &c).as_deref(),
+            Some(
+                "1 tools left out: \"a.b\": exposed as \"basket_a.b\", which is not 1-64 \
+                 letters, digits, _ or -"
+            )
+        );
+        status
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: conditions::DISCOVERED.into(),
+                status: conditions::TRUE.into(),
+                reason: conditions::CATALOG_INCOMPLETE.into(),
+                message: catalog_message(&c),
+                last_transition_time: Time("2026-12-01T00:00:00Z".parse().unwrap()),
+                observed_generation: None,
+            });
+        assert_eq!(left_out_event(&status, &c), None);
+
         c.cache_scope = Some(CacheScope::Private);
         c.incomplete = None;
         assert_eq!(
             catalog_message(&c),
             "0 tools via 2025-11-25; 1 tools left out (invalid names)"
         );
+        assert_eq!(
+            left_out_event(&status, &c).as_deref(),
+            Some("1 tools left out (invalid names)")
+        );
+        c.left_out.clear();
+        assert_eq!(left_out_event(&MCPServerStatus::default(), &c), None);
     }
 
     #[tokio::test]

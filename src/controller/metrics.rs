@@ -11,6 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 use strum::IntoEnumIterator;
 
@@ -150,6 +151,17 @@ pub struct Metrics {
     pub sweep_probe_errors: Family<ReasonLabels, Gauge>,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
+    /// Wall time in seconds of the store's most recent sweep that wrote its status.
+    pub sweep_duration: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
+    /// Unix time in seconds at which the store's most recent sweep that wrote its status ended.
+    pub sweep_last_success: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
+    /// Seconds between the store's scheduled sweeps: the longest gap between consecutive runs
+    /// of its cron schedule (see `controller::schedule`).
+    pub sweep_schedule_interval: Family<ObjectLabels, Gauge>,
+    /// 1 when the store's most recently finished sweep Job failed (`LastSweepSucceeded=False`).
+    pub sweep_last_failed: Family<ObjectLabels, Gauge>,
+    /// Observed handle lifetimes ([`super::lifetime`]).
+    pub lifetime: super::lifetime::LifetimeMetrics,
 }
 
 impl Metrics {
@@ -173,6 +185,13 @@ impl Metrics {
             sweep_skipped: Family::default(),
             sweep_probe_errors: Family::default(),
             leader: Gauge::default(),
+            sweep_duration: Family::default(),
+            sweep_last_success: Family::default(),
+            sweep_schedule_interval: Family::default(),
+            sweep_last_failed: Family::default(),
+            lifetime: super::lifetime::LifetimeMetrics::register(
+                registry.sub_registry_with_prefix("custody"),
+            ),
         };
         let r = registry.sub_registry_with_prefix("custody");
         r.register(
@@ -245,6 +264,26 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             m.leader.clone(),
         );
+        r.register(
+            "sweep_duration_seconds",
+            "Wall time of the store's most recent sweep that wrote its status",
+            m.sweep_duration.clone(),
+        );
+        r.register(
+            "sweep_last_success_timestamp_seconds",
+            "Unix time at which the store's most recent sweep that wrote its status ended",
+            m.sweep_last_success.clone(),
+        );
+        r.register(
+            "sweep_schedule_interval_seconds",
+            "Longest gap between consecutive runs of the store's sweep schedule",
+            m.sweep_schedule_interval.clone(),
+        );
+        r.register(
+            "sweep_last_failed",
+            "1 when the store's most recently finished sweep Job failed",
+            m.sweep_last_failed.clone(),
+        );
         // An Info metric: `custody_build_info{version="…"} 1`, so a dashboard can tell which
         // build runs.
         r.register(
@@ -259,10 +298,29 @@ impl Metrics {
     }
 
     /// Sets a store's sweep gauges (`custody_sweep_handles`, `_actions`, `_audit`,
-    /// `_skipped_threads`, `_probe_errors`) from its last sweep's summary. Only the fixed label
+    /// `_skipped_threads`, `_probe_errors`, `_duration_seconds`,
+    /// `_last_success_timestamp_seconds`) from its last sweep's summary. Only the fixed label
     /// values become labels: the summary is written by another process (the sweep CronJob), so
-    /// an outcome or reason custody does not know is dropped.
+    /// an outcome or reason custody does not know is dropped, and so is a `finishedAt` that is
+    /// not RFC 3339.
     pub fn set_sweep(&self, namespace: &str, name: &str, summary: &SweepSummary) {
+        let store = ObjectLabels {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        self.sweep_duration
+            .get_or_create(&store)
+            .set(summary.duration_ms as f64 / 1000.0);
+        match chrono::DateTime::parse_from_rfc3339(&summary.finished_at) {
+            Ok(t) => {
+                self.sweep_last_success
+                    .get_or_create(&store)
+                    .set(t.timestamp_millis() as f64 / 1000.0);
+            }
+            Err(_) => {
+                self.sweep_last_success.remove(&store);
+            }
+        }
         for verdict in Verdict::iter() {
             let n = match verdict {
                 Verdict::Ok => summary.ok,
@@ -319,8 +377,41 @@ impl Metrics {
         }
     }
 
-    /// Drops a deleted store's series of every gauge [`Metrics::set_sweep`] sets.
+    /// Sets the gauges of a store's schedule and sweep Jobs: `custody_sweep_schedule_interval_seconds`
+    /// (removed when `interval` is `None`: a schedule without one) and `custody_sweep_last_failed`.
+    pub fn set_sweep_jobs(&self, namespace: &str, name: &str, interval: Option<u64>, failed: bool) {
+        let store = ObjectLabels {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        match interval {
+            Some(s) => {
+                self.sweep_schedule_interval
+                    .get_or_create(&store)
+                    .set(i64::try_from(s).unwrap_or(i64::MAX));
+            }
+            None => {
+                self.sweep_schedule_interval.remove(&store);
+            }
+        }
+        self.sweep_last_failed
+            .get_or_create(&store)
+            .set(i64::from(failed));
+    }
+
+    /// Drops a deleted store's series of every gauge [`Metrics::set_sweep`] and
+    /// [`Metrics::set_sweep_jobs`] set.
     pub fn forget_store(&self, namespace: &str, name: &str) {
+        let store = ObjectLabels {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        for family in [&self.sweep_duration, &self.sweep_last_success] {
+            family.remove(&store);
+        }
+        for family in [&self.sweep_schedule_interval, &self.sweep_last_failed] {
+            family.remove(&store);
+        }
         for verdict in verdict_labels() {
             self.sweep_handles.remove(&SweepLabels {
                 namespace: namespace.to_owned(),
@@ -419,5 +510,53 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(!text.contains("orders"), "forgotten series remain:\n{text}");
+    }
+
+    #[test]
+    fn a_stores_timing_schedule_and_failure_become_gauges() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let encode = |registry: &Registry| {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+            text
+        };
+        let summary = SweepSummary {
+            duration_ms: 1500,
+            finished_at: "2026-12-01T10:15:02.250Z".to_owned(),
+            ..SweepSummary::default()
+        };
+        metrics.set_sweep("agents", "orders", &summary);
+        metrics.set_sweep_jobs("agents", "orders", Some(900), true);
+        let text = encode(&registry);
+        for line in [
+            r#"custody_sweep_duration_seconds{namespace="agents",name="orders"} 1.5"#,
+            r#"custody_sweep_last_success_timestamp_seconds{namespace="agents",name="orders"} 1796120102.25"#,
+            r#"custody_sweep_schedule_interval_seconds{namespace="agents",name="orders"} 900"#,
+            r#"custody_sweep_last_failed{namespace="agents",name="orders"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        // a schedule without an interval, a sweep that succeeded, a finishedAt that is not a time
+        metrics.set_sweep_jobs("agents", "orders", None, false);
+        let odd = SweepSummary {
+            finished_at: "yesterday".to_owned(),
+            ..summary
+        };
+        metrics.set_sweep("agents", "orders", &odd);
+        let text = encode(&registry);
+        assert!(
+            text.lines()
+                .any(|l| l == r#"custody_sweep_last_failed{namespace="agents",name="orders"} 0"#),
+            "{text}"
+        );
+        for gone in [
+            "custody_sweep_schedule_interval_seconds{",
+            "custody_sweep_last_success_timestamp_seconds{",
+        ] {
+            assert!(!text.contains(gone), "{gone} in\n{text}");
+        }
+        metrics.forget_store("agents", "orders");
+        assert!(!encode(&registry).contains("orders"));
     }
 }

@@ -12,8 +12,10 @@ mod checkpoint_store;
 pub mod conditions;
 mod handle_class;
 mod http;
+pub mod lifetime;
 mod mcp_server;
 pub mod metrics;
+mod schedule;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -595,7 +597,15 @@ async fn controllers(ctx: Arc<Context>) {
             error_policy("HandleClass"),
             ctx.clone(),
         )
-        .for_each(drain("HandleClass", &ctx));
+        .for_each({
+            let ctx = ctx.clone();
+            move |r| {
+                if let Some((ns, name)) = deleted(&r) {
+                    ctx.metrics.lifetime.forget(&ns, &name);
+                }
+                drain("HandleClass", &ctx)(r)
+            }
+        });
 
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),

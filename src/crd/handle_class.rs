@@ -27,6 +27,9 @@ pub use crate::domain::policy::OnGone;
     printcolumn = r#"{"name":"On Gone","type":"string","jsonPath":".spec.onGone"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Declared TTL","type":"integer","jsonPath":".spec.declaredTtlSeconds"}"#,
+    printcolumn = r#"{"name":"Observed P50","type":"integer","jsonPath":".status.observedLifetime[0].p50Seconds"}"#,
+    printcolumn = r#"{"name":"TTL Plausible","type":"string","jsonPath":".status.conditions[?(@.type==\"DeclaredTtlPlausible\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"State Path","type":"string","priority":1,"jsonPath":".spec.statePath"}"#,
     printcolumn = r#"{"name":"Valid","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
@@ -241,9 +244,12 @@ pub struct ProbeSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GoneWhen {
-    /// Error text (the text content of an `isError` result) starting with one of these.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub error_text_prefixes: Vec<String>,
+    /// Error text (the text content of an `isError` result) starting with one of these. At
+    /// least one: an empty list is refused (it would otherwise read as no narrowing, making
+    /// every error gone); leave the field out for that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub error_text_prefixes: Option<Vec<String>>,
     /// Error text matching this regular expression (Rust `regex` syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_text_regex: Option<String>,
@@ -274,6 +280,79 @@ pub struct HandleClassStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// How long this class's handles were observed to live, one entry per CheckpointStore
+    /// whose sweeps probe them (a list-map keyed by `store`). Each store's sweep writes its own
+    /// entry under its own field manager (`custody-lifetime-<store>`); the controller only
+    /// reads it, for the `DeclaredTtlPlausible` condition and the lifetime metrics.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["store"]))]
+    pub observed_lifetime: Vec<ObservedLifetime>,
+}
+
+/// The lifetime of a class's handles as one store's sweeps observed it: every probe that
+/// answered `ok` (alive at that age) or `gone` (gone by that age), one interval per handle,
+/// estimated with Turnbull's nonparametric maximum likelihood estimator (J. R. Statist. Soc.
+/// B 38 (1976) 290–295). Ages are seconds since the record's `minted_at`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObservedLifetime {
+    /// The CheckpointStore (same namespace) whose sweeps made the observations.
+    pub store: String,
+    /// Handles observed (probe answers that agree with each other).
+    pub handles: u64,
+    /// Of those, handles found gone at least once.
+    pub handles_gone: u64,
+    /// Handles left out because a probe found them alive at an age older than one at which
+    /// another found them gone (a refreshed handle, or a `minted_at` that is not the mint time).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inconsistent: u64,
+    /// Estimated 5th percentile lifetime, seconds. Absent with fewer than 20 handles or 5 found
+    /// gone, or when it lies beyond the oldest handle seen alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p5_seconds: Option<u64>,
+    /// Estimated median lifetime, seconds; absent as `p5Seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p50_seconds: Option<u64>,
+    /// Estimated 95th percentile lifetime, seconds; absent as `p5Seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_seconds: Option<u64>,
+    /// The oldest age, seconds, at which a handle was found alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_alive_seconds: Option<i64>,
+    /// The youngest age, seconds, at which a handle was found gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub youngest_gone_seconds: Option<i64>,
+    /// The longest `assumed_ttl_s` a handle record of the class carried in the last sweep;
+    /// judged like `spec.declaredTtlSeconds` when the class declares none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub largest_assumed_ttl_seconds: Option<u64>,
+    /// `true` when the figures come from every sweep's observations (kept in the store's
+    /// database by acting sweeps), `false` when from the last sweep's only (an observing sweep
+    /// writes nothing to the database).
+    pub across_sweeps: bool,
+    /// When the sweep that wrote this ran (RFC 3339).
+    pub last_updated: String,
+    /// The last sweep's probe answers by age, for the `custody_handle_probe_age_seconds`
+    /// histogram the controller exports: one entry per verdict (`ok`, `gone`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probe_ages: Vec<ProbeAges>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One sweep's probe answers of one verdict, by age.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeAges {
+    /// `ok` or `gone`.
+    pub verdict: String,
+    /// Answers per age bucket, not cumulative: ages up to 60 s, 120 s, … 60·2^16 s (about 68
+    /// days), then longer.
+    pub bucket_counts: Vec<u64>,
+    /// The sum of their ages, seconds.
+    pub sum_seconds: f64,
 }
 
 impl From<&RecordFields> for crate::domain::handle::RecordFields {

@@ -232,6 +232,19 @@ pub fn handle_class(
         }
         other => err("spec.probe.arguments", other.to_string()),
     })?;
+    if spec
+        .probe
+        .gone_when
+        .error_text_prefixes
+        .as_ref()
+        .is_some_and(Vec::is_empty)
+    {
+        return Err(err(
+            "spec.probe.goneWhen.errorTextPrefixes",
+            "must list at least one prefix; an empty list is not \"no narrowing\" (leave the \
+             field out to count every isError answer as gone)",
+        ));
+    }
     let rule = GoneRule::new(&(&spec.probe.gone_when).into()).map_err(|e| {
         err(
             "spec.probe.goneWhen.errorTextRegex",
@@ -540,6 +553,14 @@ mod tests {
         spec.state_path = "order..basket".into();
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.statePath");
         spec.state_path = "basket".into();
+        spec.probe.gone_when.error_text_prefixes = Some(Vec::new());
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.probe.goneWhen.errorTextPrefixes"
+        );
+        spec.probe.gone_when.error_text_prefixes = Some(vec!["BASKET_NOT_FOUND".into()]);
+        assert!(handle_class(&spec).is_ok());
+        spec.probe.gone_when.error_text_prefixes = None;
         for (every, metadata, ok) in [
             (true, vec![], true),
             (false, vec![("graph_id", "orders")], true),

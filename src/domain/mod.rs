@@ -1,4 +1,4 @@
-//! The custody core: handle records, verdicts and argument templates.
+//! The custody core: handle records, verdicts, argument templates and observed lifetimes.
 //!
 //! Pure functions over plain values. Nothing here talks to a database, an MCP server or the
 //! Kubernetes API, and nothing here imports another module of the crate (tests/layering.rs
@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod handle;
+pub mod lifetime;
 pub mod path;
 pub mod pending;
 pub mod policy;

@@ -13,6 +13,10 @@
 //! - the mint answered an error or no handle: escalated;
 //! - killed between a replay call and its record: that call's effect is unknown, so the thread
 //!   is escalated rather than the item replayed twice;
+//! - a replay call that could not be sent (no session to the server, the connection refused):
+//!   nothing reached the server, so the entry stays minted, its progress as recorded, and the
+//!   next sweep replays from there ([`after_replay_failure`]); one that failed after it may have
+//!   reached the server (a timeout, a dropped stream, an HTTP error) is escalated;
 //! - an escalation with nowhere to write it (no `verdictPath`): the entry is abandoned
 //!   ([`escalate_instead`]).
 //!
@@ -123,6 +127,25 @@ pub fn before_replay(started: u32, done: u32, total: usize, handle: &str) -> Res
     Ok(())
 }
 
+/// How a replay call failed.
+#[derive(Clone, Copy, Debug)]
+pub enum ReplayFailure<'a> {
+    /// Not sent: no session to the server, or the connection was refused.
+    NotSent(&'a str),
+    /// Sent, or perhaps sent, and failed without a usable answer (or answered `isError`).
+    Failed(&'a str),
+}
+
+/// After a replay call that did not succeed: where the re-mint goes.
+pub fn after_replay_failure(failure: ReplayFailure<'_>) -> Next {
+    match failure {
+        ReplayFailure::NotSent(e) => {
+            Next::RetryNextRun(format!("replay not sent, retried next sweep: {e}"))
+        }
+        ReplayFailure::Failed(e) => Next::EscalateInstead(e.to_owned()),
+    }
+}
+
 /// An escalation instead of a re-mint, given whether the class has a `verdictPath`: the reason
 /// to write.
 ///
@@ -192,6 +215,20 @@ mod tests {
                 "replay from where it stopped",
                 kind(&before_replay(2, 2, 4, "bsk_2")),
                 "continue",
+            ),
+            (
+                "a replay not sent (no session, refused): retry next run",
+                kind::<()>(&Err(after_replay_failure(ReplayFailure::NotSent(
+                    "refused",
+                )))),
+                "retry",
+            ),
+            (
+                "a replay call that may have reached the server: escalate",
+                kind::<()>(&Err(after_replay_failure(ReplayFailure::Failed(
+                    "timed out",
+                )))),
+                "escalate",
             ),
         ];
         for (name, got, want) in cases {

@@ -168,8 +168,10 @@ pub enum ProbeOutcome {
 /// step). Anything else that is an error means `unknown`, never gone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GoneWhen {
-    /// An `isError` text starting with one of these is gone.
-    pub error_text_prefixes: Vec<String>,
+    /// An `isError` text starting with one of these is gone. `Some` narrows even when empty
+    /// (then no text matches): a list that was written, however short, is never read as "no
+    /// narrowing" (validation refuses an empty one; this keeps the rule safe without it).
+    pub error_text_prefixes: Option<Vec<String>>,
     /// An `isError` text matching this regular expression is gone.
     pub error_text_regex: Option<String>,
     /// A successful answer whose `structuredContent` field equals one of the values is gone.
@@ -188,7 +190,7 @@ pub struct StructuredMatch {
 /// [`GoneWhen`] with its regular expression compiled.
 #[derive(Clone, Debug)]
 pub struct GoneRule {
-    prefixes: Vec<String>,
+    prefixes: Option<Vec<String>>,
     regex: Option<Regex>,
     structured: Option<(Vec<String>, Vec<String>)>,
 }
@@ -227,8 +229,12 @@ pub fn judge(outcome: &ProbeOutcome, rule: &GoneRule) -> Decision {
             text,
             ..
         } => {
-            let narrowed = !rule.prefixes.is_empty() || rule.regex.is_some();
-            let matched = rule.prefixes.iter().any(|p| text.starts_with(p.as_str()))
+            let narrowed = rule.prefixes.is_some() || rule.regex.is_some();
+            let matched = rule
+                .prefixes
+                .iter()
+                .flatten()
+                .any(|p| text.starts_with(p.as_str()))
                 || rule.regex.as_ref().is_some_and(|r| r.is_match(text));
             if !narrowed || matched {
                 Decision::gone(
@@ -454,7 +460,12 @@ mod tests {
         use Verdict::*;
         let plain = GoneRule::new(&GoneWhen::default()).unwrap();
         let narrowed = GoneRule::new(&GoneWhen {
-            error_text_prefixes: vec!["BASKET_EXPIRED".into(), "BASKET_NOT_FOUND".into()],
+            error_text_prefixes: Some(vec!["BASKET_EXPIRED".into(), "BASKET_NOT_FOUND".into()]),
+            ..GoneWhen::default()
+        })
+        .unwrap();
+        let empty = GoneRule::new(&GoneWhen {
+            error_text_prefixes: Some(Vec::new()),
             ..GoneWhen::default()
         })
         .unwrap();
@@ -506,6 +517,12 @@ mod tests {
                 "other error is unknown when narrowed",
                 answered(true, "RATE_LIMITED: slow down", None),
                 &narrowed,
+                Unknown,
+            ),
+            (
+                "an empty prefix list narrows to nothing: an error is unknown, never gone",
+                answered(true, "BASKET_NOT_FOUND: x", None),
+                &empty,
                 Unknown,
             ),
             (

@@ -7,10 +7,12 @@
 //! threads (see `sweep::act`), which is what makes a `kill -9` at any point safe.
 //!
 //! The tables live in the checkpoint database (both backends) under custody's own names:
-//! `custody_actions`, and `custody_migrations` for sqlx's bookkeeping instead of its default
+//! `custody_actions`, `custody_audit` ([`audit`]), `custody_handle_lifetimes` ([`lifetime`]), and
+//! `custody_migrations` for sqlx's bookkeeping instead of its default
 //! `_sqlx_migrations`, which an application's own sqlx migrations may already use.
 
 pub mod audit;
+pub mod lifetime;
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -377,6 +379,18 @@ impl Ledger {
     pub async fn replay_started(&self, key: &str, index: u32) -> Result<(), LedgerError> {
         const SQL: &str = "UPDATE custody_actions SET replay_started = $2, updated_at = $3 WHERE idempotency_key = $1";
         run!(&self.pool, SQL, key, i64::from(index) + 1, Utc::now(); execute)?;
+        Ok(())
+    }
+
+    /// Records that replay call `index`, recorded as started, was never sent (the connection
+    /// was refused): its start is undone, so the next sweep makes the call instead of taking it
+    /// for one interrupted with an unknown effect.
+    ///
+    /// # Errors
+    /// [`LedgerError::Query`].
+    pub async fn replay_not_sent(&self, key: &str, index: u32) -> Result<(), LedgerError> {
+        const SQL: &str = "UPDATE custody_actions SET replay_started = $2, updated_at = $3 WHERE idempotency_key = $1 AND replay_started = $2 + 1";
+        run!(&self.pool, SQL, key, i64::from(index), Utc::now(); execute)?;
         Ok(())
     }
 

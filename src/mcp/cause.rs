@@ -1,5 +1,6 @@
 //! What a failed MCP exchange came down to, from the typed errors under rmcp's (never from
-//! message text): a person does something different for each. A wrong or missing credential
+//! message text), and custody's own sentence for it ([`describe`]): a person does something
+//! different for each. A wrong or missing credential
 //! (`auth`), nothing listening at the address (`refused`), a TLS handshake or certificate that
 //! failed (`tls`), a server that did not answer in time (`timeout`), a reply custody cannot read
 //! (`protocol`).
@@ -27,20 +28,77 @@ pub const CONNECT: &str = "connect";
 /// Every category [`of_connect`] returns, for metric label sets.
 pub const CONNECT_CAUSES: [&str; 6] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, CONNECT];
 
-/// `message` led by what its category means for a person, for the categories whose text alone
-/// may not say it (rmcp words a 401 with a challenge as "Auth required").
+/// `message` led by what its category means for a person, for the category whose text alone
+/// may not say it (rmcp words a 401 with a challenge as "Auth required"). A refused connection,
+/// a failed TLS handshake and a name that does not resolve already say so ([`describe`]).
 pub fn explained(category: &str, message: &str) -> String {
-    let hint = match category {
-        AUTH => {
-            "the server refused custody's credentials (HTTP 401 or 403; check spec.headers and spec.headersFrom)"
-        }
-        REFUSED => "connection refused: nothing listens at spec.url's host and port",
-        TLS => {
-            "TLS failed: an https URL to a server without TLS, or a certificate that does not verify"
-        }
-        _ => return message.to_owned(),
-    };
-    format!("{hint}: {message}")
+    if category != AUTH {
+        return message.to_owned();
+    }
+    format!(
+        "the server refused custody's credentials (HTTP 401 or 403; check spec.headers and \
+         spec.headersFrom): {message}"
+    )
+}
+
+/// custody's own sentence for a connection that failed before any HTTP answer, from the typed
+/// errors under rmcp's (whose own text is "Send message error Client error: error sending
+/// request for url (…)" whatever the cause): `connection refused to 127.0.0.1:9 (nothing
+/// listens there)`, `TLS handshake with host:443 failed: <rustls's reason>`, a name that does
+/// not resolve (with the resolver's reason), a name refused by `--deny-metadata-addresses`,
+/// `connecting to host:port timed out`. `target` is the URL's `host:port`. `None` for any other
+/// failure (an HTTP error status, a reply custody cannot read), which keeps its own text.
+pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
+    let errors: Vec<&(dyn StdError + 'static)> = chain(e).collect();
+    let find =
+        |f: &dyn Fn(&(dyn StdError + 'static)) -> Option<String>| errors.iter().find_map(|e| f(*e));
+    find(&|e| {
+        e.downcast_ref::<super::egress::RefusedAddress>()
+            .map(ToString::to_string)
+    })
+    .or_else(|| {
+        find(&|e| {
+            e.downcast_ref::<super::egress::Unresolved>()
+                .map(ToString::to_string)
+        })
+    })
+    .or_else(|| {
+        find(&|e| {
+            e.downcast_ref::<rustls::Error>()
+                .map(|t| format!("TLS handshake with {target} failed: {t}"))
+        })
+    })
+    .or_else(|| {
+        find(&|e| {
+            let io = e.downcast_ref::<std::io::Error>()?;
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => Some(format!(
+                    "connection refused to {target} (nothing listens there)"
+                )),
+                std::io::ErrorKind::TimedOut => Some(format!("connecting to {target} timed out")),
+                _ => None,
+            }
+        })
+    })
+    .or_else(|| {
+        find(&|e| {
+            e.downcast_ref::<reqwest::Error>()
+                .filter(|r| r.is_connect() && r.is_timeout())
+                .map(|_| format!("connecting to {target} timed out"))
+        })
+    })
+}
+
+/// The `host:port` of a URL, for [`describe`] (the URL itself as given when it does not parse).
+pub fn target(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) => match (u.host_str(), u.port_or_known_default()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (Some(host), None) => host.to_owned(),
+            _ => url.to_owned(),
+        },
+        Err(_) => url.to_owned(),
+    }
 }
 
 /// The cause of a failed connect or negotiation. In `mode: auto`, when both eras failed, the
@@ -75,20 +133,23 @@ pub fn of_transport(e: &(dyn StdError + 'static)) -> Option<&'static str> {
 /// `source()` does not reach: an `io::Error`'s inner error and rmcp's `Client` variant (the HTTP
 /// client's error, which rmcp keeps without marking it as the source).
 fn of_chain(e: &(dyn StdError + 'static)) -> Option<&'static str> {
-    let mut next = Some(e);
-    while let Some(e) = next {
-        if let Some(c) = of_one(e) {
-            return Some(c);
-        }
-        next = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+    chain(e).find_map(of_one)
+}
+
+/// `e` and its sources, also through the errors that `source()` does not reach (see
+/// [`of_transport`]).
+fn chain<'a>(
+    e: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(e), |&e| {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
             io.get_ref().map(|inner| inner as &(dyn StdError + 'static))
         } else if let Some(Http::Client(r)) = e.downcast_ref::<Http<reqwest::Error>>() {
             Some(r as &(dyn StdError + 'static))
         } else {
             e.source()
-        };
-    }
-    None
+        }
+    })
 }
 
 fn of_one(e: &(dyn StdError + 'static)) -> Option<&'static str> {
@@ -138,6 +199,20 @@ mod tests {
              spec.headersFrom): server a: connect failed: Auth required"
         );
         assert_eq!(explained(TIMEOUT, "timed out"), "timed out");
+        assert_eq!(
+            explained(REFUSED, "connection refused to h:1 (nothing listens there)"),
+            "connection refused to h:1 (nothing listens there)"
+        );
+    }
+
+    #[test]
+    fn targets_carry_the_default_port() {
+        assert_eq!(target("http://127.0.0.1:9/mcp"), "127.0.0.1:9");
+        assert_eq!(
+            target("https://basket.agents.svc/mcp"),
+            "basket.agents.svc:443"
+        );
+        assert_eq!(target("http://[::1]/mcp"), "[::1]:80");
     }
 
     #[test]

@@ -20,8 +20,14 @@
 //! Services on private ClusterIPs, and local mode runs them on loopback. Refusing those belongs to
 //! a NetworkPolicy, which also covers the database connections this check does not see.
 //!
-//! Not covered: with an HTTP(S) proxy configured (`HTTPS_PROXY`, …, honoured by reqwest) the
-//! proxy resolves the target's name, so the proxy must enforce the same rule.
+//! With an HTTP(S) proxy configured (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, honoured by
+//! reqwest) the connection goes to the proxy, which resolves the target's name itself, so the
+//! resolver check sees only the proxy's address. The target is then checked before connecting
+//! ([`check_target`]): by literal and by name as always, and its name must resolve here to
+//! allowed addresses (a name that does not resolve here is refused, where without a proxy it
+//! would just fail to connect). Not covered: the proxy's own lookup answering differently (split
+//! DNS, rebinding between custody's lookup and the proxy's); the proxy must enforce the rule for
+//! that (SECURITY.md).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -183,12 +189,43 @@ pub fn check_url(url: &str, policy: AddressPolicy) -> Result<(), String> {
 pub async fn check_target(url: &str, policy: AddressPolicy) -> Result<(), String> {
     check_url(url, policy)?;
     let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-    if let (AddressPolicy::DenyMetadata, Some(url::Host::Domain(name))) = (policy, parsed.host())
-        && let Ok(addrs) = tokio::net::lookup_host((name, 0)).await
-    {
-        screen(name, addrs.collect()).map_err(|e| e.to_string())?;
+    if let (AddressPolicy::DenyMetadata, Some(url::Host::Domain(name))) = (policy, parsed.host()) {
+        match tokio::net::lookup_host((name, 0)).await {
+            Ok(addrs) => {
+                screen(name, addrs.collect()).map_err(|e| e.to_string())?;
+            }
+            Err(e) => {
+                if let Some(var) = proxy_variable() {
+                    return Err(format!(
+                        "url refused: {name} does not resolve here ({e}), and with {var} set the \
+                         proxy would resolve it, so custody cannot check that it is not a \
+                         metadata address (--deny-metadata-addresses); make the name resolvable \
+                         where custody runs"
+                    ));
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// The proxy variables reqwest honours (upper and lower case, as it reads them).
+const PROXY_VARIABLES: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// The first proxy variable set (non-empty) in the environment, when any is. Checked without
+/// `NO_PROXY` and the URL's scheme on purpose: a name exempted by them connects directly, where
+/// the stricter rule costs nothing (a name that does not resolve cannot be connected to anyway).
+fn proxy_variable() -> Option<&'static str> {
+    PROXY_VARIABLES
+        .into_iter()
+        .find(|v| std::env::var_os(v).is_some_and(|value| !value.is_empty()))
 }
 
 /// reqwest's resolver, refusing a name when any address it resolves to is refused by
@@ -228,13 +265,29 @@ pub fn screen(name: &str, addrs: Vec<SocketAddr>) -> Result<Vec<SocketAddr>, Ref
     Ok(addrs)
 }
 
+/// A name the system resolver could not resolve, typed so that [`super::cause::describe`] can
+/// say so (hyper's own wrapper only says "dns error").
+#[derive(Debug, thiserror::Error)]
+#[error("{name} does not resolve: {source}")]
+pub struct Unresolved {
+    /// The host name.
+    pub name: String,
+    /// The resolver's error (`failed to lookup address information: …`).
+    pub source: std::io::Error,
+}
+
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let name = name.as_str().to_owned();
         Box::pin(async move {
             // Port 0: reqwest puts the URL's port on every address it is given.
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0))
+                .await
+                .map_err(|source| Unresolved {
+                    name: name.clone(),
+                    source,
+                })?
+                .collect();
             let addrs = screen(&name, addrs)?;
             Ok(Box::new(addrs.into_iter()) as Addrs)
         })

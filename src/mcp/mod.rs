@@ -163,6 +163,14 @@ pub const REQUEST_CATEGORIES: [&str; 8] = [
 ];
 
 impl McpError {
+    /// Whether the request certainly never reached the server: refused by custody's own checks
+    /// before connecting (`config`), or a TCP connection nothing accepted (`refused`: HTTP
+    /// clients write a request only on an accepted connection). A timeout, a dropped stream or
+    /// an HTTP error may have been processed by the server.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::Config { .. }) || self.category() == cause::REFUSED
+    }
+
     /// A bounded category for metric labels: `config`, `timeout`, one of
     /// [`cause::CONNECT_CAUSES`] or of [`REQUEST_CATEGORIES`]. Never error text.
     pub fn category(&self) -> &'static str {
@@ -175,12 +183,18 @@ impl McpError {
     }
 }
 
-/// What a person needs to know about a failed request. rmcp's own text is used except where it
-/// says too little: a closed stream and an unexpected result carry no detail of their own.
-fn request_reason(e: &rmcp::ServiceError) -> String {
+/// What a person needs to know about a failed request to `target` (`host:port`). rmcp's own
+/// text is used except where it says too little: a connection that failed (refused, TLS, DNS:
+/// [`cause::describe`]), a closed stream and an unexpected result carry no detail of their own.
+fn request_reason(e: &rmcp::ServiceError, target: &str) -> String {
     use rmcp::transport::streamable_http_client::StreamableHttpError as H;
     match e {
         rmcp::ServiceError::McpError(e) if strict::marked(e).is_some() => e.message.to_string(),
+        rmcp::ServiceError::TransportSend(t)
+            if let Some(reason) = cause::describe(t.error.as_ref(), target) =>
+        {
+            reason
+        }
         rmcp::ServiceError::TransportSend(t)
             if matches!(
                 t.error.downcast_ref::<H<reqwest::Error>>(),
@@ -230,6 +244,8 @@ fn request_category(e: &rmcp::ServiceError) -> &'static str {
 pub struct Connection {
     service: RunningService<RoleClient, ClientConfig>,
     server: String,
+    /// The URL's `host:port`, for error texts.
+    target: String,
     timeout: Duration,
     /// How long connecting and negotiating took.
     pub connect_latency: Duration,
@@ -310,10 +326,11 @@ impl Connection {
             step: "connect".into(),
             after: cfg.timeout,
         })?
-        .map_err(|e| connect_error(&cfg.name, &e))?;
+        .map_err(|e| connect_error(&cfg.name, &cause::target(&cfg.url), &e))?;
         Ok(Self {
             service,
             server: cfg.name.clone(),
+            target: cause::target(&cfg.url),
             timeout: cfg.timeout,
             connect_latency: started.elapsed(),
         })
@@ -362,7 +379,7 @@ impl Connection {
             .map_err(|e| McpError::Request {
                 server: self.server.clone(),
                 method: "tools/list".into(),
-                reason: request_reason(&e),
+                reason: request_reason(&e, &self.target),
                 category: request_category(&e),
             })
     }
@@ -384,7 +401,7 @@ impl Connection {
             .map_err(|e| McpError::Request {
                 server: self.server.clone(),
                 method: "ping".into(),
-                reason: request_reason(&e),
+                reason: request_reason(&e, &self.target),
                 category: request_category(&e),
             })
     }
@@ -414,7 +431,7 @@ impl Connection {
                     step: format!("tools/call {tool}"),
                     after: self.timeout,
                 })?
-                .map_err(|e| request(request_reason(&e), request_category(&e)))?;
+                .map_err(|e| request(request_reason(&e, &self.target), request_category(&e)))?;
         let CallToolResponse::Complete(result) = response else {
             return Err(request(
                 "the server asked for input or started a task; a probe must answer at once".into(),
@@ -480,7 +497,7 @@ impl From<Result<ToolResult, McpError>> for ProbeOutcome {
 /// category (`protocol` for a look-alike id, `transport` for a stream that ended without an
 /// answer) naming the step; in `mode: auto`, when both eras failed, the reason keeps each
 /// attempt's cause (rmcp's own message says only that both failed).
-fn connect_error(server: &str, e: &rmcp::service::ClientInitializeError) -> McpError {
+fn connect_error(server: &str, target: &str, e: &rmcp::service::ClientInitializeError) -> McpError {
     use rmcp::service::ClientInitializeError as I;
     // In `mode: auto` the handshake's failure is the fallback of a refused server/discover.
     let last = match e {
@@ -498,12 +515,14 @@ fn connect_error(server: &str, e: &rmcp::service::ClientInitializeError) -> McpE
         };
     }
     let reason = match e {
-        I::LegacyFallbackFailed { discover, fallback } => format!(
-            "server/discover failed: {}; initialize failed: {}",
-            init_reason(discover),
-            init_reason(fallback)
-        ),
-        other => init_reason(other),
+        // The same connection failure twice (nothing listens, say) is said once.
+        I::LegacyFallbackFailed { discover, fallback } => {
+            match (init_reason(discover, target), init_reason(fallback, target)) {
+                (d, f) if d == f && init_describe(fallback, target).is_some() => f,
+                (d, f) => format!("server/discover failed: {d}; initialize failed: {f}"),
+            }
+        }
+        other => init_reason(other, target),
     };
     McpError::Connect {
         server: server.to_owned(),
@@ -512,7 +531,21 @@ fn connect_error(server: &str, e: &rmcp::service::ClientInitializeError) -> McpE
     }
 }
 
-fn init_reason(e: &rmcp::service::ClientInitializeError) -> String {
+/// [`cause::describe`] of a connect step's transport error (rmcp does not make it the
+/// `source()` of its error).
+fn init_describe(e: &rmcp::service::ClientInitializeError, target: &str) -> Option<String> {
+    match e {
+        rmcp::service::ClientInitializeError::TransportError { error, .. } => {
+            cause::describe(error, target)
+        }
+        _ => None,
+    }
+}
+
+fn init_reason(e: &rmcp::service::ClientInitializeError, target: &str) -> String {
+    if let Some(reason) = init_describe(e, target) {
+        return reason;
+    }
     match e {
         rmcp::service::ClientInitializeError::JsonRpcError(data)
             if strict::marked(data).is_some() =>

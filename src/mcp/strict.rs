@@ -21,7 +21,13 @@
 //!   send `event: error` with an error response); data that is not a JSON-RPC message becomes a
 //!   protocol error for R instead of being skipped;
 //! - a POST stream that ends without a response to R, with no event id to resume from, becomes a
-//!   transport error for R saying so (rmcp would report a closed connection, or wait).
+//!   transport error for R saying so (rmcp would report a closed connection, or wait);
+//! - a stream that breaks off (the server closes the connection mid-reply) is resumed by rmcp
+//!   with a GET from the last event id; when R's stream has broken off more than
+//!   [`super::SSE_RETRIES`] times, the last resumed stream ends with a transport error for R
+//!   saying the stream dropped. rmcp's retry bound counts failed reconnects only, so a server
+//!   that accepts each resume and drops it again was resumed until the request's deadline and
+//!   read as a timeout.
 //!
 //! Responses arriving on a resumed GET stream (after `Last-Event-ID`) are matched against the ids
 //! of requests in flight the same way: exact passes, a look-alike becomes a protocol error for
@@ -142,12 +148,70 @@ impl Expect {
 /// A stale session refused with an error without an id.
 struct Stale;
 
+/// Requests whose reply stream may be resumed, for counting how often it broke off.
+#[derive(Default)]
+struct Resumes {
+    /// The last event id seen on a request's stream, to that request; `None` when two
+    /// requests' streams carried the same id (a resume from it cannot be told apart, so it is
+    /// not counted).
+    by_event: HashMap<String, Option<Expect>>,
+    /// How often each request's stream broke off without its answer.
+    drops: HashMap<RequestId, usize>,
+}
+
+type SharedResumes = Arc<Mutex<Resumes>>;
+
+impl Resumes {
+    fn lock(shared: &SharedResumes) -> std::sync::MutexGuard<'_, Self> {
+        shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn saw_event(&mut self, id: &str, expect: &Expect) {
+        let entry = self
+            .by_event
+            .entry(id.to_owned())
+            .or_insert_with(|| Some(expect.clone()));
+        if entry.as_ref().is_some_and(|e| e.id != expect.id) {
+            *entry = None;
+        }
+    }
+
+    /// Counts one break-off of `expect`'s stream; the refusal to end it with once it broke off
+    /// more than [`super::SSE_RETRIES`] times.
+    fn dropped(&mut self, expect: &Expect) -> Option<ServerJsonRpcMessage> {
+        let n = self.drops.entry(expect.id.clone()).or_insert(0);
+        *n += 1;
+        (*n > super::SSE_RETRIES).then(|| {
+            refusal(
+                &expect.id,
+                &expect.method,
+                Failure::Transport,
+                format!(
+                    "stream dropped: the server closed the connection in the middle of its reply \
+                     {n} times (the POST, then each resume from Last-Event-ID), without a \
+                     response to this request"
+                ),
+            )
+        })
+    }
+
+    fn forget(&mut self, id: &RequestId) {
+        self.drops.remove(id);
+        self.by_event
+            .retain(|_, e| e.as_ref().is_none_or(|e| &e.id != id));
+    }
+}
+
 /// reqwest as rmcp drives it, with the checks in the module docs.
 #[derive(Clone)]
 pub struct StrictHttp {
     inner: reqwest::Client,
     /// Ids of requests sent and not yet answered, for replies on resumed GET streams.
     in_flight: Arc<Mutex<HashSet<RequestId>>>,
+    /// Streams that may be resumed, and how often each broke off.
+    resumes: SharedResumes,
 }
 
 impl StrictHttp {
@@ -156,6 +220,56 @@ impl StrictHttp {
         Self {
             inner,
             in_flight: Arc::default(),
+            resumes: Arc::default(),
+        }
+    }
+
+    /// The request whose stream a GET from `last_event_id` resumes, when it can be told.
+    fn resumed(&self, last_event_id: Option<&str>) -> Option<Expect> {
+        Resumes::lock(&self.resumes)
+            .by_event
+            .get(last_event_id?)
+            .cloned()
+            .flatten()
+    }
+
+    /// A resume that could not be opened counts as a break-off too: once too many, the GET
+    /// answers with the transport error for the request instead (rmcp would give up on the
+    /// stream and leave the request to its deadline).
+    fn failed_resume(
+        &self,
+        opened: Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>>,
+        resumed: Option<&Expect>,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        let Err(e) = opened else {
+            return opened;
+        };
+        let open = resumed.filter(|r| {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&r.id)
+        });
+        match open.and_then(|r| Resumes::lock(&self.resumes).dropped(r)) {
+            Some(message) => {
+                let mut event = Sse::default();
+                set_data(&mut event, &message);
+                Ok(futures::stream::iter([Ok(event)]).boxed())
+            }
+            None => Err(e),
+        }
+    }
+
+    fn checked_resumed(
+        &self,
+        stream: BoxedSseResponse,
+        resumed: Option<Expect>,
+    ) -> BoxedSseResponse {
+        match resumed {
+            Some(expect) => {
+                checked_resume(stream, expect, self.in_flight.clone(), self.resumes.clone())
+            }
+            None => checked_get(stream, self.in_flight.clone()),
         }
     }
 
@@ -184,7 +298,7 @@ impl StrictHttp {
             }
             StreamableHttpPostResponse::Sse(stream, session) => {
                 Ok(StreamableHttpPostResponse::Sse(
-                    checked_stream(stream, expect, self.in_flight.clone()),
+                    checked_stream(stream, expect, self.in_flight.clone(), self.resumes.clone()),
                     session,
                 ))
             }
@@ -208,11 +322,13 @@ fn checked_stream(
     stream: BoxedSseResponse,
     expect: Expect,
     in_flight: Arc<Mutex<HashSet<RequestId>>>,
+    resumes: SharedResumes,
 ) -> BoxedSseResponse {
     struct State {
         stream: BoxedSseResponse,
         expect: Expect,
         in_flight: Arc<Mutex<HashSet<RequestId>>>,
+        resumes: SharedResumes,
         events: usize,
         resumable: bool,
         answered: bool,
@@ -222,6 +338,7 @@ fn checked_stream(
         stream,
         expect,
         in_flight,
+        resumes,
         events: 0,
         resumable: false,
         answered: false,
@@ -254,10 +371,19 @@ fn checked_stream(
         };
         let mut event = match item {
             Ok(event) => event,
-            Err(e) => return Some((Err(e), st)),
+            Err(e) => {
+                if st.resumable && !st.answered {
+                    // rmcp resumes it; the first of the break-offs counted.
+                    let _ = Resumes::lock(&st.resumes).dropped(&st.expect);
+                }
+                return Some((Err(e), st));
+            }
         };
         st.events += 1;
         st.resumable |= event.id.is_some();
+        if let Some(id) = &event.id {
+            Resumes::lock(&st.resumes).saw_event(id, &st.expect);
+        }
         let replaced = match event_message(event.data.as_deref()) {
             None => None,
             Some(Ok(message)) => {
@@ -281,6 +407,7 @@ fn checked_stream(
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .remove(&st.expect.id);
+                    Resumes::lock(&st.resumes).forget(&st.expect.id);
                 }
                 Some(message)
             }
@@ -304,6 +431,58 @@ fn checked_stream(
 fn set_data(event: &mut Sse, message: &ServerJsonRpcMessage) {
     event.event = None;
     event.data = Some(serde_json::to_string(message).unwrap_or_default());
+}
+
+/// A GET resuming `expect`'s stream (see [`checked_get`]), which ends with a transport error for
+/// that request when its stream broke off once too often (see the module docs).
+fn checked_resume(
+    stream: BoxedSseResponse,
+    expect: Expect,
+    in_flight: Arc<Mutex<HashSet<RequestId>>>,
+    resumes: SharedResumes,
+) -> BoxedSseResponse {
+    let pending = in_flight.clone();
+    let seen = resumes.clone();
+    let watched = expect.clone();
+    let stream = checked_get(stream, in_flight).map(move |item| {
+        if let Ok(event) = &item
+            && let Some(id) = &event.id
+        {
+            Resumes::lock(&seen).saw_event(id, &watched);
+        }
+        item
+    });
+    futures::stream::unfold((stream.boxed(), false), move |(mut stream, done)| {
+        let expect = expect.clone();
+        let pending = pending.clone();
+        let resumes = resumes.clone();
+        async move {
+            if done {
+                return None;
+            }
+            match stream.next().await? {
+                Err(e) => {
+                    let open = pending
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .contains(&expect.id);
+                    let refused = open
+                        .then(|| Resumes::lock(&resumes).dropped(&expect))
+                        .flatten();
+                    match refused {
+                        Some(message) => {
+                            let mut event = Sse::default();
+                            set_data(&mut event, &message);
+                            Some((Ok(event), (stream, true)))
+                        }
+                        None => Some((Err(e), (stream, false))),
+                    }
+                }
+                ok => Some((ok, (stream, false))),
+            }
+        }
+    })
+    .boxed()
 }
 
 /// A resumed GET stream: replies are matched against the requests in flight.
@@ -471,11 +650,13 @@ impl StreamableHttpClient for StrictHttp {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
+        let resumed = self.resumed(last_event_id.as_deref());
         let stream = self
             .inner
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
-            .await?;
-        Ok(checked_get(stream, self.in_flight.clone()))
+            .await;
+        let stream = self.failed_resume(stream, resumed.as_ref())?;
+        Ok(self.checked_resumed(stream, resumed))
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -487,6 +668,7 @@ impl StreamableHttpClient for StrictHttp {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
+        let resumed = self.resumed(last_event_id.as_deref());
         let stream = self
             .inner
             .get_stream_with_max_sse_event_size(
@@ -497,7 +679,8 @@ impl StreamableHttpClient for StrictHttp {
                 custom_headers,
                 max_sse_event_size,
             )
-            .await?;
-        Ok(checked_get(stream, self.in_flight.clone()))
+            .await;
+        let stream = self.failed_resume(stream, resumed.as_ref())?;
+        Ok(self.checked_resumed(stream, resumed))
     }
 }

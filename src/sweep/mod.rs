@@ -26,6 +26,7 @@ use sha2::{Digest, Sha256};
 pub mod act;
 pub mod audit;
 mod failpoint;
+pub mod lifetime;
 pub mod sink;
 
 use crate::checkpoint::{ParkedBy, ParkedThread, Scanned, Shard, SkippedThread, Store, StoreError};
@@ -101,6 +102,9 @@ pub struct Report {
     pub servers: Vec<ServerContact>,
     /// Counts by verdict, accumulated batch by batch.
     pub summary: SweepSummary,
+    /// Per HandleClass whose handles a probe answered for: the observed lifetime
+    /// ([`lifetime`]).
+    pub lifetimes: Vec<lifetime::ClassLifetime>,
 }
 
 /// What the caller allows a sweep to do.
@@ -329,7 +333,12 @@ pub async fn run_with(
         ),
         None => None,
     };
-    let store = Store::connect(target.backend, target.dsn.expose_secret())
+    let access = if actor.is_some() {
+        crate::checkpoint::Access::Act
+    } else {
+        crate::checkpoint::Access::Observe
+    };
+    let store = Store::connect_for(target.backend, target.dsn.expose_secret(), access)
         .await
         .map_err(store_err)?;
     let channels: Vec<String> = target
@@ -362,6 +371,7 @@ pub async fn run_with(
         too_recent: 0,
         principals_seen: 0,
         classes_seen: vec![0; target.classes.len()],
+        observed: target.classes.iter().map(|_| Default::default()).collect(),
         batches: 0,
     };
     let batch_threads = options.batch_threads.max(1);
@@ -405,8 +415,23 @@ pub async fn run_with(
         too_recent,
         principals_seen,
         classes_seen,
+        observed,
         ..
     } = sweep;
+    let mut lifetime_warnings = Vec::new();
+    let lifetimes = if scanned.is_ok() {
+        lifetime::finish(
+            &target.store,
+            &target.classes,
+            observed,
+            actor.as_ref().map(act::Actor::pool),
+            now,
+            &mut lifetime_warnings,
+        )
+        .await
+    } else {
+        Vec::new()
+    };
     if let Some(a) = actor {
         a.close().await;
     }
@@ -426,12 +451,13 @@ pub async fn run_with(
         .unwrap_or_default();
     summary.duration_ms = started.elapsed().as_millis() as u64;
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let warnings = warnings(
+    let mut warnings = warnings(
         target,
         summary.parked_threads,
         principals_seen,
         &classes_seen,
     );
+    warnings.append(&mut lifetime_warnings);
     for w in &warnings {
         tracing::warn!(store = %target.store, "{w}");
     }
@@ -445,6 +471,7 @@ pub async fn run_with(
         warnings,
         servers,
         summary,
+        lifetimes,
     })
 }
 
@@ -459,6 +486,8 @@ struct Sweep<'t> {
     too_recent: u64,
     principals_seen: u64,
     classes_seen: Vec<u64>,
+    /// Per class (parallel to [`Target::classes`]): the probe answers by handle.
+    observed: Vec<lifetime::ClassObservations>,
     /// Batches finished.
     batches: u64,
 }
@@ -503,6 +532,7 @@ impl Sweep<'_> {
                 Holding::Record(r) => Some(r),
                 _ => None,
             };
+            self.observed[class_index].assumed_ttl(record.and_then(|r| r.assumed_ttl_seconds));
             let mut row = Row {
                 thread_id: thread.thread_id.clone(),
                 checkpoint_ns: thread.checkpoint_ns.clone(),
@@ -606,11 +636,15 @@ impl Sweep<'_> {
                 set(&mut rows[i], &mut facts[i].1, decision.clone());
                 rows[i].probed = true;
             }
+            if let Some(&first) = pending.rows.first() {
+                self.observed[pending.class].probed(&rows[first]);
+            }
             self.cache.insert(pending.key, decision);
         }
 
-        for (row, (class, facts)) in rows.iter_mut().zip(&facts) {
-            let class = &target.classes[*class];
+        for (row, (index, facts)) in rows.iter_mut().zip(&facts) {
+            let class = &target.classes[*index];
+            self.observed[*index].row(class, row);
             let (plan, outcome) = match act::decide(row.verdict, class, facts) {
                 None => continue,
                 // Nothing to do, but say why a gone or absent handle is left as it is.

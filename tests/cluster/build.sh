@@ -4,7 +4,9 @@
 #   tests/cluster/build.sh            -> prints the bin dir on stdout (progress on stderr)
 #
 # Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl (k8s.io/kubernetes), etcd
-# (go.etcd.io/etcd/server/v3) and helm (helm.sh/helm/v4) through the Go module proxy;
+# (go.etcd.io/etcd/server/v3), helm (helm.sh/helm/v4) and promtool (github.com/prometheus/prometheus,
+# for tests/monitoring.rs; tag remove_all_sd leaves out the cloud service discoveries, which
+# promtool's rule checks and tests do not use) through the Go module proxy;
 # nothing is downloaded prebuilt. The versions are the ones pinned by the wrapper modules
 # under tests/cluster/modules/*/go.mod (+ go.sum); this script reads them from there.
 #
@@ -39,6 +41,7 @@ req_version() {
 kube_version=$(req_version kubernetes k8s.io/kubernetes)   # v1.Y.Z
 etcd_version=$(req_version etcd go.etcd.io/etcd/server/v3)
 helm_version=$(req_version helm helm.sh/helm/v4)
+prometheus_version=$(req_version prometheus github.com/prometheus/prometheus)
 
 bin="$cache/k8s-${kube_version#v}/bin"
 mkdir -p "$bin"
@@ -79,16 +82,17 @@ etcd_ldflags="-s -w"
 # (helm v4 takes its default .Capabilities.KubeVersion from the client-go version in its build info)
 helm_ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.metadata="
 
-# build MODULE_DIR LDFLAGS NAME=PACKAGE@VERSION...
+# [tags=TAGS] build MODULE_DIR LDFLAGS NAME=PACKAGE@VERSION...
 # Builds, in one `go build` (so the packages they share compile once), the binaries that are
 # missing or whose stamp differs, into a temp dir, then moves them into place.
+tags=""
 build() {
   local mod=$1 ldflags=$2; shift 2
   local todo=() names=() spec name pkg ver stamp
   for spec in "$@"; do
     name=${spec%%=*}; pkg=${spec#*=}; ver=${pkg#*@}; pkg=${pkg%@*}
     # (the Go version is left out: a newer toolchain is no reason to spend minutes rebuilding)
-    stamp="$pkg@$ver $(printf '%s' "$ldflags" | sha256sum | cut -c1-12)"
+    stamp="$pkg@$ver $(printf '%s' "$ldflags" | sha256sum | cut -c1-12)${tags:+ tags=$tags}"
     if [[ -x "$bin/$name" && "$(cat "$bin/.$name.stamp" 2>/dev/null)" == "$stamp" ]]; then
       log "$name: cached ($pkg@$ver)"
       continue
@@ -100,7 +104,7 @@ build() {
   log "building ${names[*]} from $mod with $go_version (first time: several minutes) ..."
   local tmp start=$SECONDS
   tmp=$(mktemp -d "$bin/.tmp.XXXXXX")
-  (cd "$modules/$mod" && "$GO" build -trimpath -ldflags "$ldflags" -o "$tmp/" "${todo[@]}") >&2 \
+  (cd "$modules/$mod" && "$GO" build -trimpath ${tags:+-tags "$tags"} -ldflags "$ldflags" -o "$tmp/" "${todo[@]}") >&2 \
     || { rm -rf "$tmp"; die "go build in $modules/$mod failed"; }
   local i out
   for i in "${!names[@]}"; do
@@ -122,5 +126,6 @@ build kubernetes "$kube_ldflags" \
   "kubelet=k8s.io/kubernetes/cmd/kubelet@$kube_version" \
   "kubectl=k8s.io/kubernetes/cmd/kubectl@$kube_version"
 build helm "$helm_ldflags" "helm=helm.sh/helm/v4/cmd/helm@$helm_version"
+tags=remove_all_sd build prometheus "-s -w" "promtool=github.com/prometheus/prometheus/cmd/promtool@$prometheus_version"
 
 printf '%s\n' "$bin"

@@ -32,6 +32,15 @@ Environment:
   BASKET_ALLOWED_HOSTS     comma-separated Host headers accepted besides loopback's, e.g.
                            `10.99.0.1:*` for Pods reaching it through a relay; the SDK's
                            DNS-rebinding protection answers others 421               (unset)
+  BASKET_TTL_RANDOM        `LO:HI`: a basket created without ttl_seconds gets a TTL drawn
+                           uniformly from [LO, HI] seconds instead of BASKET_TTL_SECONDS (unset)
+  BASKET_SEED              seed of those draws, for a repeatable run                 (unset)
+  BASKET_CLOCK_FILE        a file holding the server's clock in Unix seconds (a float), read
+                           on every call instead of the monotonic clock, so a test moves time
+                           by rewriting it (custody's lifetime tests)                (unset)
+
+Since probes (get_basket) never refresh the timer, a basket nobody adds to lives exactly its
+TTL: the known lifetime custody's lifetime estimate is tested against.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import base64
 import json
 import logging
 import os
+import random
 import secrets
 import sys
 import threading
@@ -80,6 +90,32 @@ if LIST_CACHE_SCOPE not in ("public", "private"):
     raise SystemExit(f"BASKET_LIST_CACHE_SCOPE must be public or private, got {LIST_CACHE_SCOPE!r}")
 if TTL_SECONDS <= 0:
     raise SystemExit(f"BASKET_TTL_SECONDS must be > 0, got {TTL_SECONDS}")
+CLOCK_FILE = os.environ.get("BASKET_CLOCK_FILE", "")
+
+
+def _ttl_random() -> tuple[float, float] | None:
+    text = os.environ.get("BASKET_TTL_RANDOM", "")
+    if not text:
+        return None
+    try:
+        low, high = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise SystemExit(f"BASKET_TTL_RANDOM must be LO:HI, got {text!r}") from None
+    if not 0 < low <= high:
+        raise SystemExit(f"BASKET_TTL_RANDOM needs 0 < LO <= HI, got {text!r}")
+    return low, high
+
+
+TTL_RANDOM = _ttl_random()
+_DRAWS = random.Random(os.environ.get("BASKET_SEED") or None)
+
+
+def _clock() -> float:
+    """The server's clock: the monotonic clock, or BASKET_CLOCK_FILE's number when set."""
+    if not CLOCK_FILE:
+        return time.monotonic()
+    with open(CLOCK_FILE, encoding="ascii") as clock:
+        return float(clock.read().strip())
 
 
 # ----------------------------------------------------------------------------- the store
@@ -91,7 +127,7 @@ class Basket:
     customer: str
     ttl_seconds: float
     items: dict[str, int] = field(default_factory=dict)
-    last_activity: float = field(default_factory=time.monotonic)
+    last_activity: float = field(default_factory=lambda: _clock())
 
     def expired(self, now: float) -> bool:
         return now - self.last_activity > self.ttl_seconds
@@ -126,11 +162,16 @@ class BasketStore:
     def create(self, customer: str, ttl_seconds: float | None, idempotency_key: str | None) -> tuple[str, bool]:
         """Return (basket_id, created). A known idempotency key returns its basket again."""
         with self._lock:
-            self._expire_due(time.monotonic())
+            self._expire_due(_clock())
             if idempotency_key is not None and idempotency_key in self._by_idempotency_key:
                 return self._by_idempotency_key[idempotency_key], False
             basket_id = ID_PREFIX + secrets.token_hex(8)
-            ttl = self.default_ttl if ttl_seconds is None else ttl_seconds
+            if ttl_seconds is not None:
+                ttl = ttl_seconds
+            elif TTL_RANDOM is not None:
+                ttl = _DRAWS.uniform(*TTL_RANDOM)
+            else:
+                ttl = self.default_ttl
             self._live[basket_id] = Basket(basket_id=basket_id, customer=customer, ttl_seconds=ttl)
             self._created[customer] = self._created.get(customer, 0) + 1
             if idempotency_key is not None:
@@ -138,7 +179,7 @@ class BasketStore:
             return basket_id, True
 
     def _find_locked(self, basket_id: str, touch: bool) -> Basket | str:
-        now = time.monotonic()
+        now = _clock()
         self._expire_due(now)
         basket = self._live.get(basket_id)
         if basket is not None:
@@ -183,7 +224,7 @@ class BasketStore:
 
     def count(self, customer: str | None) -> tuple[int, int]:
         with self._lock:
-            self._expire_due(time.monotonic())
+            self._expire_due(_clock())
             if customer is None:
                 return sum(self._created.values()), len(self._live)
             live = sum(1 for b in self._live.values() if b.customer == customer)
@@ -226,7 +267,7 @@ def _view(basket: Basket) -> BasketView:
         customer=basket.customer,
         items=[Line(sku=sku, qty=qty) for sku, qty in sorted(basket.items.items())],
         item_count=sum(basket.items.values()),
-        expires_in_seconds=round(basket.remaining(time.monotonic()), 3),
+        expires_in_seconds=round(basket.remaining(_clock()), 3),
     )
 
 

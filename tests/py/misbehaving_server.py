@@ -70,6 +70,9 @@ MISBEHAVE_CASE (one per process):
   call_drop_mid_stream runs the tool, sends the SSE priming event with an id, then closes the
                        connection (a GET resume with Last-Event-ID gets the same treatment)
   call_slow_bytes      runs the tool; the correct SSE reply, one byte every MISBEHAVE_BYTE_DELAY_MS
+  call_close_listener  runs the tool and answers it, then closes its listening socket and every
+                       open connection (connections are refused, the state is kept) until the file
+                       MISBEHAVE_REOPEN_FILE exists, then listens on the same port again
 
   Besides create_basket and get_basket (the only tools listed), tools/call also serves
   add_item(basket_id, sku, qty) and count_baskets() -> {"count": baskets ever created};
@@ -87,6 +90,7 @@ Environment:
                            stale_session_400 always paginate)
   MISBEHAVE_TOOLS          call_*: comma-separated tools that misbehave (every tool)
   MISBEHAVE_TIMES          call_*: misbehave on this many calls, then behave (0 = always) (0)
+  MISBEHAVE_REOPEN_FILE    call_close_listener: listen again once this file exists (required)
 
 Prints `ready` on stdout once listening; logs one line per request on stderr.
 """
@@ -128,6 +132,7 @@ CASES = (
     "call_http_500",
     "call_drop_mid_stream",
     "call_slow_bytes",
+    "call_close_listener",
     "string_id",
     "string_id_init",
     "error_event",
@@ -176,6 +181,20 @@ PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
 REDIRECT_TO = os.environ.get("MISBEHAVE_REDIRECT_TO", "http://169.254.169.254/mcp")
 CALL_TOOLS = {t.strip() for t in os.environ.get("MISBEHAVE_TOOLS", "").split(",") if t.strip()}
 CALL_TIMES = _env_int("MISBEHAVE_TIMES", 0)
+REOPEN_FILE = os.environ.get("MISBEHAVE_REOPEN_FILE", "")
+if CASE == "call_close_listener" and not REOPEN_FILE:
+    raise SystemExit("call_close_listener needs MISBEHAVE_REOPEN_FILE")
+
+
+@dataclass
+class Listener:
+    """The listening server and the open connections (call_close_listener closes them all)."""
+    server: asyncio.base_events.Server | None = None
+    port: int = 0
+    writers: set = field(default_factory=set)
+
+
+LISTENER = Listener()
 
 
 def log(line: str) -> None:
@@ -822,6 +841,11 @@ async def misbehaving_call(conn: Conn, what: str, sid: str, rid: Any, params: di
         await send_500(conn)
         return
     result = call_tool(params)
+    if CASE == "call_close_listener":
+        log(f"{what} -> tool run and answered, then the listener and every connection closed")
+        await send_sse(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": result})
+        asyncio.get_running_loop().create_task(close_until_reopened())
+        raise Close
     if CASE == "call_hang":
         log(f"{what} -> tool run (isError={str(result['isError']).lower()}), then hang")
         await conn.hang()
@@ -991,8 +1015,22 @@ async def notifications_first(conn: Conn, what: str, sid: str, session: Session,
 
 # --------------------------------------------------------------------------- main
 
+async def close_until_reopened() -> None:
+    """call_close_listener: refuse connections, keeping the state, until REOPEN_FILE exists."""
+    LISTENER.server.close()
+    for writer in list(LISTENER.writers):
+        writer.close()
+    log(f"listener closed; listening again once {REOPEN_FILE} exists")
+    while not os.path.exists(REOPEN_FILE):
+        await asyncio.sleep(0.05)
+    LISTENER.server = await asyncio.start_server(serve_connection, "127.0.0.1", LISTENER.port,
+                                                 limit=MAX_HEAD)
+    log("listening again")
+
+
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     conn = Conn(reader, writer)
+    LISTENER.writers.add(writer)
     try:
         while conn.keep_alive:
             req = await conn.read_request()
@@ -1004,12 +1042,14 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
     except Exception as e:  # keep serving other connections
         log(f"internal error: {e!r}")
     finally:
+        LISTENER.writers.discard(writer)
         writer.close()
 
 
 async def main() -> None:
     server = await asyncio.start_server(serve_connection, "127.0.0.1", PORT, limit=MAX_HEAD)
     port = server.sockets[0].getsockname()[1]
+    LISTENER.server, LISTENER.port = server, port
     log(f"listening on http://127.0.0.1:{port}{PATH}")
     print("ready", flush=True)
     stop = asyncio.Event()
@@ -1017,7 +1057,7 @@ async def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    server.close()
+    LISTENER.server.close()
     log("stopped")
 
 

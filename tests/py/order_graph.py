@@ -19,6 +19,15 @@ CLI (progress on stderr, results as JSON on stdout):
   order_graph.py write  --server URL (--sqlite PATH | --postgres DSN) [--manifest OUT] [--expire-wait] [--thread-prefix P] [--only T,T]
   order_graph.py resume --thread T (--sqlite PATH | --postgres DSN) --server URL --principal P --value JSON
   order_graph.py state  --thread T (--sqlite PATH | --postgres DSN)
+  order_graph.py write-many --server URL (--sqlite PATH | --postgres DSN) --count N --thread-prefix P
+                 [--tag T] [--clock-step S]
+
+write-many writes N parked threads like t-live (one basket each, principal user-1), with
+configurable.lifetime_tag = T (so a HandleClass can select them by metadata), and prints each
+thread's handle, minted_at and the TTL the server gave its basket (get_basket's
+expires_in_seconds right after the mint). With ORDER_GRAPH_CLOCK_FILE set (a file holding Unix
+seconds, the basket server's BASKET_CLOCK_FILE), minted_at is that clock's time, and
+--clock-step S adds S seconds to it after each thread, so mint times spread like a real day's.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -73,7 +83,13 @@ def log(message: str) -> None:
 
 
 def utc_now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    clock = os.environ.get("ORDER_GRAPH_CLOCK_FILE")
+    if clock:
+        with open(clock, encoding="ascii") as f:
+            now = datetime.fromtimestamp(float(f.read().strip()), UTC)
+    else:
+        now = datetime.now(UTC)
+    return now.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 # ----------------------------------------------------------------------------- MCP calls
@@ -319,6 +335,33 @@ def write_fixtures(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def write_many(args: argparse.Namespace) -> dict[str, Any]:
+    clock = os.environ.get("ORDER_GRAPH_CLOCK_FILE")
+    if args.clock_step and not clock:
+        raise SystemExit("--clock-step needs ORDER_GRAPH_CLOCK_FILE")
+    threads: dict[str, dict[str, Any]] = {}
+    with open_saver(args) as saver:
+        graph = build_graph(saver, args.server)
+        for i in range(args.count):
+            name = f"{args.thread_prefix}{i:04d}"
+            config = thread_config(name, "user-1", lifetime_tag=args.tag)
+            graph.invoke({"customer": "user-1", "mint": True}, config)
+            basket = snapshot_json(graph, config)["values"]["basket"]
+            view = call_tool(args.server, "get_basket", {"basket_id": basket["value"]})
+            threads[name] = {
+                "handle": basket["value"],
+                "minted_at": basket["minted_at"],
+                "ttl_seconds": view["expires_in_seconds"],
+            }
+            if args.clock_step:
+                with open(clock, encoding="ascii") as f:
+                    now = float(f.read().strip())
+                with open(clock, "w", encoding="ascii") as f:
+                    f.write(repr(now + args.clock_step))
+    log(f"wrote {args.count} threads {args.thread_prefix}*")
+    return {"threads": threads}
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -346,6 +389,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     resume.add_argument("--principal", required=True)
     resume.add_argument("--value", required=True, metavar="JSON", help='e.g. \'"done"\' or \'{"sku": "x", "qty": 1}\'')
 
+    many = commands.add_parser("write-many", help="write COUNT parked threads holding one basket each")
+    backend(many)
+    many.add_argument("--server", required=True, metavar="URL", help="basket server MCP endpoint")
+    many.add_argument("--count", required=True, type=int)
+    many.add_argument("--thread-prefix", required=True, metavar="P")
+    many.add_argument("--tag", default="", metavar="T", help="configurable.lifetime_tag of every thread")
+    many.add_argument("--clock-step", type=float, default=0.0, metavar="S", help="seconds added to ORDER_GRAPH_CLOCK_FILE after each thread")
+
     state = commands.add_parser("state", help="print a thread's get_state as JSON")
     backend(state)
     state.add_argument("--thread", required=True)
@@ -366,6 +417,8 @@ def main(argv: list[str]) -> int:
                 json.dump(manifest, out, indent=2, sort_keys=True)
                 out.write("\n")
         emit(manifest)
+    elif args.command == "write-many":
+        emit(write_many(args))
     elif args.command == "resume":
         with open_saver(args) as saver:
             graph = build_graph(saver, args.server)

@@ -76,3 +76,8 @@ app.kubernetes.io/component: sweep
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/* PromQL label matcher of this release's controller series (monitoring.selector). */}}
+{{- define "custody.monitoringSelector" -}}
+{{- .Values.monitoring.selector | default (printf "job=%q" (printf "%s-metrics" (include "custody.fullname" .))) -}}
+{{- end -}}

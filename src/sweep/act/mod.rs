@@ -39,7 +39,7 @@ use crate::checkpoint::writer::{
 use crate::checkpoint::{Shard, StoreError};
 pub use crate::domain::policy::Plan;
 use crate::domain::policy::Written;
-use crate::domain::recovery::{self, MintCall, MintTool, Next};
+use crate::domain::recovery::{self, MintCall, MintTool, Next, ReplayFailure};
 use crate::domain::verdict::first_line;
 use crate::ledger::{Action, Entry, Ledger, LedgerError, NewEntry, Recorded, Settled, State};
 use crate::mcp::{McpError, Sessions, ToolResult};
@@ -97,6 +97,13 @@ enum ReplayError {
     /// The replay call failed without an answer.
     #[error("replay {tool} of item {item} failed: {source}")]
     Failed {
+        tool: String,
+        item: usize,
+        source: McpError,
+    },
+    /// The replay call was not sent ([`McpError::never_sent`]); its start is un-recorded.
+    #[error("replay {tool} of item {item} not sent: {source}")]
+    NotSent {
         tool: String,
         item: usize,
         source: McpError,
@@ -490,11 +497,20 @@ impl<'a> Actor<'a> {
                 ));
             };
             let conn = self.sessions.get(&class.server.name).await.map_err(|u| {
-                Next::EscalateInstead(format!("replay not attempted: {}", u.reason))
+                recovery::after_replay_failure(ReplayFailure::NotSent(&format!(
+                    "no session: {}",
+                    u.reason
+                )))
             })?;
             self.replay_from(entry, replay, conn, first)
                 .await
-                .map_err(|e| Next::EscalateInstead(e.to_string()))?;
+                .map_err(|e| {
+                    let text = e.to_string();
+                    recovery::after_replay_failure(match e {
+                        ReplayError::NotSent { .. } => ReplayFailure::NotSent(&text),
+                        _ => ReplayFailure::Failed(&text),
+                    })
+                })?;
         }
         self.ledger
             .set_replayed(&entry.key)
@@ -527,6 +543,16 @@ impl<'a> Actor<'a> {
                         tool: replay.tool.clone(),
                         item: i + 1,
                         text: first_line(&text),
+                    });
+                }
+                // Nothing reached the server: the call is recorded as not started again, so
+                // the next sweep makes it (instead of escalating an interrupted call).
+                Err(source) if source.never_sent() => {
+                    self.ledger.replay_not_sent(&entry.key, index).await?;
+                    return Err(ReplayError::NotSent {
+                        tool: replay.tool.clone(),
+                        item: i + 1,
+                        source,
                     });
                 }
                 Err(source) => {

@@ -1,0 +1,275 @@
+//! Observed handle lifetimes in a cluster (issue 19), against a real kube-apiserver: the real
+//! `custody sweep --store` command, as the sweep CronJob's ServiceAccount, writes the
+//! HandleClass's `status.observedLifetime` under its own field manager; the real controller
+//! (as the chart's ServiceAccount) derives `DeclaredTtlPlausible`, its Warning Event and the
+//! lifetime metrics from it, and leaves the sweep's field alone. The sweeps run on a clock the
+//! test controls (the hidden `--now`), shared with a real basket server whose baskets live
+//! exactly 1800 s; real LangGraph threads in PostgreSQL.
+
+#[path = "support/apiserver.rs"]
+mod apiserver;
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/suite.rs"]
+mod suite;
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+use apiserver::{TestNs, apply, client, condition, eventually, get, wait_conditions, wait_event};
+use cluster::{metric, token_kubeconfig};
+use serde_json::json;
+use suite::{ISOLATION, Suite};
+use support::BasketServer;
+use support::fixtures::{merged, object, observing_basket_class, secret, server_spec};
+
+fn infra() -> &'static Suite {
+    static INFRA: OnceLock<Suite> = OnceLock::new();
+    INFRA.get_or_init(|| Suite::install("lifetime", |s| s.replica("replica-0", &[])))
+}
+
+const THREADS: usize = 25;
+const LIFETIME: f64 = 1800.0;
+
+fn set_clock(path: &Path, unix: f64) {
+    std::fs::write(path, format!("{unix:.3}")).unwrap();
+}
+
+/// The sweep ServiceAccount and RoleBinding of deploy/examples/basket/sweep-access.yaml in
+/// `ns`, bound to this release's sweep ClusterRole; returns the ServiceAccount's name.
+async fn sweep_access(infra: &Suite, client: &kube::Client, ns: &str) -> String {
+    let text =
+        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/sweep-access.yaml"))
+            .unwrap();
+    let mut sa = String::new();
+    for mut d in cluster::yaml_docs(&text) {
+        d["metadata"]["namespace"] = json!(ns);
+        if d["kind"] == "RoleBinding" {
+            d["roleRef"]["name"] = json!(format!("{}-sweep", infra.release));
+            d["subjects"][0]["namespace"] = json!(ns);
+        }
+        if d["kind"] == "ServiceAccount" {
+            sa = d["metadata"]["name"].as_str().unwrap().to_owned();
+        }
+        apply(client, ns, &d).await;
+    }
+    sa
+}
+
+#[tokio::test]
+async fn sweeps_report_lifetimes_and_the_controller_judges_the_declared_ttl() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "lifetime").await;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("clock");
+    let start = chrono::Utc::now().timestamp() as f64;
+    set_clock(&clock, start);
+    let server = BasketServer::start(&[
+        ("BASKET_CLOCK_FILE", clock.to_str().unwrap()),
+        ("BASKET_TTL_SECONDS", "1800"),
+    ]);
+    let dsn = support::fresh_pg_database("cluster_lifetimes").await;
+    let mut cmd = Command::new(support::var("CUSTODY_TEST_PYTHON"));
+    let out = cmd
+        .arg(support::var("CUSTODY_TEST_ORDER_GRAPH"))
+        .args(["write-many", "--server", &server.url(), "--postgres", &dsn])
+        .args(["--count", &THREADS.to_string(), "--thread-prefix", "t-"])
+        .args(["--clock-step", "40"])
+        .env("ORDER_GRAPH_CLOCK_FILE", &clock)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let sa = sweep_access(infra, &client, &ns).await;
+    apply(
+        &client,
+        &ns,
+        &secret("orders-checkpoints", json!({"dsn": dsn})),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object("HandleClass", "basket", observing_basket_class()),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "mode": "act",
+                   "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}),
+        ),
+    )
+    .await;
+    wait_conditions(&client, &ns, "HandleClass", "basket", &[("Ready", "True")]).await;
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, &sa);
+
+    // Sweeps every 300 s of the test's clock from the last mint until every basket expired.
+    let written = start + THREADS as f64 * 40.0;
+    let mut t = written;
+    while t <= written + LIFETIME + 600.0 {
+        set_clock(&clock, t);
+        let now = chrono::DateTime::from_timestamp(t as i64, 0)
+            .unwrap()
+            .to_rfc3339();
+        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args([
+                "sweep",
+                "--store",
+                &format!("{}/orders", &*ns),
+                "--now",
+                &now,
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        t += 300.0;
+    }
+
+    let class = eventually("status.observedLifetime of a full history", async || {
+        let o = get(&client, &ns, "HandleClass", "basket").await.unwrap();
+        match o["status"]["observedLifetime"][0]["handlesGone"].as_u64() {
+            Some(n) if n == THREADS as u64 => Ok(o),
+            _ => Err(o["status"].to_string()),
+        }
+    })
+    .await;
+    let entry = &class["status"]["observedLifetime"][0];
+    assert_eq!(entry["store"], "orders", "{entry}");
+    assert_eq!(entry["handles"], THREADS, "{entry}");
+    assert_eq!(entry["acrossSweeps"], true, "{entry}");
+    let p50 = entry["p50Seconds"].as_f64().unwrap();
+    assert!((p50 - LIFETIME).abs() <= 60.0, "{entry}");
+    let managers = class["metadata"]["managedFields"].as_array().unwrap();
+    assert!(
+        managers
+            .iter()
+            .any(|m| m["manager"] == "custody-lifetime-orders" && m["subresource"] == "status"),
+        "{managers:?}"
+    );
+    // No TTL declared: no condition, no plausibility gauge.
+    assert!(
+        condition(&class, "DeclaredTtlPlausible").is_none(),
+        "{class}"
+    );
+    let p50_series = format!(
+        "custody_handle_lifetime_seconds{{namespace=\"{}\",class=\"basket\",quantile=\"0.5\"}}",
+        &*ns
+    );
+    let gone_ages = format!(
+        "custody_handle_probe_age_seconds_count{{namespace=\"{}\",class=\"basket\",verdict=\"gone\"}}",
+        &*ns
+    );
+    eventually("the lifetime metrics", async || {
+        let text = infra.metrics().await;
+        match (metric(&text, &p50_series), metric(&text, &gone_ages)) {
+            (Some(p), Some(n)) if p == p50 && n >= THREADS as f64 => Ok(()),
+            other => Err(format!("{p50_series}, {gone_ages}: {other:?}")),
+        }
+    })
+    .await;
+
+    // A declared TTL twice the lifetime: False, with the figures, and a Warning Event.
+    let declared = |ttl: u64| {
+        object(
+            "HandleClass",
+            "basket",
+            merged(observing_basket_class(), json!({"declaredTtlSeconds": ttl})),
+        )
+    };
+    apply(&client, &ns, &declared(3600)).await;
+    let class = wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "basket",
+        &[("DeclaredTtlPlausible", "False")],
+    )
+    .await;
+    let cond = condition(&class, "DeclaredTtlPlausible").unwrap();
+    assert_eq!(cond["reason"], "DeclaredTtlTooLong", "{cond}");
+    let p5 = entry["p5Seconds"].as_u64().unwrap();
+    let message = cond["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("consider {}s", p5 * 4 / 5)),
+        "{message}"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "HandleClass",
+        "basket",
+        "DeclaredTtlTooLong",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event.note.as_deref().is_some_and(|n| n.contains("3600s")),
+        "{event:?}"
+    );
+    assert_eq!(
+        class["status"]["observedLifetime"][0], *entry,
+        "the controller leaves the sweep's field alone"
+    );
+    let plausible = format!(
+        "custody_handle_declared_ttl_plausible{{namespace=\"{}\",class=\"basket\"}}",
+        &*ns
+    );
+    eventually("plausible 0", async || {
+        match metric(&infra.metrics().await, &plausible) {
+            Some(0.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let table = cluster::cluster()
+        .kubectl(&["get", "hc", "-n", &ns, "basket"], None)
+        .ok();
+    assert!(
+        table.contains("DECLARED TTL") && table.contains("OBSERVED P50") && table.contains("3600"),
+        "{table}"
+    );
+    assert!(table.contains(&format!("{p50}")), "{table}");
+
+    // A declared TTL below the lifetime: True, gauge 1.
+    apply(&client, &ns, &declared(900)).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "basket",
+        &[("DeclaredTtlPlausible", "True")],
+    )
+    .await;
+    eventually("plausible 1", async || {
+        match metric(&infra.metrics().await, &plausible) {
+            Some(1.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    drop(server);
+}
