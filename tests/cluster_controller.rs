@@ -9,9 +9,8 @@
 //! takes that lock exclusively, joins a second replica to the Lease, stops the leader and leaves
 //! the replica that took over serving the rest of the suite.
 //!
-//! The controller runs with `--health-interval-seconds 10`: health checks (which write
-//! `lastHealthCheckTime`) come often enough to see a server go down, and rarely enough to watch
-//! an unchanged status stay unwritten for 5 s in between.
+//! The controller runs with `--health-interval-seconds 10`: health checks come often enough to
+//! see a server go down, and a health check that observes nothing new writes nothing.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
@@ -71,14 +70,12 @@ fn time(v: &Value) -> DateTime<Utc> {
         .unwrap()
 }
 
-/// The object's modifications (status or spec writes) seen by a watch from `rv` for `window`
-/// (or only the first).
+/// The object's modifications (status or spec writes) seen by a watch from `rv` for `window`.
 async fn modifications(
     api: &Api<DynamicObject>,
     name: &str,
     rv: &str,
     window: Duration,
-    first_only: bool,
 ) -> Vec<Value> {
     let wp = WatchParams::default()
         .fields(&format!("metadata.name={name}"))
@@ -92,9 +89,6 @@ async fn modifications(
             Err(_) => return seen,
             Ok(Some(Ok(WatchEvent::Modified(o)))) => {
                 seen.push(serde_json::to_value(o).unwrap());
-                if first_only {
-                    return seen;
-                }
             }
             Ok(Some(Ok(WatchEvent::Bookmark(_)))) => {}
             Ok(other) => panic!("watch of {name}: {other:?}"),
@@ -246,8 +240,6 @@ async fn basket_example_reconciles_end_to_end() {
             .is_some_and(|d| d.len() >= 16),
         "{status}"
     );
-    assert!(status["lastDiscoveryTime"].is_string(), "{status}");
-    assert!(status["lastHealthCheckTime"].is_string(), "{status}");
     let tools: BTreeSet<&str> = status["tools"]
         .as_array()
         .unwrap()
@@ -498,19 +490,10 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
     let obj = wait_conditions(&client, &ns, "MCPServer", "basket", &all_true).await;
     assert_eq!(obj["status"]["toolCount"], 5);
 
-    // Settled: no write for 5 s. Health checks (every 10 s) write lastHealthCheckTime, so the
-    // window starts right after one.
-    let mut obj = get(&client, &ns, "MCPServer", "basket").await.unwrap();
-    if Utc::now() - time(&obj["status"]["lastHealthCheckTime"]) > chrono::Duration::seconds(3) {
-        let rv = obj["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        let next = modifications(&api, "basket", &rv, Duration::from_secs(30), true).await;
-        obj = next.into_iter().next().expect("a health check within 30 s");
-    }
+    // Settled: no write for 5 s (unchanged_observations_write_nothing… watches longer).
+    let obj = get(&client, &ns, "MCPServer", "basket").await.unwrap();
     let rv = obj["metadata"]["resourceVersion"].as_str().unwrap();
-    let writes = modifications(&api, "basket", rv, Duration::from_secs(5), false).await;
+    let writes = modifications(&api, "basket", rv, Duration::from_secs(5)).await;
     assert!(
         writes.is_empty(),
         "a settled status was rewritten {} times in 5 s; before: {}\nafter: {}",
@@ -592,7 +575,7 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
         "ConnectionRefused"
     );
     let rv = down["metadata"]["resourceVersion"].as_str().unwrap();
-    let writes = modifications(&api, "down", rv, Duration::from_secs(10), false).await;
+    let writes = modifications(&api, "down", rv, Duration::from_secs(10)).await;
     let failures: Vec<&Value> = writes
         .iter()
         .map(|w| &w["status"]["consecutiveFailures"])
@@ -615,6 +598,105 @@ async fn spec_changes_update_status_and_unchanged_status_is_not_rewritten() {
         "Warning",
     )
     .await;
+}
+
+/// Nothing changes for 65 s (six health intervals and the minute after which an AgentAssignment
+/// and a HandleClass are rechecked): the MCPServer, the AgentAssignment, its ConfigMap, the
+/// HandleClass and the namespace's Events keep their resourceVersions while the health checks go
+/// on. Then the server goes down, and its status says so within one health interval plus 5 s.
+#[tokio::test]
+async fn unchanged_observations_write_nothing_and_an_outage_is_written_within_an_interval() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-steady").await;
+    let mut server = BasketServer::start(&[]);
+    apply_assignment(
+        &client,
+        &ns,
+        &server,
+        json!({"agent": "agent",
+               "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+    )
+    .await;
+    apply(
+        &client,
+        &ns,
+        &object("HandleClass", "basket", basket_class()),
+    )
+    .await;
+    let objects = [
+        ("MCPServer", "basket"),
+        ("AgentAssignment", "agent"),
+        ("HandleClass", "basket"),
+    ];
+    for (kind, name) in objects {
+        wait_conditions(&client, &ns, kind, name, &[("Ready", "True")]).await;
+    }
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let snapshot = async || {
+        let mut all = Vec::new();
+        for (kind, name) in objects {
+            let obj = get(&client, &ns, kind, name).await.unwrap();
+            all.push((format!("{kind} {name}"), obj));
+        }
+        let cm = cms.get("agent-mcp-config").await.unwrap();
+        all.push(("ConfigMap".into(), serde_json::to_value(cm).unwrap()));
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns)
+            .list(&Default::default())
+            .await
+            .unwrap();
+        for e in events.items {
+            all.push((
+                format!("Event {:?}", e.reason),
+                serde_json::to_value(e).unwrap(),
+            ));
+        }
+        all
+    };
+    // Whatever the first reconciles still had to say has been said.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = snapshot().await;
+    let started = Utc::now().timestamp() as f64;
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    let after = snapshot().await;
+    let rv = |o: &Value| o["metadata"]["resourceVersion"].clone();
+    let names = |s: &[(String, Value)]| s.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(
+        names(&after),
+        names(&before),
+        "objects or Events came or went"
+    );
+    for ((what, was), (_, now)) in before.iter().zip(&after) {
+        assert_eq!(
+            rv(now),
+            rv(was),
+            "{what} was written with nothing changed:\nbefore: {was}\nafter: {now}"
+        );
+    }
+    let checked = health_checked(&ns, "basket").await.unwrap();
+    assert!(
+        checked >= started + 50.0,
+        "health checks went on meanwhile: last at {checked}, the window began at {started}"
+    );
+    // Each reconcile of the window was timed.
+    let text = infra().metrics().await;
+    for (kind, _) in objects {
+        let series = format!("custody_reconcile_duration_seconds_count{{kind=\"{kind}\"}}");
+        assert!(
+            metric(&text, &series).is_some_and(|n| n >= 1.0),
+            "{series} in:\n{text}"
+        );
+    }
+
+    server.stop();
+    let down = Instant::now();
+    wait_conditions(&client, &ns, "MCPServer", "basket", &[("Healthy", "False")]).await;
+    let took = down.elapsed();
+    assert!(
+        took <= Duration::from_secs(HEALTH_INTERVAL as u64 + 5),
+        "the outage reached status after {took:?}"
+    );
 }
 
 /// A server that stops answering turns Healthy False with a Warning Event, and back; the
@@ -648,7 +730,7 @@ async fn health_flips_with_events_and_transition_times() {
     let healthy_since = condition(&obj, "Healthy").unwrap()["lastTransitionTime"].clone();
 
     // The next health check of a healthy server keeps the transition time.
-    let obj = next_health_check(&client, &ns, "flip", &obj).await;
+    let obj = next_health_check(&client, &ns, "flip").await;
     let healthy = condition(&obj, "Healthy").unwrap();
     assert_eq!(healthy["status"], "True");
     assert_eq!(healthy["lastTransitionTime"], healthy_since);
@@ -680,7 +762,7 @@ async fn health_flips_with_events_and_transition_times() {
         event.reporting_controller.as_deref(),
         Some("custody-controller")
     );
-    let obj = next_health_check(&client, &ns, "flip", &obj).await;
+    let obj = next_health_check(&client, &ns, "flip").await;
     let still = condition(&obj, "Healthy").unwrap();
     assert_eq!(still["status"], "False");
     assert_eq!(still["lastTransitionTime"], down_since);
@@ -802,18 +884,25 @@ async fn mcp_failures_have_distinct_causes_and_current_event_messages() {
     assert!(!note.contains("connection refused"), "{note}");
 }
 
-/// Waits until `lastHealthCheckTime` moves past the one in `obj`; returns the object then.
-async fn next_health_check(client: &Client, ns: &str, name: &str, obj: &Value) -> Value {
-    let before = obj["status"]["lastHealthCheckTime"].clone();
+/// When the serving controller last checked the health of MCPServer `ns/name`
+/// (`custody_server_last_health_check_timestamp_seconds`; the status carries no such time).
+async fn health_checked(ns: &str, name: &str) -> Option<f64> {
+    let series = format!(
+        "custody_server_last_health_check_timestamp_seconds{{namespace=\"{ns}\",name=\"{name}\"}}"
+    );
+    metric(&infra().metrics().await, &series)
+}
+
+/// Waits for a health check of MCPServer `ns/name` that starts after this call; returns the
+/// object then.
+async fn next_health_check(client: &Client, ns: &str, name: &str) -> Value {
+    // The metric has a one-second resolution: a check in the current second does not count.
+    let after = Utc::now().timestamp() as f64 + 1.0;
     eventually(
-        &format!("a health check of {ns}/{name} after {before}"),
-        async || {
-            let now = get(client, ns, "MCPServer", name).await.unwrap();
-            if now["status"]["lastHealthCheckTime"] == before {
-                Err(format!("{}", now["status"]))
-            } else {
-                Ok(now)
-            }
+        &format!("a health check of {ns}/{name} after {after}"),
+        async || match health_checked(ns, name).await {
+            Some(t) if t >= after => Ok(get(client, ns, "MCPServer", name).await.unwrap()),
+            other => Err(format!("last checked at {other:?}")),
         },
     )
     .await
@@ -907,6 +996,8 @@ async fn deleting_owners_removes_what_they_own() {
     let series = [
         format!("custody_server_healthy{labels}"),
         format!("custody_server_tools{labels}"),
+        format!("custody_server_last_health_check_timestamp_seconds{labels}"),
+        format!("custody_server_last_discovery_timestamp_seconds{labels}"),
     ];
     let infra = infra();
     let text = infra.metrics().await;

@@ -917,6 +917,8 @@ fn helm_install_grants_least_privilege() {
             None,
         ),
         (&controller, "watch", "secrets", None),
+        // get: a rendered ConfigMap is read first, and applied only when it differs.
+        (&controller, "get", "configmaps", Some(other)),
         (&controller, "create", "configmaps", Some(other)),
         (&controller, "patch", "configmaps", Some(other)),
         (&controller, "create", "cronjobs.batch", Some(other)),

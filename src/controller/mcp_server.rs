@@ -278,7 +278,8 @@ async fn unusable(
     }
 }
 
-/// The status for what was observed. Identical observations give an identical status.
+/// The status for what was observed. Identical observations give an identical status: it holds
+/// no time of a check (see [`MCPServerStatus`]), so an unchanged observation writes nothing.
 fn status(
     server: &MCPServer,
     current: &MCPServerStatus,
@@ -371,8 +372,6 @@ fn status(
                 })
                 .unwrap_or_default()
         },
-        last_discovery_time: Some(rfc3339(o.discovered_at)),
-        last_health_check_time: o.health.as_ref().map(|_| rfc3339(o.health_at)),
         consecutive_failures: o.consecutive_failures,
     }
 }
@@ -503,7 +502,15 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
             .server_healthy
             .get_or_create(&labels)
             .set(i64::from(h.healthy));
+        ctx.metrics
+            .server_health_checked
+            .get_or_create(&labels)
+            .set(o.health_at.timestamp());
     }
+    ctx.metrics
+        .server_discovered
+        .get_or_create(&labels)
+        .set(o.discovered_at.timestamp());
     for (type_, reason, note) in failure_events(current, o) {
         ctx.event(server, type_, reason, note).await;
     }

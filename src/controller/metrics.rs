@@ -132,6 +132,13 @@ pub struct Metrics {
     pub server_healthy: Family<ObjectLabels, Gauge>,
     /// Tools in the server's catalog after the allowlist.
     pub server_tools: Family<ObjectLabels, Gauge>,
+    /// Unix time in seconds of the server's last health check: its freshness, which the status
+    /// does not carry (a time there would make every check a write).
+    pub server_health_checked: Family<ObjectLabels, Gauge>,
+    /// Unix time in seconds of the server's last discovery attempt.
+    pub server_discovered: Family<ObjectLabels, Gauge>,
+    /// Seconds each reconcile took, by kind (API calls, discovery and health checks included).
+    pub reconcile_seconds: Family<KindLabels, Histogram, fn() -> Histogram>,
     /// Handles by verdict in the store's most recent sweep.
     pub sweep_handles: Family<SweepLabels, Gauge>,
     /// Actions by outcome in the store's most recent sweep.
@@ -166,6 +173,12 @@ impl Metrics {
             discovery_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             server_healthy: Family::default(),
             server_tools: Family::default(),
+            server_health_checked: Family::default(),
+            server_discovered: Family::default(),
+            // 1 ms to ~33 s: a reconcile is a few API calls, or a discovery with its timeout.
+            reconcile_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 16))
+            }),
             sweep_handles: Family::default(),
             sweep_actions: Family::default(),
             sweep_audit: Family::default(),
@@ -205,6 +218,21 @@ impl Metrics {
             "server_tools",
             "Tools in the MCP server's catalog after the allowlist",
             m.server_tools.clone(),
+        );
+        r.register(
+            "server_last_health_check_timestamp_seconds",
+            "Unix time of the MCP server's last health check",
+            m.server_health_checked.clone(),
+        );
+        r.register(
+            "server_last_discovery_timestamp_seconds",
+            "Unix time of the MCP server's last discovery attempt",
+            m.server_discovered.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Seconds a reconcile took, by kind",
+            m.reconcile_seconds.clone(),
         );
         r.register(
             "sweep_handles",

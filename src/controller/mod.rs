@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::jiff;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::registry::Registry;
@@ -135,6 +135,9 @@ pub struct Context {
     pub lease: LeaseFence,
     /// What `/readyz` answers; the controllers report failed watches to it.
     pub readiness: Arc<readiness::Readiness>,
+    /// The AgentAssignment controller's cache, set when the controllers start (each leadership
+    /// starts new ones): the duplicate-agent check reads it instead of listing.
+    pub assignments: std::sync::Mutex<Option<Store<Guard<AgentAssignment>>>>,
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -199,6 +202,14 @@ impl LeaseFence {
 }
 
 impl Context {
+    /// The AgentAssignment controller's cache, once the controllers run.
+    pub fn assignment_store(&self) -> Option<Store<Guard<AgentAssignment>>> {
+        self.assignments
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Counts a reconcile that found its object unusable (an invalid spec, a reference that does
     /// not resolve) in `custody_reconcile_failures_total{kind,reason}`. `reason` is the
     /// condition's reason (`InvalidSpec`, `UnknownServer`, `SecretNotResolved`, …), so a failure
@@ -315,6 +326,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             &identity,
         ),
         readiness: Arc::default(),
+        assignments: std::sync::Mutex::default(),
     });
     let server = tokio::spawn(http::serve(
         opts.metrics_addr,
@@ -483,7 +495,7 @@ async fn shutdown_signal() {
 /// The objects in `store`, in `referenced`'s namespace, whose spec `refers` to its name: how a
 /// change to a Secret or an MCPServer reaches the objects that use it.
 fn referrers<K, O>(
-    store: &kube::runtime::reflector::Store<Guard<K>>,
+    store: &Store<Guard<K>>,
     referenced: &O,
     refers: impl Fn(&K, &str) -> bool,
 ) -> Vec<ObjectRef<Guard<K>>>
@@ -526,7 +538,7 @@ async fn controllers(ctx: Arc<Context>) {
             },
         )
         .run(
-            mcp_server::reconcile,
+            timed("MCPServer", mcp_server::reconcile),
             error_policy("MCPServer"),
             ctx.clone(),
         )
@@ -548,6 +560,9 @@ async fn controllers(ctx: Arc<Context>) {
         wc.clone(),
     );
     let assignment_store = assignments.store();
+    *ctx.assignments
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(assignment_store.clone());
     let assignments = assignments
         .owns(Api::<ConfigMap>::all(client.clone()), wc.clone())
         .watches(
@@ -560,7 +575,7 @@ async fn controllers(ctx: Arc<Context>) {
             },
         )
         .run(
-            agent_assignment::reconcile,
+            timed("AgentAssignment", agent_assignment::reconcile),
             error_policy("AgentAssignment"),
             ctx.clone(),
         )
@@ -579,7 +594,7 @@ async fn controllers(ctx: Arc<Context>) {
             },
         )
         .run(
-            handle_class::reconcile,
+            timed("HandleClass", handle_class::reconcile),
             error_policy("HandleClass"),
             ctx.clone(),
         )
@@ -623,7 +638,7 @@ async fn controllers(ctx: Arc<Context>) {
             },
         )
         .run(
-            checkpoint_store::reconcile,
+            timed("CheckpointStore", checkpoint_store::reconcile),
             error_policy("CheckpointStore"),
             ctx.clone(),
         )
@@ -638,6 +653,30 @@ async fn controllers(ctx: Arc<Context>) {
         });
 
     tokio::join!(servers, assignments, classes, stores);
+}
+
+/// `reconcile`, with its duration observed in `custody_reconcile_duration_seconds{kind}`
+/// (successes and errors alike; a skipped malformed object too).
+fn timed<K, F, Fut>(
+    kind: &'static str,
+    reconcile: F,
+) -> impl Fn(Arc<K>, Arc<Context>) -> futures::future::BoxFuture<'static, Result<Action, Error>>
+where
+    F: Fn(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    move |obj, ctx| {
+        let run = reconcile(obj, ctx.clone());
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let result = run.await;
+            ctx.metrics
+                .reconcile_seconds
+                .get_or_create(&metrics::KindLabels { kind })
+                .observe(started.elapsed().as_secs_f64());
+            result
+        })
+    }
 }
 
 /// `(namespace, name)` when a scheduled reconcile found its object deleted: kube-runtime never
@@ -662,6 +701,8 @@ async fn forget_server(ctx: &Context, namespace: String, name: String) {
     let labels = metrics::ObjectLabels { namespace, name };
     ctx.metrics.server_healthy.remove(&labels);
     ctx.metrics.server_tools.remove(&labels);
+    ctx.metrics.server_health_checked.remove(&labels);
+    ctx.metrics.server_discovered.remove(&labels);
 }
 
 /// Consumes a controller's results: reconcile errors are already logged and counted by the error
@@ -743,8 +784,9 @@ fn skip_invalid(
     Action::await_change()
 }
 
-/// Applies a status with server-side apply, unless it equals the current one or this replica no
-/// longer holds the leader lease ([`LeaseFence::check`]).
+/// Applies a status with server-side apply, unless it would change nothing
+/// ([`status_unchanged`]) or this replica no longer holds the leader lease
+/// ([`LeaseFence::check`]). A reconcile that observes nothing new therefore makes no write.
 async fn apply_status<K>(
     ctx: &Context,
     api: &Api<K>,
@@ -755,7 +797,7 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    if current.as_ref() == Some(&status) {
+    if status_unchanged(obj.meta(), current.as_ref(), &status) {
         return Ok(());
     }
     ctx.lease.check().await?;
@@ -826,6 +868,41 @@ fn status_kind(kind: &str) -> &'static str {
     .unwrap_or("other")
 }
 
+/// Whether applying `desired` as the controller's status would change nothing: every top-level
+/// field it sets equals the current one, and no field the controller's last status apply set is
+/// left out (server-side apply would remove it). A field only other managers set (the sweeps'
+/// `lastSweep`, a HandleClass's lifetime written by its sweep) is not compared, since this apply
+/// leaves it alone; every field the controller sets is, so a field added to a status is covered
+/// without naming it here.
+fn status_unchanged(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    current: Option<&serde_json::Value>,
+    desired: &serde_json::Value,
+) -> bool {
+    let empty = serde_json::Map::new();
+    let current = match current {
+        None => &empty,
+        Some(serde_json::Value::Object(c)) => c,
+        Some(other) => return other == desired,
+    };
+    let serde_json::Value::Object(desired) = desired else {
+        return false;
+    };
+    let mut owned = meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.manager.as_deref() == Some(FIELD_MANAGER)
+                && m.subresource.as_deref() == Some("status")
+        })
+        .filter_map(|m| m.fields_v1.as_ref()?.0.get("f:status")?.as_object())
+        .flat_map(|fields| fields.keys())
+        .filter_map(|k| k.strip_prefix("f:"));
+    desired.iter().all(|(k, v)| current.get(k) == Some(v))
+        && owned.all(|k| desired.contains_key(k) || !current.contains_key(k))
+}
+
 /// An owner reference that makes `owner` the controller of a child (garbage-collected with it).
 fn owner_ref<K: Resource<DynamicType = ()>>(
     owner: &K,
@@ -867,6 +944,7 @@ pub(crate) mod fixtures {
             opts: Wrapper::parse_from(["custody"]).opts,
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
             readiness: Arc::default(),
+            assignments: std::sync::Mutex::default(),
         };
         (Arc::new(ctx), handle)
     }
@@ -918,6 +996,39 @@ pub(crate) mod fixtures {
 mod tests {
     use super::*;
     use kube::core::Status;
+
+    #[test]
+    fn a_status_is_unchanged_when_every_field_the_controller_sets_is() {
+        let meta: kube::api::ObjectMeta = serde_json::from_value(serde_json::json!({
+            "managedFields": [
+                {"manager": FIELD_MANAGER, "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {"f:conditions": {}, "f:tools": {}}}},
+                {"manager": "custody-sweep", "operation": "Apply", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:lastSweep": {}}}},
+            ]
+        }))
+        .unwrap();
+        let current = serde_json::json!({"conditions": [1], "tools": [2], "lastSweep": {"ok": 3}});
+        let same = serde_json::json!({"conditions": [1], "tools": [2]});
+        assert!(
+            status_unchanged(&meta, Some(&current), &same),
+            "another manager's field"
+        );
+        let changed = serde_json::json!({"conditions": [9], "tools": [2]});
+        assert!(!status_unchanged(&meta, Some(&current), &changed));
+        let added = serde_json::json!({"conditions": [1], "tools": [2], "warnings": []});
+        assert!(
+            !status_unchanged(&meta, Some(&current), &added),
+            "a new field"
+        );
+        let dropped = serde_json::json!({"conditions": [1]});
+        assert!(
+            !status_unchanged(&meta, Some(&current), &dropped),
+            "a field the controller set is left out: the apply removes it"
+        );
+        assert!(!status_unchanged(&meta, None, &same));
+    }
 
     #[test]
     fn watch_failures_name_forbidden_and_missing_resources() {

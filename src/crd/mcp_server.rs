@@ -148,6 +148,11 @@ pub struct HeaderFromSecret {
 }
 
 /// Observed state of an MCPServer, written by the controller.
+///
+/// It holds what was observed and no time of a check, so a check that observes nothing new
+/// writes nothing (a timestamp would make every health check a write of every server). When the
+/// controller last checked is in its metrics: `custody_server_last_health_check_timestamp_seconds`
+/// and `custody_server_last_discovery_timestamp_seconds`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MCPServerStatus {
@@ -177,12 +182,6 @@ pub struct MCPServerStatus {
     /// The tools, unless the catalog is private.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolStatus>,
-    /// When the catalog was last listed (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_discovery_time: Option<String>,
-    /// When health was last checked (RFC 3339).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_health_check_time: Option<String>,
     /// Failed discoveries or health checks in a row.
     #[serde(default)]
     pub consecutive_failures: u32,
