@@ -157,10 +157,11 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
     let de = serde_ignored::Deserializer::new(value, &mut note);
     let typed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
+        let message = schema_words(&e.into_inner().to_string());
         if path == "." {
-            e.into_inner().to_string()
+            message
         } else {
-            format!("{path}: {}", e.into_inner())
+            format!("{path}: {message}")
         }
     })?;
     match unknown.first() {
@@ -171,6 +172,22 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
     }
 }
 
+/// serde names the Rust type it expected (`expected u32`); a user wrote YAML against the CRD's
+/// schema, so say it in the schema's words (`integer`, `number`).
+fn schema_words(message: &str) -> String {
+    const INTEGERS: [&str; 10] = [
+        "u8", "u16", "u32", "u64", "usize", "i8", "i16", "i32", "i64", "isize",
+    ];
+    let mut out = message.to_owned();
+    for t in INTEGERS {
+        out = out.replace(&format!("expected {t}"), "expected an integer");
+    }
+    for t in ["f32", "f64"] {
+        out = out.replace(&format!("expected {t}"), "expected a number");
+    }
+    out
+}
+
 use serde::Deserialize as _;
 
 /// `Kind namespace/name` → `file document N` of the resources read so far.
@@ -179,6 +196,23 @@ type Seen = BTreeMap<String, String>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_errors_use_the_schemas_words() {
+        let e = Resources::default()
+            .add_file(
+                Path::new("store.yaml"),
+                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite:///x.db\n  parallelism: two\n",
+                &mut Seen::new(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("spec.parallelism: invalid type: string \"two\", expected an integer"),
+            "{e}"
+        );
+        assert_eq!(schema_words("expected f64"), "expected a number");
+    }
 
     #[test]
     fn invalid_documents_name_file_and_field() {
