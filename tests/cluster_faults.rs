@@ -36,6 +36,7 @@ use apiserver::{
 };
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
@@ -245,11 +246,25 @@ async fn leader_lease_taken_mid_discovery() {
     let mut old = current.take().expect("the serving controller");
     assert_eq!(metric(&old.metrics(), "custody_leader"), Some(1.0));
 
+    // The lease manager renews 2/3 into the lease (40 s here); a renewal inside the discovery
+    // window would notice the takeover before the check before the write does, which is this
+    // test's subject. So the takeover follows a fresh renewal.
+    let leases = infra.leases(&client);
+    let renewed = |l: Lease| l.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let before = renewed(leases.get(LEASE).await.unwrap());
+    let started = Instant::now();
+    while renewed(leases.get(LEASE).await.unwrap()) == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(2 * LEASE_SECONDS as u64),
+            "the serving controller did not renew its Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     slow.discovery_in_flight(&client, &ns).await;
 
     // The takeover: the Lease now names a replica that is not running yet.
     let new_identity = format!("faults-takeover-{}", std::process::id());
-    let leases = infra.leases(&client);
     let transitions = leases.get(LEASE).await.unwrap().spec.unwrap_or_default();
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
         k8s_openapi::jiff::Timestamp::now(),
