@@ -99,8 +99,8 @@ struct SweepArgs {
     /// For tests only (hidden from --help): the sweep's clock, RFC 3339, instead of the system
     /// time. It moves what the sweep computes from `now` (handle ages, declared TTLs,
     /// `minParkedSeconds`, observed lifetimes), so a test can compress a sweep schedule of
-    /// hours into seconds against servers that read the same clock; timestamps custody writes
-    /// (ledger rows, `finishedAt`) keep the system time.
+    /// hours into seconds against servers that read the same clock; it also dates the ledger
+    /// rows the sweep records (`created_at`), while `finishedAt` keeps the system time.
     #[arg(long, hide = true, value_name = "RFC3339")]
     now: Option<chrono::DateTime<chrono::Utc>>,
     #[command(flatten)]
@@ -305,8 +305,10 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             )
             .await?;
         }
-        custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
+        // The Events first: a HandleClass status the API server refuses must not cost the
+        // store's Events of a sweep that happened.
         events.publish(client, ns, name).await;
+        custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
     }
     out.finish(&failures)?;
     // Printed once, on stderr (the table leaves it out; JSON lists it under `errors` for

@@ -37,6 +37,9 @@ pub const CONSISTENT: &str = "ConsistentWithObservations";
 pub const TOO_LONG: &str = "DeclaredTtlTooLong";
 /// Reason: too few handles observed to judge.
 pub const TOO_FEW: &str = "TooFewObservations";
+/// `DeclaredTtlPlausible=Unknown`: no handle was seen alive at the TTL's age, and the TTL keeps
+/// custody from probing younger ones ([`Plausibility::Unseen`]).
+pub const UNSEEN: &str = "TtlAgeNotObserved";
 
 /// The TTL judged, and where it comes from: `spec.declaredTtlSeconds`, else the longest
 /// `assumed_ttl_s` the sweeps saw on the class's records.
@@ -106,6 +109,18 @@ pub fn condition(class: &HandleClass) -> Option<Cond> {
                     e.handles_gone,
                     seconds(e.youngest_gone_seconds.map(|s| s.max(0) as u64)),
                     seconds(e.p5_seconds),
+                ),
+            ),
+            Plausibility::Unseen { oldest_alive } => Cond::unknown(
+                DECLARED_TTL_PLAUSIBLE,
+                UNSEEN,
+                format!(
+                    "{source} is {ttl}s, but store {}'s sweeps saw no handle alive at that age (the oldest alive: {}; {} of {} handles found gone, the youngest at {}): custody does not probe handles younger than the TTL, so they cannot show it too long; lower or remove it for a while to measure",
+                    e.store,
+                    seconds(oldest_alive.map(|s| s.max(0) as u64)),
+                    e.handles_gone,
+                    e.handles,
+                    seconds(e.youngest_gone_seconds.map(|s| s.max(0) as u64)),
                 ),
             ),
             Plausibility::TooFew { handles, gone } => Cond::unknown(
@@ -360,7 +375,8 @@ mod tests {
 
     fn entry(store: &str, handles: u64, gone: u64, p5: u64, youngest: i64) -> serde_json::Value {
         json!({"store": store, "handles": handles, "handlesGone": gone, "p5Seconds": p5,
-               "p50Seconds": p5 + 100, "youngestGoneSeconds": youngest, "acrossSweeps": true,
+               "p50Seconds": p5 + 100, "youngestGoneSeconds": youngest, "oldestAliveSeconds": 5000,
+               "acrossSweeps": true,
                "lastUpdated": "2026-12-01T00:00:00Z",
                "probeAges": [{"verdict": "gone", "bucketCounts": [0, 2, 1], "sumSeconds": 400.0},
                              {"verdict": "made_up", "bucketCounts": [9], "sumSeconds": 1.0}]})
@@ -386,6 +402,15 @@ mod tests {
 
         let c = class(Some(900), json!([entry("orders", 40, 10, 1000, 990)]));
         assert_eq!(condition(&c).unwrap().status, conditions::TRUE);
+        let mut hidden = entry("orders", 40, 10, 1000, 990);
+        hidden.as_object_mut().unwrap().remove("oldestAliveSeconds");
+        let cond = condition(&class(Some(900), json!([hidden]))).unwrap();
+        assert_eq!((cond.status, cond.reason), (conditions::UNKNOWN, UNSEEN));
+        assert!(
+            cond.message.contains("no handle alive at that age"),
+            "{}",
+            cond.message
+        );
         let c = class(Some(900), json!([entry("orders", 19, 10, 1000, 990)]));
         let cond = condition(&c).unwrap();
         assert_eq!((cond.status, cond.reason), (conditions::UNKNOWN, TOO_FEW));

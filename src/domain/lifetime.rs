@@ -298,6 +298,14 @@ pub enum Plausibility {
     },
     /// The declared TTL is not longer than the observations support.
     Plausible,
+    /// No handle was seen alive at the TTL's age or older, and none found gone younger than it:
+    /// custody does not probe a handle younger than its TTL, so a TTL declared before any
+    /// observation hides exactly the ages that would show it too long (every handle then
+    /// answers `gone` at its first probe). Nothing to judge by.
+    Unseen {
+        /// The oldest age a handle was seen alive at, seconds (below the TTL), if any.
+        oldest_alive: Option<i64>,
+    },
     /// Handles were found gone younger than the declared TTL, and more than 5 % of handles are
     /// estimated to be gone by then (the estimated p5 is below it).
     TooLong {
@@ -315,8 +323,11 @@ pub enum Plausibility {
 /// The rule: a TTL makes custody treat a handle as alive, unprobed, until it is that old, so it
 /// is too long when handles were found gone younger than it (`youngest_gone < declared`, hard
 /// evidence, not only the estimate's) and the estimated 5th percentile lifetime is below it
-/// (more than one handle in 20 would be treated as alive when it is gone). A summary whose p5
-/// lies beyond every handle seen alive (`p5` `None` with enough observations) supports any TTL.
+/// (more than one handle in 20 would be treated as alive when it is gone). It is consistent
+/// only when some handle was seen alive at the TTL's age or older ([`Plausibility::Unseen`]
+/// otherwise): a TTL that hid every younger age must not read as confirmed. A summary whose p5
+/// lies beyond every handle seen alive (`p5` `None` with enough observations) supports any TTL
+/// it reached.
 pub fn check_declared(declared: u64, s: &Summary) -> Plausibility {
     if s.handles < MIN_HANDLES || s.gone < MIN_GONE {
         return Plausibility::TooFew {
@@ -332,6 +343,9 @@ pub fn check_declared(declared: u64, s: &Summary) -> Plausibility {
                 suggested: (p5 as f64 * SUGGESTION_FACTOR).floor() as u64,
             }
         }
+        _ if s.oldest_alive.is_none_or(|a| a < declared as i64) => Plausibility::Unseen {
+            oldest_alive: s.oldest_alive,
+        },
         _ => Plausibility::Plausible,
     }
 }
@@ -346,6 +360,23 @@ mod tests {
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
+    }
+
+    #[test]
+    fn a_ttl_that_hid_every_younger_age_is_not_confirmed() {
+        // Declared 3600 s from the start, lifetime 1800 s: every handle is first probed at
+        // 3600 s or later and is gone by then.
+        let hidden: Vec<Bounds> = (0..30).map(|i| b(None, Some(3600 + i))).collect();
+        assert_eq!(
+            check_declared(3600, &Summary::of(&hidden)),
+            Plausibility::Unseen { oldest_alive: None }
+        );
+        // Lifetime 7200 s under the same TTL: seen alive past it, so it is confirmed.
+        let alive: Vec<Bounds> = (0..30).map(|i| b(Some(3600 + i), Some(7300))).collect();
+        assert_eq!(
+            check_declared(3600, &Summary::of(&alive)),
+            Plausibility::Plausible
+        );
     }
 
     #[test]
@@ -454,6 +485,7 @@ mod tests {
             gone: 10,
             p5: Some(p5),
             youngest_gone: Some(youngest_gone),
+            oldest_alive: Some(5000),
             ..Summary::default()
         }
     }

@@ -62,7 +62,7 @@ pub struct TtlCheck {
     /// record of the class carried).
     pub source: &'static str,
     /// `true`: consistent with the observations; `false`: too long; `None`: too few
-    /// observations to judge.
+    /// observations to judge, or none at the TTL's age (the TTL hid the ages that would judge it).
     pub plausible: Option<bool>,
     /// With `plausible: false`, a value to consider (never applied).
     pub suggested_seconds: Option<u64>,
@@ -75,7 +75,7 @@ impl TtlCheck {
             .map(|d| (d, "spec.declaredTtlSeconds"))
             .or(largest_assumed.map(|a| (a, "assumed_ttl_s")))?;
         let (plausible, suggested_seconds) = match check_declared(ttl_seconds, s) {
-            Plausibility::TooFew { .. } => (None, None),
+            Plausibility::TooFew { .. } | Plausibility::Unseen { .. } => (None, None),
             Plausibility::Plausible => (Some(true), None),
             Plausibility::TooLong { suggested, .. } => (Some(false), Some(suggested)),
         };
