@@ -137,11 +137,14 @@ pub enum InterruptCarry {
     NotReproduced(String),
 }
 
-/// One row of the parked checkpoint's pending writes.
+/// One row of the parked checkpoint's pending writes; each backend's query names its columns
+/// these names (SQLite's `value` as `blob`).
+#[derive(sqlx::FromRow)]
 struct PendingWrite {
     task_id: String,
     task_path: String,
     channel: String,
+    #[sqlx(rename = "type")]
     type_: Option<String>,
     blob: Option<Vec<u8>>,
 }

@@ -46,7 +46,7 @@ impl Saver for Pg<'_> {
     }
 
     async fn writes(&mut self, checkpoint_id: &str) -> Result<Vec<PendingWrite>, WriteError> {
-        sqlx::query(
+        sqlx::query_as::<_, PendingWrite>(
             "SELECT task_id, task_path, channel, type, blob FROM checkpoint_writes
              WHERE thread_id = $1 AND checkpoint_ns = '' AND checkpoint_id = $2
              ORDER BY task_path, task_id, idx",
@@ -54,18 +54,8 @@ impl Saver for Pg<'_> {
         .bind(self.thread_id)
         .bind(checkpoint_id)
         .fetch_all(&mut **self.tx)
-        .await?
-        .into_iter()
-        .map(|r| {
-            Ok(PendingWrite {
-                task_id: r.try_get("task_id")?,
-                task_path: r.try_get("task_path")?,
-                channel: r.try_get("channel")?,
-                type_: r.try_get("type")?,
-                blob: r.try_get("blob")?,
-            })
-        })
-        .collect()
+        .await
+        .map_err(Into::into)
     }
 
     fn open(json: Value) -> Result<PgDoc, WriteError> {

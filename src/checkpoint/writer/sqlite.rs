@@ -52,26 +52,16 @@ impl Saver for Lite<'_> {
     }
 
     async fn writes(&mut self, checkpoint_id: &str) -> Result<Vec<PendingWrite>, WriteError> {
-        sqlx::query(
-            "SELECT task_id, task_path, channel, type, value FROM writes
+        sqlx::query_as::<_, PendingWrite>(
+            "SELECT task_id, task_path, channel, type, value AS blob FROM writes
              WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id = ?
              ORDER BY task_path, task_id, idx",
         )
         .bind(self.thread_id)
         .bind(checkpoint_id)
         .fetch_all(&mut **self.tx)
-        .await?
-        .into_iter()
-        .map(|r| {
-            Ok(PendingWrite {
-                task_id: r.try_get("task_id")?,
-                task_path: r.try_get("task_path")?,
-                channel: r.try_get("channel")?,
-                type_: r.try_get("type")?,
-                blob: r.try_get("value")?,
-            })
-        })
-        .collect()
+        .await
+        .map_err(Into::into)
     }
 
     fn open(bytes: Vec<u8>) -> Result<Mp, WriteError> {
