@@ -1198,3 +1198,36 @@ fn config_types_never_print_a_secret() {
     assert!(!printed.contains(&token), "{printed}");
     assert!(!printed.contains(&password), "{printed}");
 }
+
+/// A DSN that does not parse is what an error message quotes: its password stays hidden
+/// whatever the shape (a URL missing a colon or a slash, libpq's key=value form, a password
+/// query parameter), in the CLI's output and in the error's text.
+#[test]
+fn a_malformed_dsn_never_prints_its_password() {
+    let password = random_secret("pw");
+    for dsn in [
+        format!("postgres//bob:{password}@127.0.0.1:5432/x"),
+        format!("postgres:/bob:{password}@127.0.0.1:5432/x"),
+        format!("postgres://bob:{password}@127.0.0.1:notaport/x"),
+        format!("host=127.0.0.1 port=notaport password={password}"),
+        format!("postgres://127.0.0.1:notaport/x?password={password}"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_file(
+            dir.path(),
+            "store.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+                 spec: {{backend: postgres, dsn: \"{dsn}\"}}\n"
+            ),
+        );
+        let out = custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+        let printed = text(&out);
+        assert!(!out.status.success(), "{dsn}: {printed}");
+        assert!(
+            printed.contains("bob") || printed.contains("127.0.0.1"),
+            "{dsn}: {printed}"
+        );
+        assert!(!printed.contains(&password), "{dsn}: {printed}");
+    }
+}
