@@ -1368,6 +1368,29 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         notes.iter().any(|n| n.contains("spec.serverRef")),
         "{notes:?}"
     );
+    // The store observes: its gone handles are not acted on, and `kubectl describe` says so.
+    let gone = parked.iter().filter(|e| **e == "gone").count();
+    assert!(gone > 0, "{parked:?}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "HandlesGone",
+        "Warning",
+    )
+    .await;
+    assert_eq!(
+        event.note.as_deref(),
+        Some(
+            format!(
+                "{gone} handle(s) held by parked threads are gone and were not acted on \
+                 (spec.mode is observe); `custody sweep --store` lists them"
+            )
+            .as_str()
+        ),
+        "{event:?}"
+    );
 }
 
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.
@@ -1680,12 +1703,30 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
         ),
     )
     .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "HandleClass",
+            "main-baskets",
+            merged(basket_class(), json!({"serverRef": "main"})),
+        ),
+    )
+    .await;
     wait_conditions(
         &client,
         &ns,
         "AgentAssignment",
         "agent",
         &[("Ready", "True"), ("Degraded", "False")],
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "main-baskets",
+        &[("Valid", "True")],
     )
     .await;
     let (servers, agents, first_digest) = rendered(&client, &ns, "agent").await;
@@ -1800,6 +1841,26 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
         "Warning",
     )
     .await;
+    // A HandleClass on that server is not valid either: sweeps leave it out (its catalog from
+    // before the deletion is not evidence that the class can be used).
+    let hc = wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "main-baskets",
+        &[("Valid", "False"), ("Ready", "False")],
+    )
+    .await;
+    let valid = condition(&hc, "Valid").unwrap();
+    assert_eq!(valid["reason"], "ServerNotUsable", "{valid}");
+    assert!(
+        valid["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.serverRef: MCPServer main cannot be used: ")
+            && valid["message"].as_str().unwrap().contains("main-token"),
+        "{valid}"
+    );
 }
 
 /// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not
