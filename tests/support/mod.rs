@@ -253,6 +253,11 @@ pub fn sweep_json(dir: &Path) -> Value {
         "-o",
         "json",
     ]);
+    sweep_report(&out)
+}
+
+/// The JSON report of a `custody sweep -o json` run, asserting that it succeeded.
+pub fn sweep_report(out: &Output) -> Value {
     assert!(
         out.status.success(),
         "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",

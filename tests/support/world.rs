@@ -51,13 +51,7 @@ pub fn sweep(res: &Path, apply: bool) -> Value {
         .arg(res)
         .output()
         .expect("run custody");
-    assert!(
-        out.status.success(),
-        "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("sweep JSON")
+    super::sweep_report(&out)
 }
 
 /// The report's row of `thread` in its first store.
