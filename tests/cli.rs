@@ -38,13 +38,7 @@ fn unreachable_database_is_an_error_without_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let port = support::free_port();
     let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
-    support::basket_resources(
-        dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
-        "postgres",
-        &dsn,
-    );
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
     let started = std::time::Instant::now();
     let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
     let elapsed = started.elapsed();
@@ -93,10 +87,8 @@ fn a_count_flag_of_zero_is_refused_naming_the_flag() {
 fn missing_sqlite_file_and_foreign_database_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.sqlite");
-    support::basket_resources(
+    support::offline_basket_resources(
         dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
         "sqlite",
         &format!("sqlite://{}", missing.display()),
     );
@@ -118,10 +110,8 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
         ])
         .status()
         .unwrap();
-    support::basket_resources(
+    support::offline_basket_resources(
         dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
         "sqlite",
         &format!("sqlite://{}", other.display()),
     );
@@ -132,13 +122,7 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
 #[test]
 fn missing_secret_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    support::basket_resources(
-        dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
-        "sqlite",
-        "sqlite://x.sqlite",
-    );
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
     support::write_file(
         dir.path(),
         "server.yaml",
@@ -371,13 +355,7 @@ fn local_stores_are_held_to_the_crds_bounds() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        support::basket_resources(
-            dir.path(),
-            "http://127.0.0.1:1/mcp",
-            "auto",
-            "sqlite",
-            "sqlite://x.sqlite",
-        );
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
         let mut spec = support::fixtures::store_spec("sqlite", "sqlite://x.sqlite");
         spec[field] = value;
         support::fixtures::write_resources(
@@ -402,12 +380,12 @@ fn header_values_are_checked_at_load_without_printing_them() {
     let value = format!("Bearer {}\nX-Injected: 1", uuid::Uuid::new_v4().simple());
     for (server, secret, says) in [
         (
-            json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": value}}),
+            json!({"url": support::NOWHERE, "headers": {"Authorization": value}}),
             None,
             "server.yaml: document 1 (MCPServer default/basket): spec.headers.Authorization: the value is not a valid HTTP header value",
         ),
         (
-            json!({"url": "http://127.0.0.1:1/mcp", "headersFrom": [{"name": "Authorization",
+            json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
                    "secretKeyRef": {"name": "token", "key": "authorization"}}]}),
             Some(support::fixtures::secret(
                 "token",
