@@ -778,6 +778,7 @@ mod tests {
             handle_class: "basket".into(),
             handle: Some("bsk_1".into()),
             age_seconds: Some(5),
+            probe_age_seconds: None,
             principal: None,
             verdict: crate::domain::verdict::Verdict::Ok,
             reason: "probe answered success".into(),

@@ -1127,7 +1127,7 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
         assert!(stdout.contains(thread.as_str()), "{thread}:\n{stdout}");
     }
     let summary = format!(
-        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; 3 probes",
+        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; 4 probes",
         parked.len(),
         parked.len(),
         count("ok"),
@@ -1153,7 +1153,7 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     for verdict in ["ok", "gone", "absent", "unknown"] {
         assert_eq!(last[verdict], count(verdict), "{verdict}: {last}");
     }
-    assert_eq!(last["probes"], 3, "{last}");
+    assert_eq!(last["probes"], 4, "{last}");
     assert!(last["finishedAt"].is_string(), "{last}");
     // Written under the sweep's field manager; the controller's conditions stay.
     assert!(
@@ -1587,7 +1587,7 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     for verdict in ["ok", "gone", "absent", "unknown"] {
         assert_eq!(last[verdict], count(verdict), "{verdict}: {status}");
     }
-    assert_eq!(last["probes"], 3, "{status}");
+    assert_eq!(last["probes"], 4, "{status}");
     let managers: Vec<&str> = store["metadata"]["managedFields"]
         .as_array()
         .unwrap()

@@ -234,5 +234,94 @@ async fn sweeps_report_lifetimes_and_the_controller_judges_the_declared_ttl() {
         }
     })
     .await;
+
+    // A deleted CheckpointStore's entry is dropped (no sweep of it will ever update it), and
+    // another store's entry stays: an observing store on the same database, swept once.
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "replica",
+            json!({"backend": "postgres",
+                   "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}),
+        ),
+    )
+    .await;
+    // Never swept yet: its creation time stands for the last success, so the overdue alert
+    // covers a store whose sweeps never succeed.
+    let replica = get(&client, &ns, "CheckpointStore", "replica")
+        .await
+        .unwrap();
+    let created = chrono::DateTime::parse_from_rfc3339(
+        replica["metadata"]["creationTimestamp"].as_str().unwrap(),
+    )
+    .unwrap();
+    let last_success = format!(
+        "custody_sweep_last_success_timestamp_seconds{{namespace=\"{}\",name=\"replica\"}}",
+        &*ns
+    );
+    eventually(
+        "the never-swept store's last success",
+        async || match metric(&infra.metrics().await, &last_success) {
+            Some(v) if v == created.timestamp() as f64 => Ok(()),
+            other => Err(format!("{last_success} = {other:?}, created {created}")),
+        },
+    )
+    .await;
+    let now = chrono::DateTime::from_timestamp(t as i64, 0)
+        .unwrap()
+        .to_rfc3339();
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args([
+            "sweep",
+            "--store",
+            &format!("{}/replica", &*ns),
+            "--now",
+            &now,
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stores = |o: &serde_json::Value| -> Vec<String> {
+        o["status"]["observedLifetime"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| e["store"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    eventually("both stores' entries", async || {
+        let o = get(&client, &ns, "HandleClass", "basket").await.unwrap();
+        match stores(&o).as_slice() {
+            [a, b] if a == "orders" && b == "replica" => Ok(()),
+            _ => Err(o["status"].to_string()),
+        }
+    })
+    .await;
+    apiserver::kind_api(&client, &ns, "CheckpointStore")
+        .delete("orders", &Default::default())
+        .await
+        .unwrap();
+    let class = eventually("the deleted store's entry dropped", async || {
+        let o = get(&client, &ns, "HandleClass", "basket").await.unwrap();
+        match stores(&o).as_slice() {
+            [only] if only == "replica" => Ok(o),
+            _ => Err(o["status"].to_string()),
+        }
+    })
+    .await;
+    let managers = class["metadata"]["managedFields"].as_array().unwrap();
+    assert!(
+        !managers
+            .iter()
+            .any(|m| m["manager"] == "custody-lifetime-orders"),
+        "{managers:?}"
+    );
     drop(server);
 }

@@ -30,7 +30,7 @@ async fn local_postgres_example_sweeps_postgres_checkpoints() {
     }
     assert_eq!(files, 4, "mcpserver, handleclass, secret, checkpointstore");
     let report = support::sweep_json(dir.path());
-    assert_eq!(report["stores"][0]["summary"]["probes"], 3, "{report}");
+    assert_eq!(report["stores"][0]["summary"]["probes"], 4, "{report}");
     let got: BTreeMap<String, String> = support::verdicts(&report)
         .into_iter()
         .map(|(thread, (verdict, _))| (thread, verdict))

@@ -28,7 +28,8 @@ const THREADS: usize = 40;
 const MINT_SPACING: f64 = 30.0;
 const SWEEP_EVERY: i64 = 300;
 /// (tag, the server's settings, the true lifetime when fixed).
-const CLASSES: [(&str, &str, Option<f64>); 4] = [
+type Class = (&'static str, &'static str, Option<f64>);
+const CLASSES: [Class; 4] = [
     ("fixed-1800", "1800", Some(1800.0)),
     ("fixed-3600", "3600", Some(3600.0)),
     ("fixed-7200", "7200", Some(7200.0)),
@@ -46,6 +47,7 @@ struct World {
     drawn: BTreeMap<String, Vec<f64>>,
     /// The clock when the last thread was written.
     written: f64,
+    classes: &'static [Class],
 }
 
 fn set_clock(path: &Path, unix: f64) {
@@ -59,13 +61,23 @@ fn at(unix: f64) -> DateTime<Utc> {
 /// The resources: one MCPServer and HandleClass per tag (with `declared` TTLs), one acting
 /// store.
 fn write_resources(w: &World, declared: &BTreeMap<&str, u64>) {
+    let specs = declared
+        .iter()
+        .map(|(tag, ttl)| (*tag, json!({"declaredTtlSeconds": ttl})))
+        .collect();
+    write_resources_with(w, &specs, &[]);
+}
+
+/// [`write_resources`] with each tag's HandleClass spec merged with `specs[tag]`, and `extra`
+/// documents.
+fn write_resources_with(w: &World, specs: &BTreeMap<&str, Value>, extra: &[Value]) {
     let (backend, dsn) = w.db.backend_dsn();
     let mut docs = vec![object(
         "CheckpointStore",
         "orders",
         merged(store_spec(backend, &dsn), json!({"mode": "act"})),
     )];
-    for ((tag, _, _), url) in CLASSES.iter().zip(&w.urls) {
+    for ((tag, _, _), url) in w.classes.iter().zip(&w.urls) {
         docs.push(object(
             "MCPServer",
             tag,
@@ -75,21 +87,22 @@ fn write_resources(w: &World, declared: &BTreeMap<&str, u64>) {
             observing_basket_class(),
             json!({"serverRef": tag, "appliesTo": {"metadata": {"lifetime_tag": tag}}}),
         );
-        if let Some(ttl) = declared.get(tag) {
-            class["declaredTtlSeconds"] = json!(ttl);
+        if let Some(spec) = specs.get(tag) {
+            class = merged(class, spec.clone());
         }
         docs.push(object("HandleClass", tag, class));
     }
+    docs.extend_from_slice(extra);
     support::fixtures::write_resources(&w.res, "resources.yaml", &docs);
 }
 
-async fn world(kind: Kind, name: &str) -> World {
+async fn world(kind: Kind, name: &str, classes: &'static [Class]) -> World {
     let dir = tempfile::tempdir().unwrap();
     let clock = dir.path().join("clock");
     let start = Utc::now().timestamp() as f64;
     set_clock(&clock, start);
     let clock_text = clock.to_str().unwrap().to_owned();
-    let servers: Vec<BasketServer> = CLASSES
+    let servers: Vec<BasketServer> = classes
         .iter()
         .map(|(_, setting, fixed)| {
             let ttl = ("BASKET_TTL_SECONDS", *setting);
@@ -106,11 +119,11 @@ async fn world(kind: Kind, name: &str) -> World {
     let urls: Vec<String> = servers.iter().map(BasketServer::url).collect();
     let db = Checkpoints::new(kind, dir.path(), name).await;
     let mut drawn = BTreeMap::new();
-    for ((tag, _, _), url) in CLASSES.iter().zip(&urls) {
+    for ((tag, _, _), url) in classes.iter().zip(&urls) {
         // Each class's mints spread over the same 1 200 s from `start` (each server only ever
         // sees its own class's calls, so the clock going back between classes is harmless).
         set_clock(&clock, start);
-        let out = write_many(&db, url, tag, &clock);
+        let out = write_many(&db, url, tag, &format!("{tag}-"), THREADS, &clock);
         let ttls: Vec<f64> = out["threads"]
             .as_object()
             .unwrap()
@@ -135,18 +148,26 @@ async fn world(kind: Kind, name: &str) -> World {
         urls,
         drawn,
         written,
+        classes,
         _dir: dir,
     };
     write_resources(&w, &BTreeMap::new());
     w
 }
 
-fn write_many(db: &Checkpoints, url: &str, tag: &str, clock: &Path) -> Value {
+fn write_many(
+    db: &Checkpoints,
+    url: &str,
+    tag: &str,
+    prefix: &str,
+    count: usize,
+    clock: &Path,
+) -> Value {
     let mut cmd = std::process::Command::new(support::var("CUSTODY_TEST_PYTHON"));
     cmd.arg(support::var("CUSTODY_TEST_ORDER_GRAPH"))
         .args(["write-many", "--server", url, "--count"])
-        .arg(THREADS.to_string())
-        .args(["--thread-prefix", &format!("{tag}-"), "--tag", tag])
+        .arg(count.to_string())
+        .args(["--thread-prefix", prefix, "--tag", tag])
         .args(["--clock-step", &MINT_SPACING.to_string()])
         .env("ORDER_GRAPH_CLOCK_FILE", clock);
     match db.db() {
@@ -221,7 +242,7 @@ fn class_with_status(
 }
 
 async fn history_estimates_the_known_lifetimes(kind: Kind, name: &str) {
-    let w = world(kind, name).await;
+    let w = world(kind, name, &CLASSES).await;
     // Every basket, the last minted at `written`, has expired 7200 s later; one more sweep.
     let began = std::time::Instant::now();
     let mut t = w.written;
@@ -392,4 +413,204 @@ async fn sqlite_history_estimates_the_known_lifetimes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn postgres_history_estimates_the_known_lifetimes() {
     history_estimates_the_known_lifetimes(Kind::Postgres, "lifetimes").await;
+}
+
+/// Two classes of the same lifetimes, drawn uniformly from 600–7200 s by servers of the same
+/// seed (so the same draws in the same order), both declaring 3 600 s from the start: about
+/// 45 % of the handles die before it, the rest outlive it. The sampled class (the default
+/// `probesWithinTtl`, 10) sees the early deaths and reads `DeclaredTtlPlausible=False`; the
+/// unsampled one (`probesWithinTtl: 0`) only ever probes handles past 3 600 s, whose early
+/// deaths show as `gone` at the first probe, and reads plausible: the gap the sample closes.
+const MIXTURE: [Class; 2] = [
+    ("mixture", "600:7200", None),
+    ("mixture-unsampled", "600:7200", None),
+];
+const MIXTURE_TTL: u64 = 3600;
+/// `spec.probesWithinTtl`'s default.
+const SAMPLE: usize = 10;
+
+async fn a_mixture_s_early_deaths_are_sampled(kind: Kind, name: &str) {
+    let w = world(kind, name, &MIXTURE).await;
+    let specs: BTreeMap<&str, Value> = [
+        ("mixture", json!({"declaredTtlSeconds": MIXTURE_TTL})),
+        (
+            "mixture-unsampled",
+            json!({"declaredTtlSeconds": MIXTURE_TTL, "probesWithinTtl": 0}),
+        ),
+    ]
+    .into();
+    write_resources_with(&w, &specs, &[]);
+    let drawn_early = w.drawn["mixture"]
+        .iter()
+        .filter(|&&l| l < MIXTURE_TTL as f64)
+        .count();
+    assert_eq!(w.drawn["mixture"], w.drawn["mixture-unsampled"]);
+    assert!(drawn_early >= 5, "{:?}", w.drawn["mixture"]);
+
+    let mut t = w.written;
+    let mut last = None;
+    let mut sampled_gone = 0;
+    while t <= w.written + 7200.0 + 2.0 * SWEEP_EVERY as f64 {
+        let r = sweep_at(&w, t, true).await;
+        let sampled: Vec<&custody::sweep::Row> = r
+            .rows
+            .iter()
+            .filter(|row| row.reason.contains("sampled within its declared lifetime"))
+            .collect();
+        assert!(
+            sampled.iter().all(|row| row.handle_class == "mixture"),
+            "probesWithinTtl: 0 samples nothing: {sampled:?}"
+        );
+        assert!(sampled.len() <= SAMPLE, "{} sampled at {t}", sampled.len());
+        for row in &sampled {
+            assert!(
+                row.probed && row.age_seconds.unwrap() < MIXTURE_TTL as i64,
+                "{row:?}"
+            );
+            // A sampled handle found gone gets the verdict of any gone handle.
+            if row.verdict == custody::domain::verdict::Verdict::Gone {
+                sampled_gone += 1;
+                assert!(
+                    row.reason
+                        .starts_with("probe answered isError: BASKET_EXPIRED")
+                );
+                assert!(row.action.is_some(), "{row:?}");
+            }
+        }
+        last = Some(r);
+        t += SWEEP_EVERY as f64;
+    }
+    assert!(sampled_gone > 0, "the sample found no early death");
+    let last = last.unwrap();
+
+    let sampled = lifetime(&last, "mixture");
+    let check = sampled.declared_ttl.as_ref().unwrap();
+    assert_eq!(
+        (check.ttl_seconds, check.plausible),
+        (MIXTURE_TTL, Some(false)),
+        "{sampled:?}"
+    );
+    let youngest = sampled.observed.youngest_gone_seconds.unwrap();
+    assert!(youngest < MIXTURE_TTL as i64, "{sampled:?}");
+    let unsampled = lifetime(&last, "mixture-unsampled");
+    assert_eq!(
+        unsampled.declared_ttl.as_ref().unwrap().plausible,
+        Some(true),
+        "without the sample the mixture reads plausible: {unsampled:?}"
+    );
+    assert!(
+        unsampled.observed.youngest_gone_seconds.unwrap() >= MIXTURE_TTL as i64,
+        "{unsampled:?}"
+    );
+
+    use custody::controller::{conditions, lifetime as controller};
+    let cond = controller::condition(&class_with_status("mixture", MIXTURE_TTL, sampled)).unwrap();
+    assert_eq!(
+        (cond.status, cond.reason),
+        (conditions::FALSE, controller::TOO_LONG),
+        "{cond:?}"
+    );
+    assert!(
+        cond.message
+            .contains(&format!("found handles gone as young as {youngest}s")),
+        "{}",
+        cond.message
+    );
+    let cond = controller::condition(&class_with_status(
+        "mixture-unsampled",
+        MIXTURE_TTL,
+        unsampled,
+    ))
+    .unwrap();
+    assert_eq!(cond.status, conditions::TRUE, "{cond:?}");
+
+    // Ages are taken when each probe is sent, not at the sweep's start: a class on a server
+    // that never answers, whose one thread sorts first, holds the rest of a one-thread-per-batch
+    // sweep back by its timeout (5 s), so every later probe is sent 5 s or more after the
+    // start. Observing sweeps at the same `t`, with and without it.
+    let plain = sweep_at(&w, t, false).await;
+    let hang = support::Peer::misbehaving("hang");
+    set_clock(&w.clock, w.written);
+    write_many(&w.db, &w.urls[0], "hang", "0-hang-", 1, &w.clock);
+    let hang_docs = [
+        object(
+            "MCPServer",
+            "hang",
+            merged(server_spec(&hang.url()), json!({"timeoutSeconds": 5})),
+        ),
+        object(
+            "HandleClass",
+            "hang",
+            merged(
+                observing_basket_class(),
+                json!({"serverRef": "hang", "appliesTo": {"metadata": {"lifetime_tag": "hang"}}}),
+            ),
+        ),
+    ];
+    write_resources_with(&w, &specs, &hang_docs);
+    set_clock(&w.clock, t);
+    let held = custody::sweep::collect(
+        &target(&w),
+        at(t),
+        custody::sweep::RunOptions {
+            batch_threads: 1,
+            ..Default::default()
+        },
+        &custody::sweep::act::LogSink,
+    )
+    .await
+    .unwrap();
+    assert_eq!(held.rows[0].handle_class, "hang", "{:?}", held.rows[0]);
+    // Per probed row: seconds from the sweep's `now` to its probe's send (the probe's age minus
+    // the age at `now`).
+    let delays = |r: &custody::sweep::Report| -> BTreeMap<String, i64> {
+        r.rows
+            .iter()
+            .filter(|row| row.probed && row.handle_class != "hang")
+            .map(|row| {
+                let delay = row.probe_age_seconds.unwrap() - row.age_seconds.unwrap();
+                (row.thread_id.clone(), delay)
+            })
+            .collect()
+    };
+    let (at_once, held_back) = (delays(&plain), delays(&held));
+    assert_eq!(at_once.len(), 2 * THREADS, "{at_once:?}");
+    assert_eq!(
+        at_once.keys().collect::<Vec<_>>(),
+        held_back.keys().collect::<Vec<_>>()
+    );
+    assert!(at_once.values().all(|d| *d >= 0), "{at_once:?}");
+    assert!(
+        held_back.values().all(|d| *d >= 4),
+        "probes sent after a 5 s timeout: {held_back:?}"
+    );
+    let youngest = |r: &custody::sweep::Report| {
+        lifetime(r, "mixture")
+            .observed
+            .youngest_gone_seconds
+            .unwrap()
+    };
+    let youngest_at_now = held
+        .rows
+        .iter()
+        .filter(|row| row.handle_class == "mixture")
+        .filter_map(|row| row.age_seconds)
+        .min()
+        .unwrap();
+    assert!(
+        youngest(&held) >= youngest_at_now + 4,
+        "{:?}",
+        lifetime(&held, "mixture")
+    );
+    assert!(youngest(&plain) >= youngest_at_now);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_a_mixture_s_early_deaths_are_sampled() {
+    a_mixture_s_early_deaths_are_sampled(Kind::Sqlite, "mixture").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_a_mixture_s_early_deaths_are_sampled() {
+    a_mixture_s_early_deaths_are_sampled(Kind::Postgres, "mixture").await;
 }

@@ -51,8 +51,10 @@ fn assert_verdicts(report: &Value, manifest: &Value) {
         manifest["threads"]["t-updated"]["handle"]
     );
     assert_eq!(updated["parked_by"], "edited");
-    // Probed: t-live, t-expired, t-updated. Not probed: principal mismatch, declared TTL, absent.
-    assert_eq!(report["stores"][0]["summary"]["probes"], 3);
+    // Probed: t-live, t-expired, t-updated, and t-ttl as the sample of handles within their
+    // declared lifetime (spec.probesWithinTtl, default 10). Not probed: principal mismatch,
+    // absent.
+    assert_eq!(report["stores"][0]["summary"]["probes"], 4);
 }
 
 fn protocol(report: &Value) -> String {
@@ -233,8 +235,8 @@ async fn a_shared_handle_is_probed_once() {
         assert_eq!(got[t].0, "ok", "{t}");
     }
     assert_eq!(
-        report["stores"][0]["summary"]["probes"], 3,
-        "four holders of one handle, one probe"
+        report["stores"][0]["summary"]["probes"], 4,
+        "four holders of one handle, one probe (and t-expired, t-updated, t-ttl's sample)"
     );
 }
 
@@ -259,7 +261,7 @@ fn human_table_has_every_column_and_a_summary() {
         "{text}"
     );
     assert!(
-        text.contains("6 parked threads, 6 handles: 3 ok, 2 gone, 1 absent, 0 unknown; 3 probes"),
+        text.contains("6 parked threads, 6 handles: 3 ok, 2 gone, 1 absent, 0 unknown; 4 probes"),
         "{text}"
     );
 }

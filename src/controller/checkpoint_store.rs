@@ -176,8 +176,13 @@ pub(super) async fn reconcile(
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
     //    CronJob that exists has an interval (one that skipped a run exists).
-    if let Some(s) = &current.last_sweep {
-        ctx.metrics.set_sweep(&ns, &store.name_any(), s);
+    match (&current.last_sweep, &store.metadata.creation_timestamp) {
+        (Some(s), _) => ctx.metrics.set_sweep(&ns, &store.name_any(), s),
+        (None, Some(created)) => {
+            ctx.metrics
+                .set_never_swept(&ns, &store.name_any(), created.0.as_millisecond());
+        }
+        (None, None) => {}
     }
     let interval = (scheduled.status == conditions::TRUE
         || scheduled.reason == conditions::MISSED_SCHEDULE)

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
@@ -16,7 +17,7 @@ use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
 use super::metrics::KindLabels;
 use super::{Context, Error, Guard, apply_status, skip_invalid};
-use crate::crd::{HandleClass, HandleClassStatus, MCPServer, validate};
+use crate::crd::{CheckpointStore, HandleClass, HandleClassStatus, MCPServer, validate};
 use crate::mcp::discovery::Catalog;
 
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
@@ -102,7 +103,10 @@ pub(super) async fn reconcile(
     {
         ctx.count_unusable("HandleClass", bad.reason);
     }
-    // 4. the declared TTL against the lifetimes the sweeps observed (pure), and its metrics
+    // 4. the declared TTL against the lifetimes the sweeps observed (pure), and its metrics,
+    // without the entries of deleted stores, which are dropped (API)
+    let kept = forget_deleted_stores(class, &ns, &ctx).await?;
+    let class = kept.as_ref().unwrap_or(class);
     let plausible = super::lifetime::condition(class);
     ctx.metrics.lifetime.set(class, &ns, plausible.as_ref());
     conds.extend(plausible);
@@ -154,6 +158,64 @@ fn unusable_config(server: &MCPServer) -> Option<String> {
                     .contains(&c.reason.as_str())
         })
         .map(|c| c.message.clone())
+}
+
+/// Drops the `status.observedLifetime` entries of CheckpointStores that no longer exist (no sweep
+/// of theirs will ever update or remove them): an apply under the entry's own field manager
+/// ([`crate::cluster::lifetime_field_manager`]) that leaves it out removes it, and leaves every
+/// other store's entry alone. Returns the class with the remaining entries when it dropped
+/// any. A HandleClass reconciles when a store whose entry it holds is deleted, and every minute.
+async fn forget_deleted_stores(
+    class: &HandleClass,
+    ns: &str,
+    ctx: &Context,
+) -> Result<Option<HandleClass>, Error> {
+    let entries = class
+        .status
+        .as_ref()
+        .map(|s| s.observed_lifetime.as_slice())
+        .unwrap_or_default();
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let stores: std::collections::BTreeSet<String> =
+        Api::<CheckpointStore>::namespaced(ctx.client.clone(), ns)
+            .list_metadata(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|m| m.metadata.name)
+            .collect();
+    let (kept, gone): (Vec<_>, Vec<_>) = entries.iter().partition(|e| stores.contains(&e.store));
+    if gone.is_empty() {
+        return Ok(None);
+    }
+    let api: Api<HandleClass> = Api::namespaced(ctx.client.clone(), ns);
+    let empty = serde_json::json!({"apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass"});
+    ctx.lease.check().await?;
+    for e in gone {
+        let manager = crate::cluster::lifetime_field_manager(&e.store);
+        match api
+            .patch_status(
+                &class.name_any(),
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&empty),
+            )
+            .await
+        {
+            // Deleted meanwhile: nothing left to drop.
+            Err(kube::Error::Api(r)) if r.code == 404 => {}
+            r => {
+                r?;
+            }
+        }
+        tracing::info!(namespace = ns, class = %class.name_any(), store = %e.store, "dropped the observed lifetime of a deleted CheckpointStore");
+    }
+    let mut class = class.clone();
+    if let Some(s) = class.status.as_mut() {
+        s.observed_lifetime = kept.into_iter().cloned().collect();
+    }
+    Ok(Some(class))
 }
 
 /// `Ready` from `Valid`: a class sweeps can use. `ProbeReadOnly=False` is a warning, not a

@@ -33,12 +33,13 @@ use crate::sweep::lifetime::age_buckets;
 pub const DECLARED_TTL_PLAUSIBLE: &str = "DeclaredTtlPlausible";
 /// Reason: no handle was found gone younger than the declared TTL, or few enough.
 pub const CONSISTENT: &str = "ConsistentWithObservations";
-/// Reason: handles were found gone younger than the declared TTL.
+/// Reason: handles were found gone younger than the declared TTL (by the sweeps' sample probes
+/// of young handles, `spec.probesWithinTtl`, or under a TTL declared later).
 pub const TOO_LONG: &str = "DeclaredTtlTooLong";
 /// Reason: too few handles observed to judge.
 pub const TOO_FEW: &str = "TooFewObservations";
 /// `DeclaredTtlPlausible=Unknown`: no handle was seen alive at the TTL's age, and the TTL keeps
-/// custody from probing younger ones ([`Plausibility::Unseen`]).
+/// custody from probing younger ones but for its sample ([`Plausibility::Unseen`]).
 pub const UNSEEN: &str = "TtlAgeNotObserved";
 
 /// The TTL judged, and where it comes from: `spec.declaredTtlSeconds`, else the longest
@@ -115,7 +116,7 @@ pub fn condition(class: &HandleClass) -> Option<Cond> {
                 DECLARED_TTL_PLAUSIBLE,
                 UNSEEN,
                 format!(
-                    "{source} is {ttl}s, but store {}'s sweeps saw no handle alive at that age (the oldest alive: {}; {} of {} handles found gone, the youngest at {}): custody does not probe handles younger than the TTL, so they cannot show it too long; lower or remove it for a while to measure",
+                    "{source} is {ttl}s, but store {}'s sweeps saw no handle alive at that age (the oldest alive: {}; {} of {} handles found gone, the youngest at {}): custody probes handles younger than the TTL only as a sample (spec.probesWithinTtl a sweep), so until a handle is seen alive at the TTL's age it is not confirmed; raise probesWithinTtl, or lower or remove the TTL for a while, to measure",
                     e.store,
                     seconds(oldest_alive.map(|s| s.max(0) as u64)),
                     e.handles_gone,

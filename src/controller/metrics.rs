@@ -153,7 +153,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Wall time in seconds of the store's most recent sweep that wrote its status.
     pub sweep_duration: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
-    /// Unix time in seconds at which the store's most recent sweep that wrote its status ended.
+    /// Unix time in seconds at which the store's most recent sweep that wrote its status ended;
+    /// the store's creation time until one has ([`Metrics::set_never_swept`]).
     pub sweep_last_success: Family<ObjectLabels, Gauge<f64, AtomicU64>>,
     /// Seconds between the store's scheduled sweeps: the longest gap between consecutive runs
     /// of its cron schedule (see `controller::schedule`).
@@ -271,7 +272,7 @@ impl Metrics {
         );
         r.register(
             "sweep_last_success_timestamp_seconds",
-            "Unix time at which the store's most recent sweep that wrote its status ended",
+            "Unix time at which the store's most recent sweep that wrote its status ended (its creation time until one has)",
             m.sweep_last_success.clone(),
         );
         r.register(
@@ -375,6 +376,20 @@ impl Metrics {
                 family.get_or_create(&labels).set(n as i64);
             }
         }
+    }
+
+    /// A store with no sweep that wrote its status yet: `custody_sweep_last_success_timestamp_seconds`
+    /// is its creation time (`created`, Unix milliseconds), so that `CustodySweepOverdue` (the
+    /// time since the last success above twice the schedule) fires for a store whose sweeps
+    /// never succeeded, as for one whose sweeps stopped succeeding; without a series it could
+    /// not. The other sweep gauges stay absent: there are no figures yet.
+    pub fn set_never_swept(&self, namespace: &str, name: &str, created: i64) {
+        self.sweep_last_success
+            .get_or_create(&ObjectLabels {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })
+            .set(created as f64 / 1000.0);
     }
 
     /// Sets the gauges of a store's schedule and sweep Jobs: `custody_sweep_schedule_interval_seconds`
@@ -558,5 +573,15 @@ mod tests {
         }
         metrics.forget_store("agents", "orders");
         assert!(!encode(&registry).contains("orders"));
+        // A store no sweep succeeded for yet: its creation time stands for the last success.
+        metrics.set_never_swept("agents", "new", 1_796_120_000_500);
+        let text = encode(&registry);
+        let line = r#"custody_sweep_last_success_timestamp_seconds{namespace="agents",name="new"} 1796120000.5"#;
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing in
+{text}"
+        );
+        assert!(!text.contains("custody_sweep_duration_seconds{"), "{text}");
     }
 }

@@ -605,6 +605,7 @@ async fn controllers(ctx: Arc<Context>) {
 
     let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone());
     let class_store = classes.store();
+    let lifetime_holders = class_store.clone();
     let classes = classes
         .watches(
             Api::<MCPServer>::all(client.clone()),
@@ -612,6 +613,20 @@ async fn controllers(ctx: Arc<Context>) {
             move |server: MCPServer| {
                 referrers(&class_store, &server, |c: &HandleClass, name| {
                     c.spec.server_ref == name
+                })
+            },
+        )
+        .watches(
+            Api::<Guard<CheckpointStore>>::all(client.clone()),
+            wc.clone(),
+            move |store: Guard<CheckpointStore>| {
+                // A deleted store's `status.observedLifetime` entries are dropped by the classes
+                // that hold them (handle_class::forget_deleted_stores) now, not at their next
+                // recheck.
+                referrers(&lifetime_holders, &store, |c: &HandleClass, name| {
+                    c.status
+                        .as_ref()
+                        .is_some_and(|s| s.observed_lifetime.iter().any(|e| e.store == name))
                 })
             },
         )

@@ -90,10 +90,22 @@ pub struct HandleClassSpec {
     pub probe: ProbeSpec,
 
     /// Seconds a handle is known to live after minting; while that has not elapsed the handle
-    /// counts as `ok` without a probe. A record's own `assumed_ttl_s` applies too; the shorter
-    /// one wins.
+    /// counts as `ok` without a probe (but see `probesWithinTtl`). A record's own
+    /// `assumed_ttl_s` applies too; the shorter one wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared_ttl_seconds: Option<u64>,
+
+    /// How many handles still within their declared TTL (`declaredTtlSeconds` or a record's
+    /// `assumed_ttl_s`) each sweep probes anyway, so that handles dying before the TTL are seen
+    /// and `DeclaredTtlPlausible` can turn `False` (without them a class whose handles partly
+    /// die before the TTL reads plausible: the TTL hides exactly those deaths). The sample is
+    /// the first distinct handles of the class the sweep meets (threads in id order; per shard
+    /// with `parallelism` above 1), at most this many per sweep. A sampled handle found gone
+    /// gets the verdict and the action of any gone handle; a sample probe that fails leaves the
+    /// TTL's `ok`. 0 turns sampling off; 0 to 1000, default 10.
+    #[serde(default = "default_probes_within_ttl")]
+    #[schemars(range(max = PROBES_WITHIN_TTL_MAX))]
+    pub probes_within_ttl: u32,
 
     /// What to do with a handle that is gone. custody acts only where the CheckpointStore's
     /// `mode` is `act` (in local mode: with `--apply`). A thread that holds no handle
@@ -154,6 +166,16 @@ pub struct RecordFields {
     /// Assumed lifetime in seconds, or null. Default `assumed_ttl_s`.
     #[serde(default = "d_assumed_ttl")]
     pub assumed_ttl_seconds: String,
+}
+
+/// The largest `spec.probesWithinTtl`: a sample is for measuring, not a second probe schedule.
+pub const PROBES_WITHIN_TTL_MAX: u32 = 1_000;
+
+/// Ten handles a sweep: a 15-minute schedule then follows ~1 000 young handles a day from mint
+/// to death (each sampled handle is probed at every sweep until it dies or ages past the TTL),
+/// enough for the estimate's low quantiles within a day or two, at ten extra probes a sweep.
+fn default_probes_within_ttl() -> u32 {
+    10
 }
 
 fn d_value() -> String {

@@ -265,6 +265,16 @@ pub fn handle_class(
             format!("does not compile: {e}"),
         )
     })?;
+    if spec.probes_within_ttl > super::handle_class::PROBES_WITHIN_TTL_MAX {
+        return Err(err(
+            "spec.probesWithinTtl",
+            format!(
+                "{} is out of range: 0 to {}",
+                spec.probes_within_ttl,
+                super::handle_class::PROBES_WITHIN_TTL_MAX
+            ),
+        ));
+    }
     if spec.on_gone == OnGone::Remint && spec.mint.is_none() {
         return Err(err("spec.mint", "onGone: remint requires mint"));
     }
@@ -595,6 +605,7 @@ mod tests {
                 gone_when: Default::default(),
             },
             declared_ttl_seconds: None,
+            probes_within_ttl: 10,
             on_gone: OnGone::Escalate,
             mint_inputs_path: None,
             replay: None,
@@ -617,6 +628,13 @@ mod tests {
         spec.state_path = "order..basket".into();
         assert_eq!(handle_class(&spec).unwrap_err().field, "spec.statePath");
         spec.state_path = "basket".into();
+        spec.probes_within_ttl = 1_001;
+        assert_eq!(
+            handle_class(&spec).unwrap_err().field,
+            "spec.probesWithinTtl"
+        );
+        spec.probes_within_ttl = 1_000;
+        assert!(handle_class(&spec).is_ok());
         spec.probe.gone_when.error_text_prefixes = Some(Vec::new());
         assert_eq!(
             handle_class(&spec).unwrap_err().field,

@@ -298,10 +298,11 @@ pub enum Plausibility {
     },
     /// The declared TTL is not longer than the observations support.
     Plausible,
-    /// No handle was seen alive at the TTL's age or older, and none found gone younger than it:
-    /// custody does not probe a handle younger than its TTL, so a TTL declared before any
-    /// observation hides exactly the ages that would show it too long (every handle then
-    /// answers `gone` at its first probe). Nothing to judge by.
+    /// No handle was seen alive at the TTL's age or older, and none found gone younger than it
+    /// in numbers that show it too long: custody probes handles younger than their TTL only as
+    /// a small sample each sweep (none with the sample turned off), so a TTL declared before
+    /// any observation hides most of the ages that would show it too long (every unsampled
+    /// handle then answers `gone` at its first probe). Nothing to judge by.
     Unseen {
         /// The oldest age a handle was seen alive at, seconds (below the TTL), if any.
         oldest_alive: Option<i64>,
@@ -323,7 +324,11 @@ pub enum Plausibility {
 /// The rule: a TTL makes custody treat a handle as alive, unprobed, until it is that old, so it
 /// is too long when handles were found gone younger than it (`youngest_gone < declared`, hard
 /// evidence, not only the estimate's) and the estimated 5th percentile lifetime is below it
-/// (more than one handle in 20 would be treated as alive when it is gone). It is consistent
+/// (more than one handle in 20 would be treated as alive when it is gone). The deaths younger
+/// than the TTL are only seen through the sweeps' sample probes of young handles: without them
+/// a class whose handles partly die before the TTL and partly outlive it reads plausible, since
+/// an early death then shows only as `gone` at the first probe past the TTL, which says
+/// nothing about when before it the handle died. It is consistent
 /// only when some handle was seen alive at the TTL's age or older ([`Plausibility::Unseen`]
 /// otherwise): a TTL that hid every younger age must not read as confirmed. A summary whose p5
 /// lies beyond every handle seen alive (`p5` `None` with enough observations) supports any TTL
@@ -477,6 +482,52 @@ mod tests {
             assert!((q - l).abs() <= 10, "{s:?}");
         }
         assert_eq!((s.oldest_alive, s.youngest_gone), (Some(995), Some(1005)));
+    }
+
+    /// A mixture: 30 % of handles die at 1 000 s, the rest at 8 000 s, under a declared TTL of
+    /// 3 600 s, swept every 300 s. Unsampled, every handle is first probed at 3 600–3 900 s.
+    /// Sampled, the first 10 handles (3 early deaths among them) are probed from minting on.
+    #[test]
+    fn early_deaths_seen_by_the_sample_show_a_mixture_s_ttl_too_long() {
+        let first_probe = |i: i64| 3600 + (i * 7) % 300;
+        let early = |i: i64| i % 10 < 3;
+        let unsampled = |i: i64| {
+            if early(i) {
+                b(None, Some(first_probe(i)))
+            } else {
+                b(Some(7800 + (i * 7) % 200), Some(8000 + (i * 7) % 200))
+            }
+        };
+        let sampled = |i: i64| match (i < 10, early(i)) {
+            (true, true) => b(Some(900 + i), Some(1100 + i)),
+            _ => unsampled(i),
+        };
+        let late_only: Vec<Bounds> = (0..40).map(unsampled).collect();
+        let with_sample: Vec<Bounds> = (0..40).map(sampled).collect();
+        // (case, observations, declared TTL, expected verdict's kind)
+        let cases: [(&str, &[Bounds], u64, &str); 4] = [
+            ("late probes only: the gap", &late_only, 3600, "plausible"),
+            ("the sample's early deaths", &with_sample, 3600, "too long"),
+            (
+                "a TTL below the early deaths",
+                &with_sample,
+                600,
+                "plausible",
+            ),
+            ("a TTL between the deaths", &with_sample, 1050, "plausible"),
+        ];
+        for (case, obs, declared, want) in cases {
+            let got = match check_declared(declared, &Summary::of(obs)) {
+                Plausibility::TooLong { youngest_gone, .. } => {
+                    assert_eq!(youngest_gone, 1100, "{case}");
+                    "too long"
+                }
+                Plausibility::Plausible => "plausible",
+                Plausibility::Unseen { .. } => "unseen",
+                Plausibility::TooFew { .. } => "too few",
+            };
+            assert_eq!(got, want, "{case}: {:?}", Summary::of(obs));
+        }
     }
 
     fn summary(p5: u64, youngest_gone: i64) -> Summary {

@@ -3,7 +3,10 @@
 //! 1. no handle → `absent` (a node that needs a handle and has none is as stuck as one holding a
 //!    dead handle);
 //! 2. minted for another principal than the thread now runs for → `gone`, without a round trip;
-//! 3. a declared lifetime that has not elapsed → `ok`, without a round trip;
+//! 3. a declared lifetime that has not elapsed → `ok`, without a round trip, unless the sweep
+//!    probes the handle as one of its bounded sample of young handles ([`Precheck::WithinTtl`],
+//!    [`sampled`]): then the probe decides, except that a probe that could not be completed
+//!    leaves the lifetime's `ok`;
 //! 4. otherwise the probe decides: an answer that says unknown/expired → `gone`, a success → `ok`,
 //!    and a probe that could not be completed → `unknown`. A probe that *raised* is never `gone`.
 
@@ -95,6 +98,15 @@ impl Decision {
 pub enum Precheck {
     /// Decided without the server.
     Decided(Decision),
+    /// Within its declared lifetime: `ok` without a round trip ([`within_ttl`]), unless the
+    /// sweep probes it to measure the lifetime (its sample of young handles), when [`sampled`]
+    /// decides.
+    WithinTtl {
+        /// Seconds since the handle's `minted_at`.
+        age: i64,
+        /// The lifetime that has not elapsed (the shorter of the declared ones), seconds.
+        ttl: u64,
+    },
     /// Only the probe can tell.
     Probe,
 }
@@ -127,25 +139,56 @@ pub fn precheck(
             format!("minted for principal {minted_for}, thread now runs as {current}"),
         ));
     }
-    if let Some(decision) = fresh(record, declared_ttl, now) {
-        return Precheck::Decided(decision);
-    }
-    Precheck::Probe
+    fresh(record, declared_ttl, now).unwrap_or(Precheck::Probe)
 }
 
-fn fresh(record: &HandleRecord, declared_ttl: Option<u64>, now: DateTime<Utc>) -> Option<Decision> {
+fn fresh(record: &HandleRecord, declared_ttl: Option<u64>, now: DateTime<Utc>) -> Option<Precheck> {
     let ttl = match (declared_ttl, record.assumed_ttl_seconds) {
         (Some(a), Some(b)) => a.min(b),
         (a, b) => a.or(b)?,
     };
     let age = now.signed_duration_since(record.minted_at?).num_seconds();
     // A mint time in the future (clock skew) proves nothing; probe instead.
-    (age >= 0 && (age as u64) < ttl).then(|| {
-        Decision::new(
-            Verdict::Ok,
-            format!("within its declared lifetime ({age}s of {ttl}s); not probed"),
-        )
-    })
+    (age >= 0 && (age as u64) < ttl).then_some(Precheck::WithinTtl { age, ttl })
+}
+
+/// The decision on a handle within its declared lifetime that is not probed: `ok`.
+pub fn within_ttl(age: i64, ttl: u64) -> Decision {
+    Decision::new(
+        Verdict::Ok,
+        format!("within its declared lifetime ({age}s of {ttl}s); not probed"),
+    )
+}
+
+/// The decision on a handle within its declared lifetime that the sweep probed as one of its
+/// sample of young handles (so that handles dying before their declared lifetime are seen at
+/// all), and whether the probe decided it. An `ok` or `gone` answer decides, exactly as for any
+/// probe (a dead handle is dead whatever its declaration said); a probe that could not be
+/// completed (`unknown`) proves nothing, so the lifetime's `ok` stands ([`within_ttl`], with
+/// the failure in the reason) and the row does not count as probed.
+pub fn sampled(probe: Decision, age: i64, ttl: u64) -> (Decision, bool) {
+    match probe.verdict {
+        Verdict::Unknown => (
+            Decision::new(
+                Verdict::Ok,
+                format!(
+                    "within its declared lifetime ({age}s of {ttl}s); a sample probe did not decide ({})",
+                    probe.reason
+                ),
+            ),
+            false,
+        ),
+        _ => (
+            Decision {
+                reason: format!(
+                    "{}; sampled within its declared lifetime ({age}s of {ttl}s)",
+                    probe.reason
+                ),
+                ..probe
+            },
+            true,
+        ),
+    }
 }
 
 /// What a probe call came back with.
@@ -311,7 +354,50 @@ mod tests {
     fn verdict(p: Precheck) -> Option<Verdict> {
         match p {
             Precheck::Decided(d) => Some(d.verdict),
+            Precheck::WithinTtl { age, ttl } => Some(within_ttl(age, ttl).verdict),
             Precheck::Probe => None,
+        }
+    }
+
+    #[test]
+    fn a_sample_probe_decides_unless_it_failed() {
+        assert_eq!(
+            precheck(&record(None, Some(10), None), None, Some(60), now()),
+            Precheck::WithinTtl { age: 10, ttl: 60 }
+        );
+        let gone = Decision::gone(GoneBy::Probe, "probe answered isError: BASKET_EXPIRED");
+        let ok = Decision::new(Verdict::Ok, "probe answered success");
+        let failed = Decision::new(Verdict::Unknown, "probe failed: connect failed");
+        // (probe's decision, verdict, gone_by, counts as probed, reason)
+        let cases = [
+            (
+                gone.clone(),
+                Verdict::Gone,
+                Some(GoneBy::Probe),
+                true,
+                "probe answered isError: BASKET_EXPIRED; sampled within its declared lifetime (10s of 60s)",
+            ),
+            (
+                ok,
+                Verdict::Ok,
+                None,
+                true,
+                "probe answered success; sampled within its declared lifetime (10s of 60s)",
+            ),
+            (
+                failed,
+                Verdict::Ok,
+                None,
+                false,
+                "within its declared lifetime (10s of 60s); a sample probe did not decide (probe failed: connect failed)",
+            ),
+        ];
+        for (probe, verdict, gone_by, probed, reason) in cases {
+            let (d, was_probed) = sampled(probe, 10, 60);
+            assert_eq!(
+                (d.verdict, d.gone_by, was_probed, d.reason.as_str()),
+                (verdict, gone_by, probed, reason)
+            );
         }
     }
 

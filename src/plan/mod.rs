@@ -246,6 +246,7 @@ impl Resources {
             probe_arguments: template,
             gone,
             declared_ttl: class.spec.declared_ttl_seconds,
+            probes_within_ttl: class.spec.probes_within_ttl as usize,
             action: ClassAction::from_spec(&class.spec, replay),
         })
     }
@@ -370,6 +371,9 @@ pub struct ClassPlan {
     pub gone: GoneRule,
     /// Declared lifetime in seconds.
     pub declared_ttl: Option<u64>,
+    /// Handles within their declared lifetime a sweep probes anyway, at most
+    /// (`spec.probesWithinTtl`).
+    pub probes_within_ttl: usize,
     /// What custody may do about gone and absent handles.
     pub action: ClassAction,
 }

@@ -1,7 +1,8 @@
 //! Observed handle lifetimes, gathered by a sweep (issue 19).
 //!
-//! Every row a probe decided `ok` or `gone` adds the handle's age (the sweep's `now` minus its
-//! record's `minted_at`) to that handle's [`Bounds`]. Rows decided without a probe (within a
+//! Every row a probe decided `ok` or `gone` adds the handle's age when the probe was sent
+//! ([`super::Row::probe_age_seconds`]: the sweep's `now`, plus the time from the sweep's start
+//! to the send, minus its record's `minted_at`) to that handle's [`Bounds`]. Rows decided without a probe (within a
 //! declared TTL, minted for another principal, no `minted_at`) and `unknown` rows add nothing.
 //! Handles are keyed by the SHA-256 of (class, server, handle value): handles can be
 //! bearer-like, so the value itself is never stored.
@@ -147,7 +148,7 @@ fn answer(row: &super::Row) -> Option<(i64, bool)> {
         Verdict::Gone => false,
         Verdict::Absent | Verdict::Unknown => return None,
     };
-    let age = row.age_seconds.filter(|a| *a >= 0)?;
+    let age = row.probe_age_seconds.filter(|a| *a >= 0)?;
     (row.probed && row.handle.is_some()).then_some((age, alive))
 }
 

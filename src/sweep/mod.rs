@@ -64,8 +64,15 @@ pub struct Row {
     pub handle_class: String,
     /// The handle, when there is one.
     pub handle: Option<String>,
-    /// Seconds since the handle was minted, when recorded.
+    /// Seconds since the handle was minted, when recorded, at the sweep's `now`.
     pub age_seconds: Option<i64>,
+    /// Seconds since the handle was minted when the probe that decided the row was sent (the
+    /// sweep's `now` plus the time from the sweep's start to the send): the age the observed
+    /// lifetime ([`lifetime`]) counts. `None` when no probe decided the row or no `minted_at`
+    /// was recorded. Not in the JSON report, where it would differ from run to run with the
+    /// probes' timing.
+    #[serde(skip)]
+    pub probe_age_seconds: Option<i64>,
     /// The principal the thread currently runs for.
     pub principal: Option<String>,
     /// The verdict.
@@ -198,6 +205,9 @@ struct Batch {
     /// on the row needs.
     facts: Vec<(usize, act::Facts)>,
     probes: HashMap<ProbeKey, PendingProbe>,
+    /// Rows waiting for a sample probe of a handle within its declared lifetime, by index into
+    /// `rows`: the handle's age and lifetime, for [`verdict::sampled`].
+    within_ttl: HashMap<usize, (i64, u64)>,
 }
 
 /// Where a sweep hands its finished rows, one batch at a time, and its skipped threads as the
@@ -365,12 +375,14 @@ pub async fn run_with(
     let mut sweep = Sweep {
         target,
         now,
+        started,
         sessions: &sessions,
         cache: ProbeCache::default(),
         summary: SweepSummary::default(),
         too_recent: 0,
         principals_seen: 0,
         classes_seen: vec![0; target.classes.len()],
+        sampled: vec![0; target.classes.len()],
         observed: target.classes.iter().map(|_| Default::default()).collect(),
         batches: 0,
     };
@@ -479,6 +491,8 @@ pub async fn run_with(
 struct Sweep<'t> {
     target: &'t Target,
     now: DateTime<Utc>,
+    /// When the sweep started: a probe sent `d` after it was sent at `now + d`.
+    started: Instant,
     sessions: &'t Sessions<'t>,
     cache: ProbeCache,
     /// Counted batch by batch (`audit`, `duration_ms` and `finished_at` at the end).
@@ -486,6 +500,9 @@ struct Sweep<'t> {
     too_recent: u64,
     principals_seen: u64,
     classes_seen: Vec<u64>,
+    /// Per class: the sample probes of handles within their declared lifetime sent so far
+    /// (at most [`ClassPlan::probes_within_ttl`]).
+    sampled: Vec<usize>,
     /// Per class (parallel to [`Target::classes`]): the probe answers by handle.
     observed: Vec<lifetime::ClassObservations>,
     /// Batches finished.
@@ -543,6 +560,7 @@ impl Sweep<'_> {
                 age_seconds: record
                     .and_then(|r| r.minted_at)
                     .map(|m| now.signed_duration_since(m).num_seconds()),
+                probe_age_seconds: None,
                 principal: principal.clone(),
                 verdict: Verdict::Unknown,
                 reason: String::new(),
@@ -555,51 +573,97 @@ impl Sweep<'_> {
                 thread.parked_by == ParkedBy::Interrupt,
                 record.cloned(),
             );
-            match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
-                Precheck::Decided(d) => set(&mut row, &mut facts, d),
-                Precheck::Probe => {
-                    let record = record.expect("precheck asks for a probe only for a record");
-                    let ctx = Context {
-                        handle: &record.value,
-                        thread_id: &thread.thread_id,
-                        principal: record.principal.as_deref(),
-                        record: &record.raw,
-                        item: None,
-                    };
-                    match class.probe_arguments.render(&ctx) {
-                        Ok(arguments) => {
-                            let key = probe_key(class, &arguments);
-                            if let Some(d) = self.cache.get(&key) {
-                                set(&mut row, &mut facts, d);
-                                row.probed = true;
-                            } else {
-                                batch
-                                    .probes
-                                    .entry(key)
-                                    .or_insert_with(|| PendingProbe {
-                                        key,
-                                        class: class_index,
-                                        arguments,
-                                        rows: Vec::new(),
-                                    })
-                                    .rows
-                                    .push(batch.rows.len());
+            // `Some(sample)`: probe it, `sample` being the age and lifetime of a handle within
+            // its declared lifetime that the sweep samples.
+            let probe_as =
+                match verdict::precheck(&holding, principal.as_deref(), class.declared_ttl, now) {
+                    Precheck::Decided(d) => {
+                        set(&mut row, &mut facts, d);
+                        None
+                    }
+                    Precheck::WithinTtl { age, ttl }
+                        if self.sampled[class_index] >= class.probes_within_ttl =>
+                    {
+                        set(&mut row, &mut facts, verdict::within_ttl(age, ttl));
+                        None
+                    }
+                    Precheck::WithinTtl { age, ttl } => Some(Some((age, ttl))),
+                    Precheck::Probe => Some(None),
+                };
+            if let Some(sample) = probe_as {
+                let record = record.expect("precheck asks for a probe only for a record");
+                let ctx = Context {
+                    handle: &record.value,
+                    thread_id: &thread.thread_id,
+                    principal: record.principal.as_deref(),
+                    record: &record.raw,
+                    item: None,
+                };
+                match class.probe_arguments.render(&ctx) {
+                    Ok(arguments) => {
+                        let key = probe_key(class, &arguments);
+                        if let Some((d, sent_after)) = self.cache.get(&key) {
+                            self.probed(&mut row, &mut facts, d, sample, sent_after);
+                        } else {
+                            if sample.is_some() && !batch.probes.contains_key(&key) {
+                                self.sampled[class_index] += 1;
                             }
+                            if let Some(sample) = sample {
+                                batch.within_ttl.insert(batch.rows.len(), sample);
+                            }
+                            batch
+                                .probes
+                                .entry(key)
+                                .or_insert_with(|| PendingProbe {
+                                    key,
+                                    class: class_index,
+                                    arguments,
+                                    rows: Vec::new(),
+                                })
+                                .rows
+                                .push(batch.rows.len());
                         }
-                        Err(e) => set(
-                            &mut row,
-                            &mut facts,
-                            Decision {
-                                verdict: Verdict::Unknown,
-                                reason: format!("cannot build probe: {e}"),
-                                gone_by: None,
-                            },
-                        ),
+                    }
+                    Err(e) => {
+                        let d = Decision {
+                            verdict: Verdict::Unknown,
+                            reason: format!("cannot build probe: {e}"),
+                            gone_by: None,
+                        };
+                        // Nothing was sent: a sample's lifetime `ok` stands.
+                        let d = match sample {
+                            Some((age, ttl)) => verdict::sampled(d, age, ttl).0,
+                            None => d,
+                        };
+                        set(&mut row, &mut facts, d);
                     }
                 }
             }
             batch.rows.push(row);
             batch.facts.push((class_index, facts));
+        }
+    }
+
+    /// Gives a row the decision of a probe sent `sent_after` the sweep's start: its verdict
+    /// ([`verdict::sampled`]'s for a sample of a handle within its declared lifetime), and its
+    /// handle's age at that moment ([`Row::probe_age_seconds`]).
+    fn probed(
+        &self,
+        row: &mut Row,
+        facts: &mut act::Facts,
+        d: Decision,
+        sample: Option<(i64, u64)>,
+        sent_after: std::time::Duration,
+    ) {
+        let (d, probed) = match sample {
+            Some((age, ttl)) => verdict::sampled(d, age, ttl),
+            None => (d, true),
+        };
+        set(row, facts, d);
+        row.probed = probed;
+        if probed && let Some(minted) = facts.record.as_ref().and_then(|r| r.minted_at) {
+            let sent = self.now + chrono::TimeDelta::from_std(sent_after).unwrap_or_default();
+            row.probe_age_seconds = Some(sent.signed_duration_since(minted).num_seconds());
         }
     }
 
@@ -617,12 +681,15 @@ impl Sweep<'_> {
             mut rows,
             mut facts,
             probes,
+            mut within_ttl,
         } = batch;
         if threads == 0 {
             return;
         }
-        for (pending, outcome, failure) in probe(target, self.sessions, probes.into_values()).await
+        for (pending, outcome, failure, sent) in
+            probe(target, self.sessions, probes.into_values()).await
         {
+            let sent_after = sent.saturating_duration_since(self.started);
             self.summary.probes += 1;
             if let Some(category) = failure {
                 *self
@@ -633,13 +700,19 @@ impl Sweep<'_> {
             }
             let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
             for &i in &pending.rows {
-                set(&mut rows[i], &mut facts[i].1, decision.clone());
-                rows[i].probed = true;
+                let sample = within_ttl.remove(&i);
+                self.probed(
+                    &mut rows[i],
+                    &mut facts[i].1,
+                    decision.clone(),
+                    sample,
+                    sent_after,
+                );
             }
             if let Some(&first) = pending.rows.first() {
                 self.observed[pending.class].probed(&rows[first]);
             }
-            self.cache.insert(pending.key, decision);
+            self.cache.insert(pending.key, decision, sent_after);
         }
 
         for (row, (index, facts)) in rows.iter_mut().zip(&facts) {
@@ -709,35 +782,43 @@ fn probe_key(class: &ClassPlan, arguments: &serde_json::Map<String, Value>) -> P
     key
 }
 
-/// The decision of every probe this sweep sent, so a handle held by threads in different
-/// batches is probed once per sweep. The only state of a sweep that grows with the store: per
-/// distinct probe a 16-byte key and a 4-byte index in a hash table (about 25–45 bytes with the
-/// table's spare capacity: ~40 MB at a million distinct handles), plus each distinct decision
+/// The decision of every probe this sweep sent, and when it was sent, so a handle held by
+/// threads in different batches is probed once per sweep. The only state of a sweep that grows
+/// with the store: per distinct probe a 16-byte key, a 4-byte index and a 4-byte send time in a
+/// hash table (about 30–50 bytes with the table's spare capacity: ~45 MB at a million distinct
+/// handles), plus each distinct decision
 /// once. Decisions repeat ("probe answered success", one refusal reason per server), except the
 /// text of a gone handle's error, which may name the handle (~100 bytes more for each).
 #[derive(Default)]
 struct ProbeCache {
-    by_key: HashMap<ProbeKey, u32>,
+    /// The decision's index in `decisions`, and milliseconds from the sweep's start to the
+    /// probe's send time (saturating at about 49 days).
+    by_key: HashMap<ProbeKey, (u32, u32)>,
     decisions: indexmap::IndexSet<(Verdict, Option<GoneBy>, String)>,
 }
 
 impl ProbeCache {
-    fn get(&self, key: &ProbeKey) -> Option<Decision> {
-        let (verdict, gone_by, reason) =
-            self.decisions.get_index(*self.by_key.get(key)? as usize)?;
-        Some(Decision {
-            verdict: *verdict,
-            reason: reason.clone(),
-            gone_by: *gone_by,
-        })
+    /// The decision, and how long after the sweep's start its probe was sent.
+    fn get(&self, key: &ProbeKey) -> Option<(Decision, std::time::Duration)> {
+        let &(index, sent_ms) = self.by_key.get(key)?;
+        let (verdict, gone_by, reason) = self.decisions.get_index(index as usize)?;
+        Some((
+            Decision {
+                verdict: *verdict,
+                reason: reason.clone(),
+                gone_by: *gone_by,
+            },
+            std::time::Duration::from_millis(sent_ms.into()),
+        ))
     }
 
-    fn insert(&mut self, key: ProbeKey, d: Decision) {
+    fn insert(&mut self, key: ProbeKey, d: Decision, sent_after: std::time::Duration) {
         let (index, _) = self.decisions.insert_full((d.verdict, d.gone_by, d.reason));
         // Past 4 billion distinct decisions a handle is not cached: a later batch probes it
         // again rather than borrow another decision.
         if let Ok(index) = u32::try_from(index) {
-            self.by_key.insert(key, index);
+            let sent_ms = u32::try_from(sent_after.as_millis()).unwrap_or(u32::MAX);
+            self.by_key.insert(key, (index, sent_ms));
         }
     }
 }
@@ -783,8 +864,9 @@ fn set(row: &mut Row, facts: &mut act::Facts, d: Decision) {
     facts.gone_by = d.gone_by;
 }
 
-/// A probe, its outcome, and the category of its failure when it could not be completed.
-type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
+/// A probe, its outcome, the category of its failure when it could not be completed, and when
+/// it was sent (its `tools/call`; for a server that could not be reached, when that was known).
+type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>, Instant);
 
 /// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
 /// parallel, a bounded number of calls in flight per server). A server that cannot be reached,
@@ -803,11 +885,17 @@ async fn probe(
                 .offering(&class.server.name, &class.probe_tool)
                 .await
             {
-                Err(u) => (p, ProbeOutcome::Failed(u.reason), Some(u.category)),
+                Err(u) => (
+                    p,
+                    ProbeOutcome::Failed(u.reason),
+                    Some(u.category),
+                    Instant::now(),
+                ),
                 Ok(conn) => {
+                    let sent = Instant::now();
                     let result = conn.call_tool(&class.probe_tool, p.arguments.clone()).await;
                     let failure = result.as_ref().err().map(crate::mcp::McpError::category);
-                    (p, ProbeOutcome::from(result), failure)
+                    (p, ProbeOutcome::from(result), failure, sent)
                 }
             }
         },

@@ -311,7 +311,9 @@ def write_fixtures(args: argparse.Namespace) -> dict[str, Any]:
             record("t-updated", "ok", snapshot_json(graph, config), "user-1", replaced_handle=replaced)
 
         if wanted("t-ttl"):
-            record("t-ttl", "ok", run("t-ttl", start, "user-1", assumed_ttl_s=3600), "user-1", probe_expected=False)
+            # Within its assumed_ttl_s, yet probed: the sweep's sample of young handles
+            # (HandleClass spec.probesWithinTtl, default 10).
+            record("t-ttl", "ok", run("t-ttl", start, "user-1", assumed_ttl_s=3600), "user-1", probe_expected=True)
 
     if args.expire_wait and expired_by is not None:
         # Wait once, at the end, until the 1-second basket of t-expired has surely

@@ -760,6 +760,7 @@ mod tests {
             probe_arguments: Template::parse(&BTreeMap::new()).unwrap(),
             gone: GoneRule::new(&Default::default()).unwrap(),
             declared_ttl: None,
+            probes_within_ttl: 0,
             action: ClassAction {
                 on_gone,
                 mint: None,
