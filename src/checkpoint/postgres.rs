@@ -173,6 +173,9 @@ latest AS (
         WHERE k.thread_id = e.thread_id AND k.checkpoint_ns = ''
     ) m
     WHERE m.checkpoint_id = ANY (e.ids)
+    -- Sorted here, on these narrow rows, so that the lookups below come out in thread order and
+    -- the final ORDER BY sorts nothing (sorting the wide rows spilled to disk at 10k parked).
+    ORDER BY e.thread_id
 )"#,
             shard_sql("w.thread_id"),
             shard_sql("u.thread_id")
