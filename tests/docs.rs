@@ -107,3 +107,16 @@ fn the_quickstart_and_the_next_step_share_one_build() {
         "README's local-mode commands use another build:\n{block}"
     );
 }
+
+/// README gives the optional indexes' statements exactly as custody detects them (by the names
+/// they create, on the tables they name).
+#[test]
+fn readme_gives_the_parked_indexes_custody_detects() {
+    let text = readme().split_whitespace().collect::<Vec<_>>().join(" ");
+    for (_, _, create) in custody::checkpoint::PARKED_INDEXES {
+        assert!(
+            text.contains(&format!("{create};")),
+            "README lacks {create};"
+        );
+    }
+}

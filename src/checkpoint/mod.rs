@@ -13,6 +13,7 @@
 
 mod doc;
 mod postgres;
+pub use postgres::{PARKED_INDEXES, ScanPlan};
 pub mod serde;
 mod shard;
 mod sqlite;
@@ -258,6 +259,15 @@ impl Store {
         })
     }
 
+    /// The statement a PostgreSQL scan runs, detected when connecting: [`ScanPlan::Indexed`]
+    /// when the DBA added both [`PARKED_INDEXES`], else [`ScanPlan::Full`]. `None` for SQLite.
+    pub fn scan_plan(&self) -> Option<ScanPlan> {
+        match self {
+            Self::Postgres(r) => Some(r.plan()),
+            Self::Sqlite(_) => None,
+        }
+    }
+
     /// Streams the parked threads, one item per thread, ordered by `thread_id`.
     ///
     /// `channels` names the state channels to read (the first segment of each handle class's
@@ -315,9 +325,10 @@ fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
 /// The statement a scan of a PostgresSaver database runs for `channels` requested channels, for
 /// a DBA's `EXPLAIN` and for the benchmark. Parameters: `$1` the channel names (`text[]`), `$2`
 /// and `$3` the shard count and index (`1`, `0` for the whole store), `$4` the largest blob,
-/// checkpoint document or metadata fetched, in bytes ([`MAX_VALUE_BYTES`]).
-pub fn postgres_scan_statement(channels: usize) -> String {
-    postgres::parked_sql(channels)
+/// checkpoint document or metadata fetched, in bytes ([`MAX_VALUE_BYTES`]). `plan` picks the
+/// statement ([`ScanPlan`]); a reader picks it itself ([`Store::scan_plan`]).
+pub fn postgres_scan_statement(channels: usize, plan: ScanPlan) -> String {
+    postgres::parked_sql(channels, plan)
 }
 
 /// Replaces the password of a DSN with `***`, for messages: in a URL (`user:***@`, a

@@ -40,7 +40,11 @@ const REQUIRED_MIGRATION: i32 = 3;
 /// and names what is wrong). Converting the ~1 KB JSONB document to text for every thread was a
 /// third of the database's work (BENCHMARKS.md, run 3). `@>` and `#>` walk the document in
 /// place; `->` on an object would copy it first.
-pub(super) fn parked_sql(channels: usize) -> String {
+///
+/// With [`ScanPlan::Indexed`] only the `latest` step differs: the candidate threads are read
+/// from the two partial indexes of [`PARKED_INDEXES`] instead of from every thread's
+/// checkpoints (see [`latest_sql`]); the rest, and so the rule and the rows, are the same.
+pub(super) fn parked_sql(channels: usize, plan: ScanPlan) -> String {
     use std::fmt::Write as _;
     let mut columns = String::new();
     let mut blobs = String::new();
@@ -65,19 +69,10 @@ LEFT JOIN LATERAL (
     }
     let plain =
         format!(r#"{{"v": {LATEST_FORMAT}, "channel_versions": {{}}, "channel_values": {{}}}}"#);
+    let latest = latest_sql(plan);
     format!(
         r#"
-WITH latest AS (
-    SELECT thread_id, max(checkpoint_id) AS checkpoint_id
-    FROM checkpoints
-    WHERE checkpoint_ns = ''
-      -- The shard ($2 = count, $3 = index): sha256(thread_id)[0..4] as an unsigned big-endian
-      -- integer, modulo the count (`Shard::contains`). Applied in the index-only scan, so a
-      -- shard looks up only its own threads' rows; with one shard the OR short-circuits.
-      AND ($2::int = 1
-           OR ('x' || encode(substr(sha256(convert_to(thread_id, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint % $2 = $3)
-    GROUP BY thread_id
-)
+WITH {latest}
 SELECT l.thread_id, l.checkpoint_id,
        CASE WHEN c.fits AND (p.task_id IS NULL OR NOT coalesce(c.checkpoint @> '{plain}', false))
             THEN coalesce(c.checkpoint, 'null') END,
@@ -117,6 +112,124 @@ WHERE p.task_id IS NOT NULL OR c.metadata ->> 'source' = 'update'
 ORDER BY l.thread_id
 "#
     )
+}
+
+/// The shard filter on `col` ($2 = count, $3 = index): sha256(thread_id)[0..4] as an unsigned
+/// big-endian integer, modulo the count (`Shard::contains`). Applied in the index scans, so a
+/// shard looks up only its own threads' rows; with one shard the OR short-circuits.
+fn shard_sql(col: &str) -> String {
+    format!(
+        "($2::int = 1\n           OR ('x' || encode(substr(sha256(convert_to({col}, 'UTF8')), 1, 4), 'hex'))::bit(32)::bigint % $2 = $3)"
+    )
+}
+
+/// The `latest` step of [`parked_sql`]: (thread_id, checkpoint_id) of the latest root
+/// checkpoint of each thread that may be parked (the final `ORDER BY` sorts them by thread).
+///
+/// [`ScanPlan::Full`]: every thread (an index-only scan of the primary key grouped by thread).
+///
+/// [`ScanPlan::Indexed`]: the threads in the partial indexes of [`PARKED_INDEXES`] (every root
+/// `__interrupt__` write, every root checkpoint whose metadata `source` is `update`), kept
+/// when their latest checkpoint (one primary-key probe per thread and index) is one of their
+/// rows there. That keeps exactly the threads the final `WHERE` of
+/// [`parked_sql`] can keep: a pending interrupt needs an `__interrupt__` write on the latest
+/// checkpoint, an edit needs `source = 'update'` on it. An interrupt answered long ago (the
+/// thread resumed since) costs its index entry and the probe, never a row, so the cost grows
+/// with the threads ever interrupted or edited, not with the threads stored. The predicates
+/// repeat the indexes' `WHERE` clauses so that the planner can match them.
+fn latest_sql(plan: ScanPlan) -> String {
+    match plan {
+        ScanPlan::Full => format!(
+            r#"latest AS (
+    SELECT thread_id, max(checkpoint_id) AS checkpoint_id
+    FROM checkpoints
+    WHERE checkpoint_ns = ''
+      AND {}
+    GROUP BY thread_id
+)"#,
+            shard_sql("thread_id")
+        ),
+        ScanPlan::Indexed => format!(
+            r#"candidates AS (
+    -- Grouped per index, in its (thread_id, checkpoint_id) order: one probe per thread below,
+    -- not per answered interrupt.
+    SELECT w.thread_id, array_agg(w.checkpoint_id) AS ids FROM checkpoint_writes w
+    WHERE w.checkpoint_ns = '' AND w.channel = '__interrupt__'
+      AND {}
+    GROUP BY w.thread_id
+    UNION ALL
+    SELECT u.thread_id, array_agg(u.checkpoint_id) FROM checkpoints u
+    WHERE u.checkpoint_ns = '' AND (u.metadata ->> 'source') = 'update'
+      AND {}
+    GROUP BY u.thread_id
+),
+latest AS (
+    -- A thread in both indexes whose latest checkpoint is in both (an interrupted edit) comes
+    -- out once.
+    SELECT DISTINCT e.thread_id, m.checkpoint_id
+    FROM candidates e
+    CROSS JOIN LATERAL (
+        SELECT max(k.checkpoint_id) AS checkpoint_id FROM checkpoints k
+        WHERE k.thread_id = e.thread_id AND k.checkpoint_ns = ''
+    ) m
+    WHERE m.checkpoint_id = ANY (e.ids)
+    -- Sorted here, on these narrow rows, so that the lookups below come out in thread order and
+    -- the final ORDER BY sorts nothing (sorting the wide rows spilled to disk at 10k parked).
+    ORDER BY e.thread_id
+)"#,
+            shard_sql("w.thread_id"),
+            shard_sql("u.thread_id")
+        ),
+    }
+}
+
+/// Which statement a scan of a PostgresSaver database runs, chosen when the reader connects
+/// from the indexes present ([`PARKED_INDEXES`]). Both return the same rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScanPlan {
+    /// Reads the latest checkpoint of every thread: the cost grows with the threads stored.
+    Full,
+    /// Starts from the optional partial indexes: the cost grows with the threads ever
+    /// interrupted or edited, and documents, writes and blobs are read for the parked only.
+    Indexed,
+}
+
+/// The optional partial indexes a DBA may add for [`ScanPlan::Indexed`], as (name, table,
+/// statement). custody never creates them (it never writes to LangGraph's tables); it uses
+/// them when both exist under these names, on these tables, and are valid (a failed
+/// `CREATE INDEX CONCURRENTLY` leaves an invalid one). README, "A sweep that reads only what is
+/// parked", gives their size and their write cost.
+pub const PARKED_INDEXES: [(&str, &str, &str); 2] = [
+    (
+        "custody_interrupts",
+        "checkpoint_writes",
+        "CREATE INDEX CONCURRENTLY custody_interrupts ON checkpoint_writes (thread_id, checkpoint_id) WHERE checkpoint_ns = '' AND channel = '__interrupt__'",
+    ),
+    (
+        "custody_updates",
+        "checkpoints",
+        "CREATE INDEX CONCURRENTLY custody_updates ON checkpoints (thread_id, checkpoint_id) WHERE checkpoint_ns = '' AND (metadata ->> 'source') = 'update'",
+    ),
+];
+
+/// Whether every index of [`PARKED_INDEXES`] is there: looked up by name on the connection's
+/// `search_path` (where the statement's unqualified table names resolve), on the right table,
+/// valid and ready.
+async fn detect_plan(pool: &PgPool) -> Result<ScanPlan, sqlx::Error> {
+    for (name, table, _) in PARKED_INDEXES {
+        let ok: Option<bool> = sqlx::query_scalar(
+            "SELECT x.indisvalid AND x.indisready AND x.indrelid = to_regclass($2)
+             FROM pg_index x WHERE x.indexrelid = to_regclass($1)",
+        )
+        .bind(name)
+        .bind(table)
+        .fetch_optional(pool)
+        .await?;
+        if ok != Some(true) {
+            return Ok(ScanPlan::Full);
+        }
+    }
+    Ok(ScanPlan::Indexed)
 }
 
 /// The leading columns of [`parked_sql`], by position.
@@ -173,6 +286,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A read-only pool on a PostgresSaver database.
 pub struct Reader {
     pool: PgPool,
+    plan: ScanPlan,
 }
 
 impl Reader {
@@ -226,7 +340,13 @@ impl Reader {
                         "checkpoint schema is newer than custody knows; reading anyway"
                     );
                 }
-                Ok(Self { pool })
+                let plan = detect_plan(&pool).await.map_err(StoreError::Query)?;
+                tracing::info!(
+                    dsn = %shown,
+                    plan = ?plan,
+                    "PostgreSQL scan plan (Indexed with the optional partial indexes custody_interrupts and custody_updates)"
+                );
+                Ok(Self { pool, plan })
             }
             Ok(v) => Err(StoreError::Schema(format!(
                 "{shown}: LangGraph checkpoint migration {v:?} is older than {REQUIRED_MIGRATION}; run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x"
@@ -240,6 +360,11 @@ impl Reader {
         }
     }
 
+    /// The statement this reader's scans run.
+    pub(super) fn plan(&self) -> ScanPlan {
+        self.plan
+    }
+
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],
@@ -247,7 +372,7 @@ impl Reader {
     ) -> BoxStream<'a, Result<Scanned, StoreError>> {
         // Only the channel count varies the text; the names are bound. The text is built by
         // custody alone (no input reaches it), so it is SQL-safe.
-        sqlx::query(sqlx::AssertSqlSafe(parked_sql(channels.len())))
+        sqlx::query(sqlx::AssertSqlSafe(parked_sql(channels.len(), self.plan)))
             .bind(channels.to_vec())
             .bind(i32::try_from(shard.count()).expect("shard count <= MAX_SHARDS"))
             .bind(i64::from(shard.index()))

@@ -2,7 +2,8 @@
 
   driver.py scan  --out DIR --bin SCAN_BIN --python VENV_PY --url BASE_URL --sizes 10000,100000
                   [--runs 5] [--slow-runs 3] [--slow-runs-big 1] [--api-max 100000]
-                  [--slow-max 100000] [--shards 1,2,4]
+                  [--slow-max 100000] [--shards 1,2,4] [--db-suffix _p1] [--plan full|indexed]
+                  [--only a_custody,c_careful,d_best]
   driver.py probe --out DIR --bin SCAN_BIN --resources DIR --server-pids P,P,...
                   --expect-probes K --runs 3
 
@@ -71,10 +72,11 @@ def psql_copy(url: str, sql_file: Path) -> list[str]:
             f"\\copy ({one}) to '/dev/null' with (format binary)"]
 
 
-def custody_sql(bin_: str, out: Path, count: int = 1, index: int = 0) -> Path:
-    """The statement custody's scan runs (`scan sql`, from the library itself), parameters
-    inlined: the one channel `basket`, shard `index` of `count`, custody's blob size limit."""
-    sql = subprocess.run([bin_, "sql"], capture_output=True, text=True, check=True).stdout
+def custody_sql(bin_: str, out: Path, count: int = 1, index: int = 0, plan: str = "full") -> Path:
+    """The statement custody's scan runs (`scan sql --plan PLAN`, from the library itself),
+    parameters inlined: the one channel `basket`, shard `index` of `count`, custody's blob size
+    limit."""
+    sql = subprocess.run([bin_, "sql", "--plan", plan], capture_output=True, text=True, check=True).stdout
     sql = (sql.replace("$1::text[]", "'{basket}'::text[]").replace("$2", str(count))
            .replace("$3", str(index)).replace("$4", str(16 << 20)))
     sql = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
@@ -90,13 +92,13 @@ def median(xs: list[float]) -> float | None:
 def scan(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cur_sql = custody_sql(args.bin, out)
+    cur_sql = custody_sql(args.bin, out, plan=args.plan)
     raw = (out / "raw.jsonl").open("a")
     sizes = [int(s) for s in args.sizes.split(",")]
     shards = [int(s) for s in args.shards.split(",")] if args.shards else []
     summary = {}
     for n in sizes:
-        url = f"{args.url}/lg_{n}"
+        url = f"{args.url}/lg_{n}{args.db_suffix}"
         sweepers = {
             "d_best": psql_copy(url, cur_sql),
             "d_min": psql_copy(url, SQL / "careful.sql"),
@@ -104,13 +106,17 @@ def scan(args: argparse.Namespace) -> int:
             "c_careful": [args.python, str(HERE / "sweepers.py"), "careful", url],
             "c_same_rule": [args.python, str(HERE / "sweepers.py"), "careful", url, str(SQL / "careful_same_rule.sql")],
         }
+        if args.only:
+            sweepers = {k: v for k, v in sweepers.items() if k in args.only.split(",")}
         slow = {}
-        if n <= args.slow_max:
+        if n <= args.slow_max and not args.only:
             slow["b_ids"] = [args.python, str(HERE / "sweepers.py"), "ids", url]
-        if n <= args.api_max:
+        if n <= args.api_max and not args.only:
             slow["b_api"] = [args.python, str(HERE / "sweepers.py"), "api", url]
-        for name in ("d_best", "a_custody", "c_careful", "c_same_rule"):  # warm-up, untimed
-            timed(sweepers[name])
+        for name in [k for k in ("d_best", "a_custody", "c_careful", "c_same_rule") if k in sweepers]:  # warm-up, untimed
+            warm = timed(sweepers[name])
+            if name == "a_custody" and warm["out"].get("plan") != args.plan:
+                raise SystemExit(f"custody chose plan {warm['out'].get('plan')} on {url}, expected {args.plan}")
         runs: dict[str, list[dict]] = {k: [] for k in [*sweepers, *slow]}
 
         def one_round(r: int, with_slow: bool) -> None:
@@ -381,6 +387,10 @@ def main() -> int:
     s.add_argument("--api-max", type=int, default=100000, help="largest N for b_api (list(None) holds every checkpoint in memory)")
     s.add_argument("--slow-max", type=int, default=100000, help="largest N for b_ids (about 0.5-2 ms per thread)")
     s.add_argument("--shards", default="1,2,4")
+    s.add_argument("--db-suffix", default="", help="databases lg_<N><suffix> (run.sh --parked-pct)")
+    s.add_argument("--plan", default="full", choices=["full", "indexed"],
+                   help="custody's statement for d_best; a_custody must have detected the same plan")
+    s.add_argument("--only", default="", help="time only these fast sweepers (no b sweepers then)")
     s.add_argument("--noisy-load", type=float, default=3.0)
     s.add_argument("--retries", type=int, default=1)
     q = sub.add_parser("probe")

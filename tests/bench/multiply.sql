@@ -2,9 +2,15 @@
 -- threads, inside the database. Run on a database created WITH TEMPLATE lg_tpl:
 --
 --   psql -v ON_ERROR_STOP=1 -v n=100000 -d lg_100000 -f tests/bench/multiply.sql
+--   psql -v ON_ERROR_STOP=1 -v n=1000000 -v parked_pct=1 -d lg_1000000_p1 -f tests/bench/multiply.sql
 --
 -- Thread g (1..n) copies template (g % 10): 0-2 tpl-pb1, 3-5 tpl-pb2, 6-7 tpl-pb4 (parked with a
 -- basket: 80%), 8 tpl-nb (parked without one: 10%), 9 tpl-done (finished: 10%).
+-- With -v parked_pct=P (0..100), the mostly-finished store of a production database instead:
+-- thread g is parked when g % 100 < P, copying the parked templates in the proportions above
+-- ((g / 100) % 9 as the kind 0-8); the others are finished, half tpl-done (resumed to the end:
+-- its answered interrupts stay in checkpoint_writes) and half tpl-fin (finished without ever
+-- being interrupted), by g % 2.
 --  * thread_id = md5('t' || g) as a UUID string (the shape LangGraph Platform uses);
 --  * every row of the template thread is copied: checkpoints, blobs, writes;
 --  * checkpoint ids, task ids and interrupt ids are kept: they are unique per thread in the
@@ -21,6 +27,11 @@
 \set ON_ERROR_STOP on
 SET client_min_messages = warning;
 SELECT set_config('bench.n', :'n', false) AS n_set \gset
+\if :{?parked_pct}
+\else
+\set parked_pct -1
+\endif
+SELECT set_config('bench.parked_pct', :'parked_pct', false) AS p_set \gset
 
 CREATE TEMP TABLE tpl_kind (kind int PRIMARY KEY, thread text NOT NULL);
 INSERT INTO tpl_kind VALUES
@@ -28,7 +39,25 @@ INSERT INTO tpl_kind VALUES
   (3, 'tpl-pb2'), (4, 'tpl-pb2'), (5, 'tpl-pb2'),
   (6, 'tpl-pb4'), (7, 'tpl-pb4'),
   (8, 'tpl-nb'),
-  (9, 'tpl-done');
+  (9, 'tpl-done'),
+  (10, 'tpl-fin');
+
+-- The template kind of thread g (see the top).
+CREATE FUNCTION pg_temp.kind(g bigint, p int) RETURNS int
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN p < 0 THEN (g % 10)::int
+              WHEN g % 100 < p THEN ((g / 100) % 9)::int
+              WHEN g % 2 = 0 THEN 9
+              ELSE 10 END
+$$;
+
+DO $$
+BEGIN
+  IF current_setting('bench.parked_pct')::int >= 0
+     AND NOT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = 'tpl-fin') THEN
+    RAISE EXCEPTION 'parked_pct needs the tpl-fin template: rebuild lg_tpl (tests/bench/templates.py)';
+  END IF;
+END $$;
 
 -- The template's own handle, read from its basket blob (NULL for tpl-nb).
 CREATE TEMP TABLE tpl_handle AS
@@ -68,6 +97,7 @@ SELECT format('DROP INDEX %I', name) FROM saved_idx WHERE conname IS NULL
 DO $$
 DECLARE
   n bigint := current_setting('bench.n')::bigint;
+  p int := current_setting('bench.parked_pct')::int;
   lo bigint := 1;
   hi bigint;
 BEGIN
@@ -80,7 +110,7 @@ BEGIN
                 ELSE c.checkpoint END,
            c.metadata
     FROM generate_series(lo, hi) g
-    JOIN tpl_handle h ON h.kind = g % 10
+    JOIN tpl_handle h ON h.kind = pg_temp.kind(g, p)
     JOIN tpl_ck c ON c.thread_id = h.thread
     ORDER BY c.checkpoint_id, g;
 
@@ -88,7 +118,7 @@ BEGIN
     SELECT md5('t' || g)::uuid::text, b.checkpoint_ns, b.channel, b.version, b.type,
            pg_temp.swap(b.blob, h.handle, convert_to('bsk_' || lpad(to_hex(g), 16, '0'), 'UTF8'))
     FROM generate_series(lo, hi) g
-    JOIN tpl_handle h ON h.kind = g % 10
+    JOIN tpl_handle h ON h.kind = pg_temp.kind(g, p)
     JOIN tpl_bl b ON b.thread_id = h.thread
     ORDER BY b.version, g;
 
@@ -97,7 +127,7 @@ BEGIN
            pg_temp.swap(w.blob, h.handle, convert_to('bsk_' || lpad(to_hex(g), 16, '0'), 'UTF8')),
            w.task_path
     FROM generate_series(lo, hi) g
-    JOIN tpl_handle h ON h.kind = g % 10
+    JOIN tpl_handle h ON h.kind = pg_temp.kind(g, p)
     JOIN tpl_wr w ON w.thread_id = h.thread
     ORDER BY w.checkpoint_id, w.task_id, w.idx, g;
 

@@ -4,6 +4,7 @@
 #   bash tests/bench/run.sh                         # everything: 10k, 100k, 1M threads + probe cost
 #   bash tests/bench/run.sh --sizes 10000 --runs 3  # a quick look
 #   bash tests/bench/run.sh --drop                  # stop the benchmark's PostgreSQL, delete its data
+#   bash tests/bench/run.sh --sizes 1000000 --parked-pct 1 --no-probe   # issue 20's 1%-parked row
 #
 # Options:
 #   --sizes N,N,...   default 10000,100000,1000000
@@ -12,6 +13,12 @@
 #   --slow-max N      largest N for the b_ids sweeper, default 100000 (at 1M one run takes ~8 min);
 #                     b_api stops at 100000 whatever: list(None) holds every checkpoint in memory
 #                     (3.7 GB at 100k, tens of GB at 1M)
+#   --parked-pct P    build lg_<N>_p<P> instead: P% of the threads parked, the rest finished
+#                     (multiply.sql), and time the sweepers twice, without and then with the
+#                     optional partial indexes (PARKED_INDEXES in src/checkpoint/postgres.rs):
+#                     their build time and size, EXPLAIN (ANALYZE, BUFFERS) of both custody
+#                     statements, LangGraph's write cost without and with them (write_cost.py);
+#                     only a, c and d (custody's statement) are timed, and no shards
 #   --no-probe, --probe-only, --out DIR
 #
 # What it does, reusing whatever a previous run left in $CUSTODY_BENCH_DIR (default
@@ -41,6 +48,7 @@ scan=1
 drop=0
 bench_dir="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
 out=""
+parked_pct=""
 # Probe-cost shape: M threads, D distinct handles, K servers.
 probe_m="${BENCH_PROBE_M:-20000}"
 probe_d="${BENCH_PROBE_D:-2000}"
@@ -56,6 +64,7 @@ while [[ $# -gt 0 ]]; do
         --no-probe) probe=0; shift ;;
         --probe-only) scan=0; shift ;;
         --out) out="$2"; shift 2 ;;
+        --parked-pct) parked_pct="$2"; shift 2 ;;
         --drop) drop=1; shift ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -133,15 +142,19 @@ start_basket() {  # sets basket_url; appends the pid to servers
     log "basket server on $port did not start"; exit 1
 }
 
-multiply() {  # multiply N DB
+multiply() {  # multiply N DB [PARKED_PCT]
     psql -X -q "$url" -c "DROP DATABASE IF EXISTS $2" -c "CREATE DATABASE $2 TEMPLATE lg_tpl"
     local t0=$SECONDS
-    psql -X -q -v ON_ERROR_STOP=1 -v n="$1" -d "$base/$2" -f "$here/multiply.sql"
+    psql -X -q -v ON_ERROR_STOP=1 -v n="$1" ${3:+-v parked_pct="$3"} -d "$base/$2" -f "$here/multiply.sql"
     psql -X -q "$base/$2" -c "VACUUM (ANALYZE)" -c "COMMENT ON DATABASE $2 IS 'bench complete'"
     log "$2: $1 threads built in $((SECONDS - t0)) s"
 }
 
 # 3. templates, checked with LangGraph
+# A template database from before tpl-fin lacks what --parked-pct copies.
+if db_complete lg_tpl && [[ "$(psql -X -Atq "$base/lg_tpl" -c "SELECT count(*) > 0 FROM checkpoints WHERE thread_id = 'tpl-fin'")" != t ]]; then
+    psql -X -q "$url" -c "COMMENT ON DATABASE lg_tpl IS NULL"
+fi
 if ! db_complete lg_tpl; then
     psql -X -q "$url" -c "DROP DATABASE IF EXISTS lg_tpl" -c "CREATE DATABASE lg_tpl"
     start_basket
@@ -153,49 +166,88 @@ if ! db_complete lg_tpl; then
     psql -X -q "$url" -c "DROP DATABASE lg_verify"
 fi
 
+# The optional partial indexes (PARKED_INDEXES in src/checkpoint/postgres.rs; README).
+drop_indexes() {  # drop_indexes DB_URL
+    psql -X -q "$1" -c "DROP INDEX IF EXISTS custody_interrupts" -c "DROP INDEX IF EXISTS custody_updates"
+}
+create_indexes() {  # create_indexes DB_URL N: the build time and size of each
+    local stmt t0
+    while IFS= read -r stmt; do
+        t0=$(date +%s.%N)
+        psql -X -q -v ON_ERROR_STOP=1 "$1" -c "$stmt"
+        log "lg_$2$suffix: $(python3 -c 'import sys,time; print(f"{time.time() - float(sys.argv[1]):.1f}")' "$t0") s: $stmt"
+    done < <("$bin" sql-indexes)
+    psql -X -Atq -F $'\t' "$1" -c "
+        SELECT $2, c.relname, c.reltuples::bigint, pg_relation_size(c.oid), pg_size_pretty(pg_relation_size(c.oid))
+        FROM pg_class c WHERE c.relname IN ('custody_interrupts', 'custody_updates')" | tee -a "$out/index_sizes.tsv"
+}
+
+# 5. plans (warm: run each once first) and 6. the timings, into $out/PHASE; PLAN is custody's
+# statement (full or indexed: `scan sql --plan`).
+plans_and_timings() {  # plans_and_timings PHASE PLAN
+    local dir="$out${1:+/$1}" n q name file same_rule=()
+    [[ -n "$parked_pct" ]] || same_rule=(careful_same_rule:"$here/sql/careful_same_rule.sql")
+    mkdir -p "$dir"
+    python3 - "$here" "$bin" "$dir" "$2" <<'EOF'
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import driver
+driver.custody_sql(sys.argv[2], Path(sys.argv[3]), plan=sys.argv[4])
+EOF
+    for n in "${size_list[@]}"; do
+        (( n >= 100000 )) || [[ -n "$parked_pct" ]] || continue
+        for q in custody:"$dir/custody.sql" careful:"$here/sql/careful.sql" "${same_rule[@]}"; do
+            name="${q%%:*}"; file="${q#*:}"
+            psql -X -q "$base/lg_$n$suffix" -c "\\copy ($(grep -v '^ *--' "$file" | tr '\n' ' ')) to '/dev/null'"
+            { echo "-- load average: $(cut -d' ' -f1-3 /proc/loadavg)"; psql -X "$base/lg_$n$suffix" -c "EXPLAIN (ANALYZE, BUFFERS) $(cat "$file")"; } \
+                >"$dir/explain_${name}_$n.txt"
+            log "${1:+$1: }plan $name at $n: $(grep 'Execution Time' "$dir/explain_${name}_$n.txt")"
+        done
+    done
+    log "${1:+$1: }timing sizes $sizes, $runs runs ($slow_runs for the LangGraph API sweepers)"
+    "$py" "$here/driver.py" scan --out "$dir" --bin "$bin" --python "$py" --url "$base" \
+        --sizes "$sizes" --runs "$runs" --runs-big "$runs_big" --slow-runs "$slow_runs" --slow-max "$slow_max" \
+        ${parked_pct:+--db-suffix "$suffix" --plan "$2" --shards "" --only a_custody,c_careful,d_best}
+}
+
 # 4. the databases
 IFS=, read -r -a size_list <<<"$sizes"
+suffix="${parked_pct:+_p$parked_pct}"
 if [[ $scan -eq 1 ]]; then
     for n in "${size_list[@]}"; do
-        db_complete "lg_$n" && continue
+        db_complete "lg_$n$suffix" && continue
         need_kb=$((n * 16))  # about 13 KB per thread measured, plus headroom
         avail_kb="$(df -Pk "$bench_dir" | awk 'NR == 2 {print $4}')"
         if (( avail_kb < need_kb + 4 * 1024 * 1024 )); then
-            log "not enough disk for lg_$n: need about $((need_kb / 1024 / 1024)) GB + 4 GB, have $((avail_kb / 1024 / 1024)) GB"
+            log "not enough disk for lg_$n$suffix: need about $((need_kb / 1024 / 1024)) GB + 4 GB, have $((avail_kb / 1024 / 1024)) GB"
             exit 1
         fi
-        multiply "$n" "lg_$n"
+        multiply "$n" "lg_$n$suffix" "$parked_pct"
     done
     for n in "${size_list[@]}"; do
-        psql -X -Atq -F $'\t' "$base/lg_$n" -c "
+        psql -X -Atq -F $'\t' "$base/lg_$n$suffix" -c "
             SELECT $n, relname, reltuples::bigint, pg_total_relation_size(oid), pg_size_pretty(pg_total_relation_size(oid))
             FROM pg_class WHERE relname IN ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes')
             UNION ALL SELECT $n, 'database', NULL, pg_database_size(current_database()), pg_size_pretty(pg_database_size(current_database()))"
     done | tee "$out/sizes.tsv"
 
-    # 5. plans (warm: run each once first)
-    python3 - "$here" "$bin" "$out" <<'EOF'
-import sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import driver
-driver.custody_sql(sys.argv[2], Path(sys.argv[3]))
-EOF
-    for n in "${size_list[@]}"; do
-        (( n >= 100000 )) || continue
-        for q in custody:"$out/custody.sql" careful:"$here/sql/careful.sql" careful_same_rule:"$here/sql/careful_same_rule.sql"; do
-            name="${q%%:*}"; file="${q#*:}"
-            psql -X -q "$base/lg_$n" -c "\\copy ($(grep -v '^ *--' "$file" | tr '\n' ' ')) to '/dev/null'"
-            { echo "-- load average: $(cut -d' ' -f1-3 /proc/loadavg)"; psql -X "$base/lg_$n" -c "EXPLAIN (ANALYZE, BUFFERS) $(cat "$file")"; } \
-                >"$out/explain_${name}_$n.txt"
-            log "plan $name at $n: $(grep 'Execution Time' "$out/explain_${name}_$n.txt")"
+    if [[ -z "$parked_pct" ]]; then
+        plans_and_timings "" full
+    else
+        # The same sweepers without, then with, the optional indexes custody detects.
+        for n in "${size_list[@]}"; do drop_indexes "$base/lg_$n$suffix"; done
+        plans_and_timings noindex full
+        for n in "${size_list[@]}"; do
+            db="$base/lg_$n$suffix"
+            "$py" "$here/write_cost.py" --postgres "$db" --threads 300 --label without >>"$out/write_cost.jsonl"
+            create_indexes "$db" "$n"
+            "$py" "$here/write_cost.py" --postgres "$db" --threads 300 --label with >>"$out/write_cost.jsonl"
+            psql -X -q "$db" -c "VACUUM (ANALYZE)"
         done
-    done
-
-    # 6. the timings
-    log "timing sizes $sizes, $runs runs ($slow_runs for the LangGraph API sweepers)"
-    "$py" "$here/driver.py" scan --out "$out" --bin "$bin" --python "$py" --url "$base" \
-        --sizes "$sizes" --runs "$runs" --runs-big "$runs_big" --slow-runs "$slow_runs" --slow-max "$slow_max"
+        cat "$out/write_cost.jsonl"
+        plans_and_timings index indexed
+    fi
 fi
 
 # 7. probe cost

@@ -5,7 +5,11 @@
 //! ```text
 //! scan  --dsn URL [--channel basket] [--shard I/N]   scan + decode every parked thread's handle
 //!                                                   record through checkpoint::Store (one shard
-//!                                                   of them with --shard, filtered in SQL), no probes
+//!                                                   of them with --shard, filtered in SQL), no
+//!                                                   probes; reports the plan the store chose
+//! sql [--plan full|indexed]                          the statement a one-channel scan runs
+//! sql-indexes                                       the optional indexes' CREATE INDEX statements,
+//!                                                   one a line
 //! probe --resources DIR                              custody::sweep::run_with on every
 //!                                                   CheckpointStore in DIR (probes on, dry run),
 //!                                                   rows counted and dropped as the CLI's
@@ -20,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use custody::checkpoint::{Backend, Scanned, Shard, Store};
+use custody::checkpoint::{Backend, ScanPlan, Scanned, Shard, Store};
 use custody::domain::handle::{self, Holding, RecordFields};
 use custody::domain::path::StatePath;
 use futures::TryStreamExt;
@@ -49,7 +53,18 @@ fn main() {
         "probe" => rt.block_on(probe(&opts)),
         "sql" => {
             // The statement a scan for one channel runs, for EXPLAIN and psql's \copy.
-            print!("{}", custody::checkpoint::postgres_scan_statement(1));
+            let plan = match opts.get("plan").map(String::as_str) {
+                None | Some("full") => ScanPlan::Full,
+                Some("indexed") => ScanPlan::Indexed,
+                Some(_) => usage(),
+            };
+            print!("{}", custody::checkpoint::postgres_scan_statement(1, plan));
+            return;
+        }
+        "sql-indexes" => {
+            for (_, _, statement) in custody::checkpoint::PARKED_INDEXES {
+                println!("{statement}");
+            }
             return;
         }
         _ => usage(),
@@ -58,7 +73,9 @@ fn main() {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: scan scan --dsn URL [--channel C] | scan probe --resources DIR | scan sql");
+    eprintln!(
+        "usage: scan scan --dsn URL [--channel C] | scan probe --resources DIR | scan sql [--plan full|indexed] | scan sql-indexes"
+    );
     std::process::exit(2)
 }
 
@@ -123,6 +140,7 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
         .await
         .unwrap_or_else(|e| panic!("connect: {e}"));
     let connected = t0.elapsed().as_secs_f64();
+    let plan = store.scan_plan();
     let channels = vec![channel.clone()];
     let mut stream = store.parked_threads_in(&channels, shard);
     let (mut parked, mut with_handle, mut without, mut malformed, mut skipped) =
@@ -166,6 +184,7 @@ async fn scan(opts: &BTreeMap<String, String>) -> serde_json::Value {
     let (rss_kb, cpu) = proc_stats();
     json!({
         "sweeper": "a_custody",
+        "plan": plan.map(|p| format!("{p:?}").to_lowercase()),
         "parked": parked,
         "with_handle": with_handle,
         "without_handle": without,

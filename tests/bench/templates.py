@@ -10,6 +10,8 @@ Templates (thread ids `tpl-*`), each with several checkpoints:
   tpl-pb4   resumed three times with an item, parked again    (a longer history)
   tpl-nb    parked at add_item without a basket (mint=False)  (interrupt pending, no handle)
   tpl-done  resumed with an item, then "done": finalize, END  (interrupts in history, none pending)
+  tpl-fin   finished without an interrupt: a stop verdict in   (no interrupt write at all)
+            the input sends add_item to handle_gone, END
 
 Prints a JSON manifest: per template its basket handle (or null), whether LangGraph's get_state
 says it is parked, and its row counts.
@@ -43,6 +45,7 @@ def main() -> int:
         "tpl-pb4": [start, item, item, item],
         "tpl-nb": [{"customer": "user-1", "mint": False}],
         "tpl-done": [start, item, Command(resume="done")],
+        "tpl-fin": [{**start, "custody": {"verdict": "failed", "reason": "bench: finished without an interrupt"}}],
     }
     manifest = {}
     with PostgresSaver.from_conn_string(args.postgres) as saver:
