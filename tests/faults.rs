@@ -1023,7 +1023,7 @@ async fn a_replay_not_sent_past_the_handles_lifetime_escalates() {
     let old = db.filled(&basket.url(), "");
     remint_on(res.path(), &bad.url(), &db);
 
-    let text = |out: &std::process::Output| {
+    let text = |out: &Output| {
         format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
