@@ -486,6 +486,17 @@ fn write_end(out: &mut dyn Write, r: &Report, rows: u64) -> std::io::Result<()> 
     for w in &r.warnings {
         writeln!(out, "warning: {w}")?;
     }
+    for c in &r.servers {
+        for w in &c.conformance {
+            writeln!(
+                out,
+                "conformance warning: server {} ({}): {}",
+                c.server,
+                w.kind.label(),
+                w.message
+            )?;
+        }
+    }
     let s = &r.summary;
     writeln!(
         out,
@@ -711,6 +722,14 @@ pub fn write_discovery(
                 }
                 if let Some(why) = &c.incomplete {
                     writeln!(out, "  catalog incomplete: {why}")?;
+                }
+                for w in &c.conformance {
+                    writeln!(
+                        out,
+                        "  conformance warning ({}): {}",
+                        w.kind.label(),
+                        w.message
+                    )?;
                 }
                 let mut tw = tabwriter::TabWriter::new(&mut *out).padding(2);
                 writeln!(

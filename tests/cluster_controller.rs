@@ -2330,3 +2330,132 @@ async fn handle_class_ready_condition_events_and_columns() {
     )
     .await;
 }
+
+/// Issue 17, items 11 and 13, against the real API server: a server with tools whose names
+/// cannot be exposed keeps its other tools and gets one `ToolsLeftOut` Warning Event naming
+/// them; a Python SDK server answering notifications with 200 instead of 202 is Ready, with
+/// `status.conformanceWarnings`, `Conformant=False NonConformant`, a `NonConformant` Warning
+/// Event and `custody_server_conformance_warnings`; the same server answering 202 is
+/// `Conformant=True` with no such Event.
+#[tokio::test(flavor = "multi_thread")]
+async fn left_out_tools_and_conformance_warnings_reach_events_status_and_metrics() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-conformance").await;
+    let names = support::Peer::misbehaving("bad_tool_names");
+    let quirky = BasketServer::start(&[("BASKET_NOTIFICATION_STATUS", "200")]);
+    let plain = BasketServer::start(&[]);
+    for (name, url) in [
+        ("names", names.url()),
+        ("quirky", quirky.url()),
+        ("plain", plain.url()),
+    ] {
+        apply(
+            &client,
+            &ns,
+            &object(
+                "MCPServer",
+                name,
+                json!({"url": url, "mode": "legacy", "timeoutSeconds": 5}),
+            ),
+        )
+        .await;
+    }
+
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "names",
+        "ToolsLeftOut",
+        "Warning",
+    )
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.starts_with("3 tools left out: \"basket.peek\": exposed as \"names_basket.peek\""),
+        "{note}"
+    );
+    assert!(note.contains("\"baskets/list\""), "{note}");
+    let obj = wait_conditions(&client, &ns, "MCPServer", "names", &[("Ready", "True")]).await;
+    assert_eq!(obj["status"]["toolCount"], 2, "{}", obj["status"]);
+
+    let quirky_obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "quirky",
+        &[("Ready", "True"), ("Conformant", "False")],
+    )
+    .await;
+    let conformant = condition(&quirky_obj, "Conformant").unwrap();
+    assert_eq!(conformant["reason"], "NonConformant", "{conformant}");
+    assert_eq!(
+        quirky_obj["status"]["conformanceWarnings"],
+        json!([{
+            "kind": "notification_status",
+            "message": "notifications/initialized was answered with HTTP 200 OK; the Streamable \
+                        HTTP transport requires 202 Accepted for a notification"
+        }])
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "quirky",
+        "NonConformant",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .unwrap_or_default()
+            .starts_with("1 deviations from the MCP specification custody tolerated: notification_status: notifications/initialized was answered with HTTP 200 OK"),
+    );
+
+    let plain_obj = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "plain",
+        &[("Ready", "True"), ("Conformant", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&plain_obj, "Conformant").unwrap()["reason"],
+        "NoDeviations"
+    );
+    assert!(
+        plain_obj["status"].get("conformanceWarnings").is_none(),
+        "{}",
+        plain_obj["status"]
+    );
+
+    let series = |name: &str| {
+        format!(
+            "custody_server_conformance_warnings{{namespace=\"{}\",name=\"{name}\",kind=\"notification_status\"}}",
+            &*ns
+        )
+    };
+    let text = infra.metrics().await;
+    assert_eq!(metric(&text, &series("quirky")), Some(1.0), "{text}");
+    assert_eq!(metric(&text, &series("plain")), Some(0.0), "{text}");
+    // Said once: the health checks and rediscoveries that follow repeat neither Event.
+    tokio::time::sleep(Duration::from_secs(HEALTH_INTERVAL as u64 + 2)).await;
+    for (name, reason) in [("names", "ToolsLeftOut"), ("quirky", "NonConformant")] {
+        let n = events(&client, &ns, "MCPServer", name)
+            .await
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .count();
+        assert_eq!(n, 1, "{name}: {reason}");
+    }
+    assert!(
+        !events(&client, &ns, "MCPServer", "plain")
+            .await
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NonConformant"))
+    );
+}

@@ -547,6 +547,14 @@ fn validation_rules_reject_bad_resources_with_their_messages() {
             "serverRef must name an MCPServer",
         ),
         (
+            "goneWhen.errorTextPrefixes empty (minItems: 1; an empty list would make every error gone)",
+            GOOD_CLASS.replace(
+                "probe: {tool: get_basket,",
+                "probe: {goneWhen: {errorTextPrefixes: []}, tool: get_basket,",
+            ),
+            "spec.probe.goneWhen.errorTextPrefixes in body should have at least 1 items",
+        ),
+        (
             "unknown field (strict field validation)",
             GOOD_SERVER.replace("spec: {", "spec: {uri: 'http://x', "),
             "unknown field \"spec.uri\"",

@@ -568,3 +568,124 @@ async fn a_repeated_cursor_keeps_the_tools_listed_and_flags_the_catalog() {
         )
     );
 }
+
+/// Issue 17, item 13: a Python SDK server that answers notifications with 200 or 204 instead of
+/// the 202 the transport requires is kept (custody can use it) and the deviation is recorded in
+/// the catalog and printed by `custody discover`; the same server answering 202 gets no warning.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notification_answered_without_202_is_a_conformance_warning() {
+    for status in ["200 OK", "204 No Content"] {
+        let code = &status[..3];
+        let server = BasketServer::start(&[("BASKET_NOTIFICATION_STATUS", code)]);
+        let cfg = config(
+            "basket",
+            &server.url(),
+            ProtocolMode::Legacy,
+            Duration::from_secs(10),
+        );
+        let c = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+            .await
+            .unwrap();
+        assert_eq!(
+            c.tools.len(),
+            BASKET_TOOLS.len(),
+            "{status}: the server is kept"
+        );
+        let w: Vec<(&str, &str)> = c
+            .conformance
+            .iter()
+            .map(|w| (w.kind.label(), w.message.as_str()))
+            .collect();
+        assert_eq!(
+            w,
+            [(
+                "notification_status",
+                format!(
+                    "notifications/initialized was answered with HTTP {status}; the Streamable \
+                     HTTP transport requires 202 Accepted for a notification"
+                )
+                .as_str()
+            )],
+            "{status}"
+        );
+        assert!(discovery::check_health(&cfg).await.healthy, "{status}");
+
+        let dir = tempfile::tempdir().unwrap();
+        support::write_file(
+            dir.path(),
+            "server.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: {}\n  mode: legacy\n",
+                server.url()
+            ),
+        );
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "  conformance warning (notification_status): notifications/initialized was \
+                 answered with HTTP {status};"
+            )),
+            "{stdout}"
+        );
+    }
+    // The control: the same server as the SDK ships it, in both eras.
+    let server = BasketServer::start(&[]);
+    for mode in [ProtocolMode::Legacy, ProtocolMode::Auto] {
+        let cfg = config("basket", &server.url(), mode, Duration::from_secs(10));
+        let c = discovery::discover(&cfg, &[], DEFAULT_PAGE_CAP)
+            .await
+            .unwrap();
+        assert_eq!(c.conformance, [], "{mode:?}");
+    }
+}
+
+/// Issue 17, item 13: a `tools/call` result whose structuredContent does not match the tool's
+/// declared outputSchema (the Python SDK's own check is pydantic's lax mode, which lets a string
+/// of digits through for an integer) is used and recorded, naming the tool and the path, never
+/// the value; a conforming result records nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_off_its_output_schema_is_a_conformance_warning() {
+    for (off, mode) in [
+        ("1", ProtocolMode::Auto),
+        ("1", ProtocolMode::Legacy),
+        ("0", ProtocolMode::Auto),
+    ] {
+        let server = BasketServer::start(&[("BASKET_OFF_SCHEMA", off)]);
+        let created = support::call(
+            &server.url(),
+            "create_basket",
+            serde_json::json!({"customer": "c"}),
+        )
+        .await;
+        let basket = created["basket_id"].as_str().unwrap().to_owned();
+        let cfg = config("basket", &server.url(), mode, Duration::from_secs(10));
+        let conn = custody::mcp::Connection::connect(&cfg).await.unwrap();
+        let mut args = serde_json::Map::new();
+        args.insert("basket_id".into(), basket.clone().into());
+        let result = conn.call_tool("get_basket", args).await.unwrap();
+        assert!(!result.is_error);
+        assert_eq!(
+            result.structured.as_ref().unwrap()["basket_id"],
+            basket.as_str()
+        );
+        let w = conn.conformance();
+        conn.close().await;
+        if off == "0" {
+            assert_eq!(w, [], "{mode:?}");
+            continue;
+        }
+        assert_eq!(w.len(), 1, "{mode:?}: {w:?}");
+        assert_eq!(w[0].kind.label(), "output_schema");
+        assert!(
+            w[0].message.starts_with(
+                "tools/call get_basket: structuredContent does not match the declared \
+                 outputSchema: at /item_count: fails `type`"
+            ),
+            "{mode:?}: {}",
+            w[0].message
+        );
+        assert!(!w[0].message.contains(&basket), "{}", w[0].message);
+    }
+}

@@ -20,6 +20,7 @@
 //! | 3d | mint slow byte by byte, within the timeout | re-minted at once | `a_slow_mint_within_the_timeout_remints` |
 //! | 3e | replay call hangs / 5xx / drops | its effect is unknown: escalated with the cause, never replayed twice, one basket | `a_replay_call_that_fails_escalates_and_never_replays_twice` |
 //! | 3f | replay cannot connect (the server refuses connections right after the mint, then while the next run starts) | nothing was sent: the entry stays minted and the run reports "replay not sent, retried next sweep: … connection refused to …"; listening again, the next run replays each item once, one basket | `a_replay_that_cannot_connect_is_retried_next_run` |
+//! | 3g | replay cannot connect, still refused a day after the mint (the class declares no TTL) | retried within the day; then escalated ("replay not sent for …s since the mint, past 86400s …: the new handle may have expired"), the entry settled, the old handle kept | `a_replay_not_sent_past_the_handles_lifetime_escalates` |
 //! | 4 | sweeper SIGKILLed at each step of an audit settlement (`audit::after-claim`, `after-lookup`, `before-commit`, `after-commit`), both backends | the next run settles each record exactly once (lookups counted on the ticket server) | `kill_9_at_every_step_of_an_audit_settlement_settles_once_{sqlite,postgres}` |
 //! | 5 | two acting sweeps of one store at once, both backends | one acts; the other skips every action saying another custody process is acting; one basket | `two_acting_sweeps_one_acts_the_other_says_why_{sqlite,postgres}` |
 //!
@@ -998,4 +999,56 @@ async fn two_acting_sweeps_one_acts_the_other_says_why_sqlite() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_acting_sweeps_one_acts_the_other_says_why_postgres() {
     two_sweeps_case(Kind::Postgres).await;
+}
+
+/// Issue 17, the follow-up to item 14: a replay that cannot be sent is retried only while the
+/// new handle may still be alive. The class declares no TTL, so custody's limit is one day from
+/// the mint: a run within it retries; a run a day later (the sweep's clock set with `--now`),
+/// the server still refusing, escalates the thread saying why, and the entry is settled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_not_sent_past_the_handles_lifetime_escalates() {
+    let basket = BasketServer::start(&[]);
+    let res = tempfile::tempdir().unwrap();
+    // Never created: the server keeps refusing connections after the mint.
+    let reopen = res.path().join("reopen");
+    let bad = Peer::misbehaving_with(
+        "call_close_listener",
+        &[
+            ("MISBEHAVE_TOOLS", "create_basket"),
+            ("MISBEHAVE_TIMES", "1"),
+            ("MISBEHAVE_REOPEN_FILE", reopen.to_str().unwrap()),
+        ],
+    );
+    let db = Checkpoints::new(Kind::Sqlite, res.path(), "").await;
+    let old = db.filled(&basket.url(), "");
+    remint_on(res.path(), &bad.url(), &db);
+
+    let text = |out: &Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let first = text(&run(&sweep_args(res.path(), &["--apply"])));
+    assert!(
+        first.contains("replay not sent, retried next sweep"),
+        "within the limit: retried: {first}"
+    );
+    assert_eq!(db.unsettled().await, 1);
+
+    let later = (chrono::Utc::now() + chrono::Duration::hours(25)).to_rfc3339();
+    let out = run(&sweep_args(res.path(), &["--apply", "--now", &later]));
+    let state = db.state("t-live");
+    let custody = &state["values"]["custody"];
+    assert_eq!(custody["verdict"], "escalated", "{}\n{state:#}", text(&out));
+    let reason = custody["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("re-mint not possible: replay not sent for ")
+            && reason.contains("past 86400s (custody's limit without a declared TTL): the new handle may have expired; last attempt: ")
+            && reason.contains("connection refused to 127.0.0.1"),
+        "{reason}"
+    );
+    assert_eq!(state["values"]["basket"]["value"], old.as_str());
+    assert_eq!(db.unsettled().await, 0, "the entry is settled");
 }

@@ -509,3 +509,41 @@ async fn the_parked_indexes_are_detected_and_used() {
         }
     }
 }
+
+/// Issue 17, item 13: a probe result off its tool's outputSchema is still read (the verdict is
+/// the same) and the sweep reports the deviation once per server and tool: a line of the table
+/// output and `servers[].conformance` in JSON. The server as the SDK ships it gets none.
+#[test]
+fn a_probe_result_off_its_output_schema_is_reported_and_still_read() {
+    for off in ["1", "0"] {
+        let server = BasketServer::start(&[("BASKET_OFF_SCHEMA", off)]);
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("checkpoints.sqlite");
+        support::write_some_fixtures(&server.url(), Db::Sqlite(&db), Some("t-live"), "");
+        let dsn = format!("sqlite://{}", db.display());
+        let res = tempfile::tempdir().unwrap();
+        support::basket_resources(res.path(), &server.url(), "auto", "sqlite", &dsn);
+
+        let report = support::sweep_json(res.path());
+        assert_eq!(support::verdicts(&report)["t-live"].0, "ok", "off={off}");
+        let conformance = &report["stores"][0]["servers"][0]["conformance"];
+        let table = support::custody(&["sweep", "--dry-run", "-f", res.path().to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&table.stdout);
+        assert!(table.status.success(), "{stdout}");
+        if off == "0" {
+            assert_eq!(conformance, &serde_json::json!([]));
+            assert!(!stdout.contains("conformance warning"), "{stdout}");
+            continue;
+        }
+        assert_eq!(conformance[0]["kind"], "output_schema", "{conformance}");
+        assert_eq!(conformance.as_array().unwrap().len(), 1, "{conformance}");
+        assert!(
+            stdout.contains(
+                "conformance warning: server basket (output_schema): tools/call get_basket: \
+                 structuredContent does not match the declared outputSchema: at /item_count: \
+                 fails `type`"
+            ),
+            "{stdout}"
+        );
+    }
+}

@@ -15,8 +15,11 @@ use super::conditions::{self, Cond, merge};
 use super::metrics::{FailureLabels, KindLabels, ObjectLabels};
 use super::{Context, Error, Guard, Observed, apply_status, skip_invalid};
 use crate::cluster;
-use crate::crd::{MCPServer, MCPServerStatus, ServerInfo, ToolStatus, validate};
+use crate::crd::{
+    ConformanceWarning, MCPServer, MCPServerStatus, ServerInfo, ToolStatus, validate,
+};
 use crate::mcp::ServerConfig;
+use crate::mcp::conformance::Kind;
 use crate::mcp::discovery::{self, CacheScope, DEFAULT_PAGE_CAP};
 
 /// First retry after a failed discovery; doubles with each further failure.
@@ -332,10 +335,12 @@ fn status(
     };
     let catalog = o.catalog.as_ref();
     let private = catalog.is_some_and(|c| c.cache_scope == Some(CacheScope::Private));
+    let warnings = catalog.map(conformance_warnings).unwrap_or_default();
+    let conformant = conformant(catalog.map(|_| warnings.as_slice()));
     MCPServerStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, discovered, healthy],
+            vec![ready, discovered, healthy, conformant],
             server.metadata.generation,
             &time(now),
         ),
@@ -373,7 +378,70 @@ fn status(
                 .unwrap_or_default()
         },
         consecutive_failures: o.consecutive_failures,
+        conformance_warnings: warnings,
     }
+}
+
+/// The catalog's conformance warnings as published: a private catalog's output-schema
+/// warnings name a tool, so they say only what deviated.
+fn conformance_warnings(c: &discovery::Catalog) -> Vec<ConformanceWarning> {
+    let private = c.cache_scope == Some(CacheScope::Private);
+    c.conformance
+        .iter()
+        .map(|w| ConformanceWarning {
+            kind: w.kind.label().into(),
+            message: if private && w.kind == Kind::OutputSchema {
+                "a tool's declared outputSchema deviates (its name is withheld: the catalog is \
+                 private)"
+                    .into()
+            } else {
+                w.message.clone()
+            },
+        })
+        .collect()
+}
+
+/// `Conformant`: `Unknown` before a discovery succeeded (`None`), `True` without warnings,
+/// `False` naming each.
+fn conformant(warnings: Option<&[ConformanceWarning]>) -> Cond {
+    match warnings {
+        None => Cond::unknown(
+            conditions::CONFORMANT,
+            conditions::PENDING,
+            "not discovered yet",
+        ),
+        Some([]) => Cond::yes(
+            conditions::CONFORMANT,
+            conditions::NO_DEVIATIONS,
+            "no deviation from the MCP specification seen at the last discovery",
+        ),
+        Some(w) => Cond::no(
+            conditions::CONFORMANT,
+            conditions::NON_CONFORMANT,
+            conformance_message(w),
+        ),
+    }
+}
+
+/// `N deviations from the MCP specification custody tolerated: kind: message; …`.
+fn conformance_message(w: &[ConformanceWarning]) -> String {
+    let each: Vec<String> = w
+        .iter()
+        .map(|w| format!("{}: {}", w.kind, w.message))
+        .collect();
+    format!(
+        "{} deviations from the MCP specification custody tolerated: {}",
+        w.len(),
+        each.join("; ")
+    )
+}
+
+/// The note of a Warning `NonConformant` Event: when the discovery's warnings differ from the
+/// persisted status's (so neither a rediscovery nor a controller restart repeats it).
+fn conformance_event(current: &MCPServerStatus, c: &discovery::Catalog) -> Option<String> {
+    let warnings = conformance_warnings(c);
+    (!warnings.is_empty() && warnings != current.conformance_warnings)
+        .then(|| conformance_message(&warnings))
 }
 
 /// `N tools via V`, then the tools left out (named unless the catalog is private, whose names
@@ -497,6 +565,23 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
         ctx.event(server, EventType::Warning, conditions::TOOLS_LEFT_OUT, note)
             .await;
     }
+    if let Some(c) = &o.catalog {
+        for kind in <Kind as strum::IntoEnumIterator>::iter() {
+            let n = c.conformance.iter().filter(|w| w.kind == kind).count();
+            ctx.metrics
+                .server_conformance_warnings
+                .get_or_create(&super::metrics::ConformanceLabels {
+                    namespace: labels.namespace.clone(),
+                    name: labels.name.clone(),
+                    kind: kind.label(),
+                })
+                .set(n as i64);
+        }
+        if let Some(note) = conformance_event(current, c) {
+            ctx.event(server, EventType::Warning, conditions::NON_CONFORMANT, note)
+                .await;
+        }
+    }
     if let Some(h) = &o.health {
         ctx.metrics
             .server_healthy
@@ -587,6 +672,7 @@ mod tests {
                     .into(),
             }],
             incomplete: Some("tools/list returned cursor c again after 2 pages".into()),
+            conformance: Vec::new(),
             digest: String::new(),
             pages: 2,
             latency_ms: 1,
@@ -630,6 +716,72 @@ mod tests {
         );
         c.left_out.clear();
         assert_eq!(left_out_event(&MCPServerStatus::default(), &c), None);
+    }
+
+    /// Issue 17, item 13: conformance warnings reach `status.conformanceWarnings`, the
+    /// `Conformant` condition and a `NonConformant` Event once; a private catalog's tool names
+    /// are withheld; a conformant catalog is `Conformant=True`.
+    #[test]
+    fn conformance_warnings_reach_status_condition_and_event_once() {
+        use crate::mcp::conformance::Warning;
+        let mut c = discovery::Catalog {
+            server: "basket".into(),
+            protocol_version: Some("2025-11-25".into()),
+            server_name: None,
+            server_version: None,
+            tools: Vec::new(),
+            ttl_ms: None,
+            cache_scope: None,
+            left_out: Vec::new(),
+            incomplete: None,
+            conformance: vec![
+                Warning {
+                    kind: Kind::NotificationStatus,
+                    message: "notifications/initialized was answered with HTTP 200 OK".into(),
+                },
+                Warning {
+                    kind: Kind::OutputSchema,
+                    message: "tool get_basket: the declared outputSchema is not valid".into(),
+                },
+            ],
+            digest: String::new(),
+            pages: 1,
+            latency_ms: 1,
+        };
+        let warnings = conformance_warnings(&c);
+        assert_eq!(warnings[0].kind, "notification_status");
+        let cond = conformant(Some(&warnings));
+        assert_eq!(
+            (cond.status, cond.reason),
+            (conditions::FALSE, conditions::NON_CONFORMANT)
+        );
+        assert_eq!(
+            cond.message,
+            "2 deviations from the MCP specification custody tolerated: notification_status: \
+             notifications/initialized was answered with HTTP 200 OK; output_schema: tool \
+             get_basket: the declared outputSchema is not valid"
+        );
+        let mut status = MCPServerStatus::default();
+        assert_eq!(conformance_event(&status, &c), Some(cond.message.clone()));
+        status.conformance_warnings = warnings;
+        assert_eq!(conformance_event(&status, &c), None, "said once");
+
+        c.cache_scope = Some(CacheScope::Private);
+        let private = conformance_warnings(&c);
+        assert!(!private[1].message.contains("get_basket"), "{private:?}");
+        assert!(
+            conformance_event(&status, &c).is_some(),
+            "the published words changed"
+        );
+
+        c.conformance.clear();
+        let cond = conformant(Some(&conformance_warnings(&c)));
+        assert_eq!(
+            (cond.status, cond.reason),
+            (conditions::TRUE, conditions::NO_DEVIATIONS)
+        );
+        assert_eq!(conformance_event(&status, &c), None);
+        assert_eq!(conformant(None).status, conditions::UNKNOWN);
     }
 
     #[tokio::test]

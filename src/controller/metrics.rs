@@ -49,6 +49,17 @@ pub struct ObjectLabels {
     pub name: String,
 }
 
+/// An MCPServer's conformance warnings by kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConformanceLabels {
+    /// Namespace of the MCPServer.
+    pub namespace: String,
+    /// Name of the MCPServer.
+    pub name: String,
+    /// `notification_status` or `output_schema` ([`crate::mcp::conformance::Kind`]).
+    pub kind: &'static str,
+}
+
 /// A store's verdict counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SweepLabels {
@@ -132,6 +143,8 @@ pub struct Metrics {
     pub server_healthy: Family<ObjectLabels, Gauge>,
     /// Tools in the server's catalog after the allowlist.
     pub server_tools: Family<ObjectLabels, Gauge>,
+    /// Conformance warnings of the server's last discovery, by kind (0 for a conformant one).
+    pub server_conformance_warnings: Family<ConformanceLabels, Gauge>,
     /// Unix time in seconds of the server's last health check: its freshness, which the status
     /// does not carry (a time there would make every check a write).
     pub server_health_checked: Family<ObjectLabels, Gauge>,
@@ -174,6 +187,7 @@ impl Metrics {
             discovery_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             server_healthy: Family::default(),
             server_tools: Family::default(),
+            server_conformance_warnings: Family::default(),
             server_health_checked: Family::default(),
             server_discovered: Family::default(),
             // 1 ms to ~33 s: a reconcile is a few API calls, or a discovery with its timeout.
@@ -219,6 +233,11 @@ impl Metrics {
             "server_tools",
             "Tools in the MCP server's catalog after the allowlist",
             m.server_tools.clone(),
+        );
+        r.register(
+            "server_conformance_warnings",
+            "Conformance warnings of the MCP server's last discovery, by kind",
+            m.server_conformance_warnings.clone(),
         );
         r.register(
             "server_last_health_check_timestamp_seconds",

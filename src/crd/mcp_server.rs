@@ -189,6 +189,23 @@ pub struct MCPServerStatus {
     /// Failed discoveries or health checks in a row.
     #[serde(default)]
     pub consecutive_failures: u32,
+    /// What the server answered at the last discovery in a way the MCP specification does not
+    /// allow but custody could use (issue 17, item 13): a notification answered with another
+    /// 2xx than 202 Accepted, a declared `outputSchema` that is not a valid JSON Schema. At most
+    /// 16; empty for a conformant server. The `Conformant` condition summarizes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conformance_warnings: Vec<ConformanceWarning>,
+}
+
+/// One conformance warning as published in status.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConformanceWarning {
+    /// `notification_status` or `output_schema`.
+    pub kind: String,
+    /// What the server did and what the specification requires; a private catalog's tool
+    /// names are withheld.
+    pub message: String,
 }
 
 /// `serverInfo` of an MCP server.

@@ -15,8 +15,12 @@
 //!   is escalated rather than the item replayed twice;
 //! - a replay call that could not be sent (no session to the server, the connection refused):
 //!   nothing reached the server, so the entry stays minted, its progress as recorded, and the
-//!   next sweep replays from there ([`after_replay_failure`]); one that failed after it may have
-//!   reached the server (a timeout, a dropped stream, an HTTP error) is escalated;
+//!   next sweep replays from there ([`after_replay_failure`]), until the new handle may have
+//!   expired: once the entry is older than the class's declared TTL (or
+//!   [`REPLAY_RETRY_WITHOUT_TTL`] without one), the thread is escalated instead (a replay onto
+//!   an expired handle would fail anyway, and the run would retry forever); one that failed
+//!   after it may have reached the server (a timeout, a dropped stream, an HTTP error) is
+//!   escalated;
 //! - an escalation with nowhere to write it (no `verdictPath`): the entry is abandoned
 //!   ([`escalate_instead`]).
 //!
@@ -136,11 +140,43 @@ pub enum ReplayFailure<'a> {
     Failed(&'a str),
 }
 
+/// How long a replay that could not be sent is retried when the class declares no TTL: one
+/// day from the entry's creation (just before the mint). A guess, so that an unreachable server
+/// does not keep a thread waiting without bound; a class with `declaredTtlSeconds` uses that.
+pub const REPLAY_RETRY_WITHOUT_TTL: u64 = 86_400;
+
+/// How long a replay may still be retried: the entry's age and the handle's declared TTL.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayBudget {
+    /// Seconds since the entry was created (the sweep's clock minus its `created_at`): the
+    /// first mint attempt followed within that sweep, and a repeated mint with the same
+    /// idempotency key returns the handle that attempt may have made, so this is the oldest the
+    /// handle can be.
+    pub age_seconds: i64,
+    /// The class's `declaredTtlSeconds`.
+    pub declared_ttl: Option<u64>,
+}
+
 /// After a replay call that did not succeed: where the re-mint goes.
-pub fn after_replay_failure(failure: ReplayFailure<'_>) -> Next {
+pub fn after_replay_failure(failure: ReplayFailure<'_>, budget: ReplayBudget) -> Next {
     match failure {
         ReplayFailure::NotSent(e) => {
-            Next::RetryNextRun(format!("replay not sent, retried next sweep: {e}"))
+            let (limit, source) = match budget.declared_ttl {
+                Some(ttl) => (ttl, "the handle's declared TTL"),
+                None => (
+                    REPLAY_RETRY_WITHOUT_TTL,
+                    "custody's limit without a declared TTL",
+                ),
+            };
+            if budget.age_seconds >= i64::try_from(limit).unwrap_or(i64::MAX) {
+                Next::EscalateInstead(format!(
+                    "replay not sent for {}s since the mint, past {limit}s ({source}): the new \
+                     handle may have expired; last attempt: {e}",
+                    budget.age_seconds
+                ))
+            } else {
+                Next::RetryNextRun(format!("replay not sent, retried next sweep: {e}"))
+            }
         }
         ReplayFailure::Failed(e) => Next::EscalateInstead(e.to_owned()),
     }
@@ -184,6 +220,18 @@ mod tests {
         }
     }
 
+    fn replay(
+        failure: ReplayFailure<'_>,
+        age_seconds: i64,
+        declared_ttl: Option<u64>,
+    ) -> &'static str {
+        let budget = ReplayBudget {
+            age_seconds,
+            declared_ttl,
+        };
+        kind::<()>(&Err(after_replay_failure(failure, budget)))
+    }
+
     #[test]
     fn the_recovery_table() {
         let start = |tool: Option<MintTool<'static>>, resumed| {
@@ -217,23 +265,54 @@ mod tests {
                 "continue",
             ),
             (
-                "a replay not sent (no session, refused): retry next run",
-                kind::<()>(&Err(after_replay_failure(ReplayFailure::NotSent(
-                    "refused",
-                )))),
+                "a replay not sent (no session, refused) within the TTL: retry next run",
+                replay(ReplayFailure::NotSent("refused"), 599, Some(600)),
                 "retry",
             ),
             (
+                "a replay not sent at the TTL's age: the handle may have expired, escalate",
+                replay(ReplayFailure::NotSent("refused"), 600, Some(600)),
+                "escalate",
+            ),
+            (
+                "a replay not sent, no declared TTL, within a day: retry next run",
+                replay(
+                    ReplayFailure::NotSent("refused"),
+                    REPLAY_RETRY_WITHOUT_TTL as i64 - 1,
+                    None,
+                ),
+                "retry",
+            ),
+            (
+                "a replay not sent, no declared TTL, for a day: escalate",
+                replay(
+                    ReplayFailure::NotSent("refused"),
+                    REPLAY_RETRY_WITHOUT_TTL as i64,
+                    None,
+                ),
+                "escalate",
+            ),
+            (
                 "a replay call that may have reached the server: escalate",
-                kind::<()>(&Err(after_replay_failure(ReplayFailure::Failed(
-                    "timed out",
-                )))),
+                replay(ReplayFailure::Failed("timed out"), 0, Some(600)),
                 "escalate",
             ),
         ];
         for (name, got, want) in cases {
             assert_eq!(got, want, "{name}");
         }
+        let budget = ReplayBudget {
+            age_seconds: 700,
+            declared_ttl: Some(600),
+        };
+        assert_eq!(
+            after_replay_failure(ReplayFailure::NotSent("connection refused"), budget),
+            Next::EscalateInstead(
+                "replay not sent for 700s since the mint, past 600s (the handle's declared TTL): \
+                 the new handle may have expired; last attempt: connection refused"
+                    .into()
+            )
+        );
         let mint = |tool, call| {
             let r = after_mint(tool, call);
             r.clone().map_err(|_| kind(&r))

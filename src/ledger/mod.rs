@@ -160,6 +160,8 @@ pub struct Entry {
     pub replay_done: u32,
     /// Final outcome name once done.
     pub outcome: Option<String>,
+    /// When the intent was recorded (the sweep's clock), just before the mint.
+    pub created_at: DateTime<Utc>,
 }
 
 /// A new entry, as recorded before any side effect.
@@ -209,6 +211,7 @@ impl Entry {
             replay_started: 0,
             replay_done: 0,
             outcome: None,
+            created_at: e.now,
         }
     }
 }
@@ -240,7 +243,7 @@ macro_rules! run {
     };
 }
 
-const COLUMNS: &str = "idempotency_key, thread_id, checkpoint_ns, checkpoint_id, handle_class, action, state, plan, new_handle, replay_calls, replay_started, replay_done, outcome";
+const COLUMNS: &str = "idempotency_key, thread_id, checkpoint_ns, checkpoint_id, handle_class, action, state, plan, new_handle, replay_calls, replay_started, replay_done, outcome, created_at";
 
 impl Ledger {
     /// Creates or upgrades custody's tables (sqlx migrations, bookkeeping in
@@ -502,6 +505,7 @@ macro_rules! decode_entry {
             replay_done: u32::try_from(done)
                 .map_err(|_| corrupt("negative replay count".into()))?,
             outcome: r.try_get("outcome")?,
+            created_at: r.try_get("created_at")?,
             key,
         })
     }};

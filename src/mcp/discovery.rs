@@ -79,6 +79,10 @@ pub struct Catalog {
     /// Why the catalog may lack tools the server has, when it may: `tools/list` repeated a
     /// cursor already followed, so listing stopped with the tools of the pages read.
     pub incomplete: Option<String>,
+    /// What the server answered in a way the specification does not allow but custody could
+    /// use (issue 17, item 13): a notification answered with another 2xx than 202, a declared
+    /// `outputSchema` that is not a valid JSON Schema. Sorted by kind and subject.
+    pub conformance: Vec<super::conformance::Warning>,
     /// SHA-256 (hex, first 16 chars) over every tool's name, schemas and annotations: changes
     /// when any of them changes.
     pub digest: String,
@@ -172,8 +176,12 @@ pub async fn discover(
     let latency_ms = started.elapsed().as_millis() as u64;
     let protocol_version = conn.protocol_version();
     let info = conn.server_info();
+    conn.learn_schemas(&listed.tools);
+    let conformance = conn.conformance();
     conn.close().await;
-    catalog(cfg, allowlist, listed, protocol_version, info, latency_ms)
+    let mut catalog = catalog(cfg, allowlist, listed, protocol_version, info, latency_ms)?;
+    catalog.conformance = conformance;
+    Ok(catalog)
 }
 
 /// The names of the tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within
@@ -336,6 +344,7 @@ fn catalog(
         cache_scope: listed.scope,
         left_out,
         incomplete: listed.incomplete,
+        conformance: Vec::new(),
         digest,
         pages: listed.pages,
         latency_ms,

@@ -35,6 +35,7 @@ use serde_json::{Map, Value};
 use crate::domain::verdict::ProbeOutcome;
 
 pub mod cause;
+pub mod conformance;
 pub mod discovery;
 pub mod egress;
 pub mod sessions;
@@ -240,6 +241,10 @@ fn request_category(e: &rmcp::ServiceError) -> &'static str {
     }
 }
 
+/// Compiled `outputSchema`s by tool name (tools that declare none are absent); `Err` for a
+/// declared schema that is not a valid JSON Schema.
+type Schemas = HashMap<String, Result<jsonschema::Validator, String>>;
+
 /// A negotiated session with one server (a stateless one in the 2026-07-28 era).
 pub struct Connection {
     service: RunningService<RoleClient, ClientConfig>,
@@ -249,6 +254,11 @@ pub struct Connection {
     timeout: Duration,
     /// How long connecting and negotiating took.
     pub connect_latency: Duration,
+    /// Deviations from the specification seen on this connection ([`conformance`]).
+    conformance: conformance::Recorder,
+    /// The tools' declared output schemas: from discovery's listing, or listed once at the
+    /// first successful `tools/call` (a sweep does not list tools otherwise).
+    schemas: tokio::sync::OnceCell<Schemas>,
 }
 
 impl Connection {
@@ -294,8 +304,9 @@ impl Connection {
         backoff.base_duration = Duration::from_millis(200);
         backoff.max_delay = Some(Duration::from_secs(1));
         transport_cfg.retry_config = Arc::new(backoff);
+        let recorder = conformance::Recorder::default();
         let transport = StreamableHttpClientTransport::with_client(
-            strict::StrictHttp::new(http),
+            strict::StrictHttp::new(http, recorder.clone()),
             transport_cfg,
         );
         let client = ClientConfig::new(
@@ -333,7 +344,81 @@ impl Connection {
             target: cause::target(&cfg.url),
             timeout: cfg.timeout,
             connect_latency: started.elapsed(),
+            conformance: recorder,
+            schemas: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The conformance warnings seen on this connection so far.
+    pub fn conformance(&self) -> Vec<conformance::Warning> {
+        self.conformance.warnings()
+    }
+
+    /// Takes the output schemas of a listing made on this connection (discovery's), recording
+    /// every declared schema that is not a valid JSON Schema.
+    pub fn learn_schemas(&self, tools: &[rmcp::model::Tool]) {
+        let schemas = compiled(tools);
+        for (tool, schema) in &schemas {
+            if let Err(why) = schema {
+                self.conformance.record(
+                    conformance::Kind::OutputSchema,
+                    tool,
+                    format!("tool {tool}: {why}"),
+                );
+            }
+        }
+        let _ = self.schemas.set(schemas);
+    }
+
+    /// The declared output schemas, listed on first use: every `tools/list` page within the
+    /// page cap, stopping at a repeated cursor. A listing that fails leaves the map as far as
+    /// it got (results of tools not in it are not checked); it is never retried on this
+    /// connection, so a server slow to list costs at most one timeout per sweep.
+    async fn schemas(&self) -> &Schemas {
+        self.schemas
+            .get_or_init(|| async {
+                let mut tools = Vec::new();
+                let mut seen = std::collections::HashSet::new();
+                let mut cursor = None;
+                for _ in 0..discovery::DEFAULT_PAGE_CAP {
+                    match self.list_tools_page(cursor.take()).await {
+                        Ok(page) => {
+                            tools.extend(page.tools);
+                            match page.next_cursor {
+                                Some(next) if seen.insert(next.clone()) => cursor = Some(next),
+                                _ => break,
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(server = %self.server, error = %e, "tools/list for output schemas failed; results are not checked");
+                            break;
+                        }
+                    }
+                }
+                compiled(&tools)
+            })
+            .await
+    }
+
+    /// Records a conformance warning when a successful result does not match the tool's
+    /// declared `outputSchema` (or the schema is not valid).
+    async fn check_output(&self, tool: &str, result: &ToolResult) {
+        if result.is_error {
+            // The specification asks conforming structuredContent of results, not of errors.
+            return;
+        }
+        let why = match self.schemas().await.get(tool) {
+            None => return,
+            Some(Ok(schema)) => conformance::mismatch(schema, result.structured.as_ref()),
+            Some(Err(why)) => Some(why.clone()),
+        };
+        if let Some(why) = why {
+            self.conformance.record(
+                conformance::Kind::OutputSchema,
+                tool,
+                format!("tools/call {tool}: {why}"),
+            );
+        }
     }
 
     /// The negotiated protocol version, e.g. `2026-07-28` or `2025-11-25`.
@@ -438,13 +523,25 @@ impl Connection {
                 "protocol",
             ));
         };
-        Ok(ToolResult::from(result))
+        let result = ToolResult::from(result);
+        self.check_output(tool, &result).await;
+        Ok(result)
     }
 
     /// Ends the session (DELETE in the handshake era); errors are irrelevant at this point.
     pub async fn close(self) {
         let _ = tokio::time::timeout(self.timeout, self.service.cancel()).await;
     }
+}
+
+fn compiled(tools: &[rmcp::model::Tool]) -> Schemas {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let schema = Value::Object(t.output_schema.as_deref()?.clone());
+            Some((t.name.to_string(), conformance::compile(&schema)))
+        })
+        .collect()
 }
 
 /// The parts of a `CallToolResult` custody reads.

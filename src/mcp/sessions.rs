@@ -36,6 +36,10 @@ pub struct ServerContact {
     pub connect_ms: Option<u64>,
     /// Why connecting failed.
     pub error: Option<String>,
+    /// What the server answered this sweep in a way the specification does not allow but
+    /// custody could use ([`super::conformance`]): a notification answered with another 2xx
+    /// than 202, a result that does not match its tool's `outputSchema`.
+    pub conformance: Vec<super::conformance::Warning>,
 }
 
 struct Slot<'c> {
@@ -140,6 +144,7 @@ impl<'c> Sessions<'c> {
                         protocol_version: conn.protocol_version(),
                         connect_ms: Some(conn.connect_latency.as_millis() as u64),
                         error: None,
+                        conformance: conn.conformance(),
                     };
                     conn.close().await;
                     contact
@@ -149,6 +154,7 @@ impl<'c> Sessions<'c> {
                     protocol_version: None,
                     connect_ms: None,
                     error: Some(u.reason),
+                    conformance: Vec::new(),
                 },
             });
         }

@@ -29,6 +29,14 @@
 //!   that accepts each resume and drops it again was resumed until the request's deadline and
 //!   read as a timeout.
 //!
+//! A POST carrying a notification (or a response to the server) is sent here, not by rmcp's
+//! client: rmcp reads 202, 204, an empty 200 and any other 2xx alike as accepted and keeps no
+//! status, so the only way to see that a server answered with something other than the 202 the
+//! transport requires is to make that POST with reqwest directly. Any other 2xx is accepted, as
+//! rmcp would, and recorded as a conformance warning ([`super::conformance`]); a 404 to a
+//! session is an expired session, as rmcp reads it; any other status is reqwest's status error
+//! (401 and 403 keep their `auth` cause).
+//!
 //! Responses arriving on a resumed GET stream (after `Last-Event-ID`) are matched against the ids
 //! of requests in flight the same way: exact passes, a look-alike becomes a protocol error for
 //! the request it imitates.
@@ -50,6 +58,8 @@ use rmcp::transport::streamable_http_client::{
 };
 use serde_json::{Value, json};
 use sse_stream::Sse;
+
+use super::conformance::{Kind, Recorder};
 
 /// The key in `data` of the JSON-RPC errors this module makes; its value is
 /// `{"category": <category>, "method": <the request's method>}`.
@@ -212,16 +222,68 @@ pub struct StrictHttp {
     in_flight: Arc<Mutex<HashSet<RequestId>>>,
     /// Streams that may be resumed, and how often each broke off.
     resumes: SharedResumes,
+    /// Where answers to notifications other than 202 are recorded.
+    conformance: Recorder,
 }
 
 impl StrictHttp {
-    /// Wraps `inner`.
-    pub fn new(inner: reqwest::Client) -> Self {
+    /// Wraps `inner`; deviations seen are recorded in `conformance`.
+    pub fn new(inner: reqwest::Client, conformance: Recorder) -> Self {
         Self {
             inner,
             in_flight: Arc::default(),
             resumes: Arc::default(),
+            conformance,
         }
+    }
+
+    /// Sends a POST that awaits no JSON-RPC reply (a notification, or a response to the
+    /// server) and reads its status (see the module docs). The headers are the ones rmcp's
+    /// client sets: `Accept`, the bearer token, the custom headers (which rmcp checked when the
+    /// transport was configured) and the session.
+    async fn post_without_reply(
+        &self,
+        uri: &str,
+        message: &ClientJsonRpcMessage,
+        method: &str,
+        session_id: Option<&str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        let mut request = self
+            .inner
+            .post(uri)
+            .header(http::header::ACCEPT, "text/event-stream, application/json");
+        if let Some(token) = auth_header {
+            request = request.bearer_auth(token);
+        }
+        for (name, value) in custom_headers {
+            request = request.header(name, value);
+        }
+        if let Some(session) = session_id {
+            request = request.header("mcp-session-id", session);
+        }
+        let response = request.json(message).send().await?;
+        let status = response.status();
+        if status == reqwest::StatusCode::ACCEPTED {
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        if status.is_success() {
+            self.conformance.record(
+                Kind::NotificationStatus,
+                method,
+                format!(
+                    "{method} was answered with HTTP {status}; the Streamable HTTP transport \
+                     requires 202 Accepted for a notification"
+                ),
+            );
+            return Ok(StreamableHttpPostResponse::Accepted);
+        }
+        if status == reqwest::StatusCode::NOT_FOUND && session_id.is_some() {
+            return Err(StreamableHttpError::SessionExpired);
+        }
+        response.error_for_status()?;
+        Ok(StreamableHttpPostResponse::Accepted)
     }
 
     /// The request whose stream a GET from `last_event_id` resumes, when it can be told.
@@ -539,6 +601,23 @@ fn checked_get(
         .boxed()
 }
 
+/// The method of a message that awaits no JSON-RPC reply: a notification's, or `response` for
+/// a client's response or error; `None` for a request.
+fn without_reply(message: &ClientJsonRpcMessage) -> Option<String> {
+    match message {
+        ClientJsonRpcMessage::Notification(n) => Some(
+            serde_json::to_value(&n.notification)
+                .ok()
+                .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| "a notification".into()),
+        ),
+        ClientJsonRpcMessage::Response(_) | ClientJsonRpcMessage::Error(_) => {
+            Some("a response to the server".into())
+        }
+        ClientJsonRpcMessage::Request(_) => None,
+    }
+}
+
 fn expect_of(message: &ClientJsonRpcMessage, session: bool) -> Option<Expect> {
     match message {
         ClientJsonRpcMessage::Request(r) => {
@@ -609,6 +688,18 @@ impl StreamableHttpClient for StrictHttp {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        if let Some(method) = without_reply(&message) {
+            return self
+                .post_without_reply(
+                    &uri,
+                    &message,
+                    &method,
+                    session_id.as_deref(),
+                    auth_header,
+                    custom_headers,
+                )
+                .await;
+        }
         let expect = expect_of(&message, session_id.is_some());
         if let Some(e) = &expect {
             self.in_flight

@@ -39,6 +39,12 @@ Environment:
   BASKET_CLOCK_FILE        a file holding the server's clock in Unix seconds (a float), read
                            on every call instead of the monotonic clock, so a test moves time
                            by rewriting it (custody's lifetime tests)                (unset)
+  BASKET_NOTIFICATION_STATUS  an HTTP status (200 or 204) sent instead of the 202 Accepted the
+                           transport requires for a POST carrying a notification; custody's
+                           conformance tests                                         (unset)
+  BASKET_OFF_SCHEMA        1 = get_basket's structuredContent carries item_count as a string of
+                           digits, against its outputSchema ("integer"); the SDK's own check is
+                           pydantic's lax mode, which lets it through              (0)
 
 Since probes (get_basket) never refresh the timer, a basket nobody adds to lives exactly its
 TTL: the known lifetime custody's lifetime estimate is tested against.
@@ -92,6 +98,10 @@ if LIST_CACHE_SCOPE not in ("public", "private"):
 if TTL_SECONDS <= 0:
     raise SystemExit(f"BASKET_TTL_SECONDS must be > 0, got {TTL_SECONDS}")
 CLOCK_FILE = os.environ.get("BASKET_CLOCK_FILE", "")
+NOTIFICATION_STATUS = int(os.environ.get("BASKET_NOTIFICATION_STATUS", "0") or "0")
+if NOTIFICATION_STATUS not in (0, 200, 204):
+    raise SystemExit(f"BASKET_NOTIFICATION_STATUS must be 200 or 204, got {NOTIFICATION_STATUS}")
+OFF_SCHEMA = _env_bool("BASKET_OFF_SCHEMA", "0")
 
 
 def _ttl_random() -> tuple[float, float] | None:
@@ -399,7 +409,12 @@ def add_item(
 )
 def get_basket(basket_id: str) -> Annotated[CallToolResult, BasketView]:
     found = STORE.view(basket_id)
-    return _tool_error(found) if isinstance(found, str) else _ok(found)
+    if isinstance(found, str):
+        return _tool_error(found)
+    result = _ok(found)
+    if OFF_SCHEMA and result.structured_content is not None:
+        result.structured_content["item_count"] = str(found.item_count)
+    return result
 
 
 @server.tool(
@@ -453,7 +468,7 @@ def main() -> None:
             allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*", *extra_hosts],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
-    if not REQUIRE_BEARER:
+    if not REQUIRE_BEARER and not NOTIFICATION_STATUS:
         server.run(
             transport="streamable-http",
             host=HOST,
@@ -468,7 +483,27 @@ def main() -> None:
     app = server.streamable_http_app(
         streamable_http_path=PATH, json_response=JSON_RESPONSE, host=HOST, transport_security=security
     )
-    uvicorn.run(_require_bearer(app, REQUIRE_BEARER), host=HOST, port=PORT, log_level="warning")
+    if REQUIRE_BEARER:
+        app = _require_bearer(app, REQUIRE_BEARER)
+    if NOTIFICATION_STATUS:
+        app = _notification_status(app, NOTIFICATION_STATUS)
+    uvicorn.run(app, host=HOST, port=PORT, log_level="warning")
+
+
+def _notification_status(app: Any, status: int) -> Any:
+    """ASGI wrapper: every 202 the SDK sends (its answer to a notification or a client's
+    response, with an empty body) goes out as `status` instead."""
+
+    async def rewritten(scope: dict, receive: Any, send: Any) -> None:
+        async def send_rewritten(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 202:
+                log.info("%s %s -> %d instead of 202", scope["method"], scope["path"], status)
+                message = {**message, "status": status}
+            await send(message)
+
+        await app(scope, receive, send_rewritten)
+
+    return rewritten
 
 
 def _require_bearer(app: Any, token: str) -> Any:

@@ -376,7 +376,7 @@ impl<'a> Actor<'a> {
                     return lost;
                 }
                 if entry.state == State::Minted
-                    && let Err(next) = self.replay(&mut entry, class).await
+                    && let Err(next) = self.replay(&mut entry, class, now).await
                 {
                     return self.follow(&entry, plan, next, now).await;
                 }
@@ -482,7 +482,16 @@ impl<'a> Actor<'a> {
         }
     }
 
-    async fn replay(&self, entry: &mut Entry, class: &ClassPlan) -> Result<(), Next> {
+    async fn replay(
+        &self,
+        entry: &mut Entry,
+        class: &ClassPlan,
+        now: DateTime<Utc>,
+    ) -> Result<(), Next> {
+        let budget = recovery::ReplayBudget {
+            age_seconds: (now - entry.created_at).num_seconds(),
+            declared_ttl: class.declared_ttl,
+        };
         let handle = entry.new_handle.as_deref().unwrap_or("the new handle");
         recovery::before_replay(
             entry.replay_started,
@@ -498,19 +507,22 @@ impl<'a> Actor<'a> {
                 ));
             };
             let conn = self.sessions.get(&class.server.name).await.map_err(|u| {
-                recovery::after_replay_failure(ReplayFailure::NotSent(&format!(
-                    "no session: {}",
-                    u.reason
-                )))
+                recovery::after_replay_failure(
+                    ReplayFailure::NotSent(&format!("no session: {}", u.reason)),
+                    budget,
+                )
             })?;
             self.replay_from(entry, replay, conn, first)
                 .await
                 .map_err(|e| {
                     let text = e.to_string();
-                    recovery::after_replay_failure(match e {
-                        ReplayError::NotSent { .. } => ReplayFailure::NotSent(&text),
-                        _ => ReplayFailure::Failed(&text),
-                    })
+                    recovery::after_replay_failure(
+                        match e {
+                            ReplayError::NotSent { .. } => ReplayFailure::NotSent(&text),
+                            _ => ReplayFailure::Failed(&text),
+                        },
+                        budget,
+                    )
                 })?;
         }
         self.ledger

@@ -1,0 +1,212 @@
+//! Conformance warnings: answers the MCP specification does not allow but custody can still use
+//! (issue 17, item 13). custody keeps working with such a server and records what deviated, so
+//! an operator can tell a quirky server from a healthy one.
+//!
+//! What is checked, and where:
+//! - [`Kind::NotificationStatus`]: the Streamable HTTP transport (2025-11-25, "Sending Messages
+//!   to the Server") requires HTTP 202 Accepted with no body for a POST carrying a notification
+//!   or a response. rmcp reads 202, 204, an empty 200 and any 2xx of another content type alike
+//!   as "accepted" and keeps no status, so custody sends those POSTs itself
+//!   ([`super::strict`]) and records any other 2xx here.
+//! - [`Kind::OutputSchema`]: a tool that declares an `outputSchema` must return
+//!   `structuredContent` conforming to it (2025-11-25 "Tools: Output Schema"). custody checks
+//!   every successful `tools/call` result against the schema discovery listed, with the
+//!   `jsonschema` crate; a declared schema that is not a valid JSON Schema is recorded too.
+//!   custody reads handles from the text or `structuredContent` as its classes say, so a
+//!   mismatch is reported, not refused.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+/// At most this many distinct warnings are kept per connection, so a server that deviates on
+/// every tool cannot grow a status without bound; further ones are counted only.
+pub const MAX_KEPT: usize = 16;
+
+/// What deviated.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+#[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
+pub enum Kind {
+    /// A notification (or a client's response) answered with a 2xx other than 202.
+    NotificationStatus,
+    /// A `tools/call` result whose `structuredContent` does not match the tool's declared
+    /// `outputSchema` (or is missing), or a declared `outputSchema` that is not a valid schema.
+    OutputSchema,
+}
+
+impl Kind {
+    /// The metric label and JSON name: `notification_status` or `output_schema`.
+    pub fn label(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// One conformance warning.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    /// What deviated.
+    pub kind: Kind,
+    /// What the server did and what the specification requires, e.g. `notifications/initialized
+    /// was answered with HTTP 200 OK; the Streamable HTTP transport requires 202 Accepted`. Names
+    /// methods, tools and schema paths, never a header value or a tool result's values.
+    pub message: String,
+}
+
+/// The warnings one connection collected, shared by the HTTP client and the connection;
+/// deduplicated by kind and subject (a method or a tool).
+#[derive(Clone, Debug, Default)]
+pub struct Recorder(Arc<Mutex<Kept>>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    by_subject: BTreeMap<(Kind, String), String>,
+    dropped: usize,
+}
+
+impl Recorder {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a warning about `subject` (a method or a tool name); the first message per
+    /// (kind, subject) is kept.
+    pub fn record(&self, kind: Kind, subject: &str, message: String) {
+        let mut kept = self.lock();
+        let key = (kind, subject.to_owned());
+        if kept.by_subject.contains_key(&key) {
+            return;
+        }
+        if kept.by_subject.len() >= MAX_KEPT {
+            kept.dropped += 1;
+            return;
+        }
+        tracing::warn!(kind = kind.label(), %message, "MCP server deviates from the specification");
+        kept.by_subject.insert(key, message);
+    }
+
+    /// The warnings so far, by kind and subject; a last one says how many more were not kept.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let kept = self.lock();
+        let mut out: Vec<Warning> = kept
+            .by_subject
+            .iter()
+            .map(|((kind, _), message)| Warning {
+                kind: *kind,
+                message: message.clone(),
+            })
+            .collect();
+        if kept.dropped > 0
+            && let Some(last) = out.last_mut()
+        {
+            last.message += &format!(" (and {} more warnings not kept)", kept.dropped);
+        }
+        out
+    }
+}
+
+/// A tool's declared `outputSchema`, compiled; `Err` says why it is not a valid JSON Schema
+/// (at most 200 characters: the error may quote the schema).
+pub fn compile(schema: &serde_json::Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::validator_for(schema).map_err(|e| {
+        let text: String = e.to_string().chars().take(200).collect();
+        format!("the declared outputSchema is not a valid JSON Schema: {text}")
+    })
+}
+
+/// Checks a successful result's `structuredContent` against the tool's compiled `outputSchema`;
+/// `None` when it conforms, else why: instance and schema paths and the failing keyword, at most
+/// three errors. Values are the server's data (a handle, a user's) and are left out.
+pub fn mismatch(
+    schema: &jsonschema::Validator,
+    structured: Option<&serde_json::Value>,
+) -> Option<String> {
+    let Some(structured) = structured else {
+        return Some(
+            "the result has no structuredContent although the tool declares an outputSchema".into(),
+        );
+    };
+    let errors: Vec<String> = schema
+        .iter_errors(structured)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            format!(
+                "at {}: fails `{}` (schema {})",
+                if at.is_empty() { "/" } else { &at },
+                e.kind().keyword(),
+                e.schema_path()
+            )
+        })
+        .collect();
+    (!errors.is_empty()).then(|| {
+        format!(
+            "structuredContent does not match the declared outputSchema: {}",
+            errors.join("; ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn conforming_results_pass_and_mismatches_name_the_path_not_the_value() {
+        let schema =
+            json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
+        let v = compile(&schema).unwrap();
+        assert_eq!(mismatch(&v, Some(&json!({"n": 3}))), None);
+        let why = mismatch(&v, Some(&json!({"n": "secret-ish"}))).unwrap();
+        assert!(why.contains("at /n: fails `type`"), "{why}");
+        assert!(!why.contains("secret-ish"), "{why}");
+        assert!(mismatch(&v, None).unwrap().contains("no structuredContent"));
+        let bad = compile(&json!({"type": "no-such-type"})).unwrap_err();
+        assert!(bad.contains("not a valid JSON Schema"), "{bad}");
+    }
+
+    #[test]
+    fn warnings_are_deduplicated_and_bounded() {
+        let r = Recorder::default();
+        r.record(
+            Kind::NotificationStatus,
+            "notifications/initialized",
+            "first".into(),
+        );
+        r.record(
+            Kind::NotificationStatus,
+            "notifications/initialized",
+            "again".into(),
+        );
+        assert_eq!(r.warnings().len(), 1);
+        assert_eq!(r.warnings()[0].message, "first");
+        for i in 0..MAX_KEPT + 2 {
+            r.record(Kind::OutputSchema, &format!("tool{i:02}"), format!("m{i}"));
+        }
+        let w = r.warnings();
+        assert_eq!(w.len(), MAX_KEPT);
+        assert!(
+            w.last()
+                .unwrap()
+                .message
+                .ends_with("(and 3 more warnings not kept)"),
+            "{w:?}"
+        );
+    }
+}
