@@ -17,11 +17,47 @@ use crate::plan::{LeftOutClass, LoadError, Resources};
 /// so server-side apply keeps both.
 pub const SWEEP_FIELD_MANAGER: &str = "custody-sweep";
 
+/// The Kubernetes client of `custody controller` and `custody sweep --store`. kube's own error
+/// ("Failed to infer configuration") does not say where it looked; this one says it, once.
+///
+/// # Errors
+/// No kubeconfig and no in-cluster ServiceAccount, or one that does not load.
+pub async fn client() -> anyhow::Result<Client> {
+    Client::try_default().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach a Kubernetes cluster: {e} (custody reads the kubeconfig from \
+             $KUBECONFIG or ~/.kube/config, or the in-cluster ServiceAccount inside a Pod; \
+             -f PATH sweeps local files without a cluster)"
+        )
+    })
+}
+
+/// A kube client error for a person: the API server's own message and HTTP status for an error
+/// it answered (kube's Display of one is the `Status` object's Debug dump), else kube's text.
+/// A body that was not a `Status` (kube then says "Failed to parse error data") keeps its text.
+pub fn kube_text(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => status_text(s),
+        other => other.to_string(),
+    }
+}
+
+/// An API server `Status` as `message (HTTP code Reason)`; the reason only when it is one of the
+/// API's CamelCase reasons.
+pub fn status_text(s: &kube::core::Status) -> String {
+    let reason = if !s.reason.is_empty() && !s.reason.contains(' ') {
+        format!(" {}", s.reason)
+    } else {
+        String::new()
+    };
+    format!("{} (HTTP {}{reason})", s.message, s.code)
+}
+
 /// Why cluster resources could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// An API call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {}", kube_text(source))]
     Api {
         /// What was being read or written.
         what: String,
@@ -405,6 +441,25 @@ impl CollectingSink {
             .expect("sink lock")
             .push(true, "HandleClassSkipped", || {
                 format!("HandleClass {class} left out of this sweep: {why}")
+            });
+    }
+
+    /// Notes the gone handles of a sweep that did not act on them (`spec.mode: observe`, or a dry
+    /// run): a Warning `HandlesGone` Event on the store, so `kubectl describe` shows that threads
+    /// hold dead handles even when nothing acts. An acting sweep's Events name each action.
+    pub fn gone_not_acted_on(&self, summary: &SweepSummary, why: &str) {
+        if summary.gone == 0 {
+            return;
+        }
+        let gone = summary.gone;
+        self.events
+            .lock()
+            .expect("sink lock")
+            .push(true, "HandlesGone", || {
+                format!(
+                    "{gone} handle(s) held by parked threads are gone and were not acted on ({why}); \
+                     `custody sweep --store` lists them"
+                )
             });
     }
 

@@ -40,13 +40,13 @@ struct DiscoverArgs {
     )]
     dir: PathBuf,
     /// Servers discovered at once (at least 1: none at once would discover nothing).
-    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
+    #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     concurrency: usize,
     /// Cap on tools/list pages per server (at least 1).
-    #[arg(long, default_value_t = custody::mcp::discovery::DEFAULT_PAGE_CAP, value_parser = at_least_one())]
+    #[arg(long, default_value_t = custody::mcp::discovery::DEFAULT_PAGE_CAP, value_parser = at_least_one)]
     page_cap: usize,
     /// Cap on one response body or SSE event, in bytes (at least 1).
-    #[arg(long, default_value_t = custody::mcp::DEFAULT_MAX_RESPONSE_BYTES, value_parser = at_least_one())]
+    #[arg(long, default_value_t = custody::mcp::DEFAULT_MAX_RESPONSE_BYTES, value_parser = at_least_one)]
     max_response_bytes: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
@@ -91,7 +91,7 @@ struct SweepArgs {
     run: Option<String>,
     /// Parked threads judged, acted on and printed per batch: what the sweep holds in memory
     /// at once, besides one small cache entry per distinct handle.
-    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = at_least_one())]
+    #[arg(long, value_name = "N", default_value_t = custody::sweep::BATCH_THREADS, value_parser = at_least_one)]
     batch_threads: usize,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t)]
@@ -107,10 +107,15 @@ struct SweepArgs {
     egress: custody::mcp::egress::EgressOptions,
 }
 
-/// A count flag's parser: 0 is refused by clap with a message naming the flag
-/// (`invalid value '0' for '--page-cap <PAGE_CAP>': 0 is not in 1..`).
-fn at_least_one() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+/// A count flag's parser: 0 is refused with a message naming the flag (`invalid value '0' for
+/// '--page-cap <PAGE_CAP>': must be at least 1`; clap's own ranged parser prints the type's
+/// whole range, `1..18446744073709551615`).
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("must be a whole number, at least 1".to_owned()),
+    }
 }
 
 /// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
@@ -164,18 +169,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The Kubernetes client for `--store`. kube's own error ("Failed to infer configuration")
-/// does not say where it looked; say it, once.
-async fn cluster_client() -> anyhow::Result<kube::Client> {
-    kube::Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach a Kubernetes cluster: {e} (custody reads the kubeconfig from \
-             $KUBECONFIG or ~/.kube/config, or the in-cluster ServiceAccount inside a Pod; \
-             -f PATH sweeps local files without a cluster)"
-        )
-    })
-}
-
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let resources = Resources::load(&args.dir)?;
     let mut servers = resources.server_configs()?;
@@ -217,7 +210,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     let cluster = match &args.store {
         Some(store) => {
             let (ns, name) = custody::cluster::parse_ref(store).map_err(anyhow::Error::msg)?;
-            Some((cluster_client().await?, ns, name))
+            Some((custody::cluster::client().await?, ns, name))
         }
         None => None,
     };
@@ -268,9 +261,15 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         } else {
             &custody::sweep::act::LogSink
         };
+        let applies = options.apply;
         out.begin_store(&target.store);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(mut f) => {
+                if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
+                    events.gone_not_acted_on(&f.summary, "spec.mode is observe");
+                } else if cluster.is_some() && !applies {
+                    events.gone_not_acted_on(&f.summary, "a dry run");
+                }
                 let mut warnings: Vec<String> = left_out
                     .iter()
                     .map(|(class, why)| format!("HandleClass {class} left out: {why}"))

@@ -57,7 +57,50 @@ struct OpenStore {
     opened: bool,
     rows: u64,
     /// JSON: skipped threads as JSON lines, written after the rows.
-    spool: Option<(std::io::BufWriter<std::fs::File>, u64)>,
+    spool: Option<Spool>,
+}
+
+/// Where `-o json` keeps a store's skipped threads until its rows are written: a temporary file
+/// (their number is not bounded), or memory when no temporary file can be made (a `TMPDIR` that
+/// does not exist must not cost the sweep its report).
+enum Spool {
+    File(std::io::BufWriter<std::fs::File>),
+    Memory(Vec<u8>),
+}
+
+impl Spool {
+    fn new() -> Self {
+        match tempfile::tempfile() {
+            Ok(file) => Self::File(std::io::BufWriter::new(file)),
+            Err(e) => {
+                tracing::warn!(
+                    dir = %std::env::temp_dir().display(),
+                    error = %e,
+                    "cannot create a temporary file (TMPDIR); the skipped threads of -o json are kept in memory"
+                );
+                Self::Memory(Vec::new())
+            }
+        }
+    }
+
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Self::File(f) => f,
+            Self::Memory(m) => m,
+        }
+    }
+
+    /// A reader of the JSON lines written, from the first.
+    fn reader(self) -> std::io::Result<Box<dyn std::io::BufRead>> {
+        Ok(match self {
+            Self::File(spool) => {
+                let mut file = spool.into_inner().map_err(|e| e.into_error())?;
+                std::io::Seek::rewind(&mut file)?;
+                Box::new(std::io::BufReader::new(file))
+            }
+            Self::Memory(m) => Box::new(std::io::Cursor::new(m)),
+        })
+    }
 }
 
 impl<W: Write + Send> SweepWriter<W> {
@@ -177,10 +220,8 @@ impl<W: Write + Send> SweepWriter<W> {
                 json.end_object_value(out)?;
                 key(out, json, "skipped", false)?;
                 json.begin_array(out)?;
-                if let Some((spool, _)) = store.spool.take() {
-                    let mut file = spool.into_inner().map_err(|e| e.into_error())?;
-                    std::io::Seek::rewind(&mut file)?;
-                    let lines = std::io::BufRead::lines(std::io::BufReader::new(file));
+                if let Some(spool) = store.spool.take() {
+                    let lines = std::io::BufRead::lines(spool.reader()?);
                     for (i, line) in lines.enumerate() {
                         json.begin_array_value(out, i == 0)?;
                         out.write_all(line?.as_bytes())?;
@@ -250,16 +291,10 @@ impl<W: Write + Send> RowSink for SweepWriter<W> {
         };
         self.open(&mut store);
         if self.format == Format::Json {
-            let spooled = (|| -> std::io::Result<()> {
-                if store.spool.is_none() {
-                    store.spool = Some((std::io::BufWriter::new(tempfile::tempfile()?), 0));
-                }
-                let (spool, n) = store.spool.as_mut().expect("spool just made");
-                serde_json::to_writer(&mut *spool, &thread)?;
-                writeln!(spool)?;
-                *n += 1;
-                Ok(())
-            })();
+            let spool = store.spool.get_or_insert_with(Spool::new).writer();
+            let spooled = serde_json::to_writer(&mut *spool, &thread)
+                .map_err(std::io::Error::from)
+                .and_then(|()| writeln!(spool));
             if let Err(e) = spooled {
                 self.error.get_or_insert(e);
             }
@@ -615,7 +650,7 @@ pub fn write_discovery(
                     name: d.name,
                     url: d.url,
                     catalog: d.catalog.as_ref().ok(),
-                    error: d.catalog.as_ref().err().map(ToString::to_string),
+                    error: d.catalog.as_ref().err().map(DiscoveryError::explained),
                     health: d.health,
                     next_discovery_seconds: d
                         .schedule
@@ -636,7 +671,7 @@ pub fn write_discovery(
         match d.catalog {
             Err(e) => {
                 writeln!(out, "server {} ({})", d.name, d.url)?;
-                writeln!(out, "  discovery failed: {e}")?;
+                writeln!(out, "  discovery failed: {}", e.explained())?;
             }
             Ok(c) => {
                 writeln!(out, "server {} ({})", c.server, d.url)?;

@@ -503,6 +503,50 @@ async fn sqlite_counts(db: &Path) -> BTreeMap<String, i64> {
     rows.into_iter().collect()
 }
 
+/// `-o json` spools skipped threads to a temporary file; a `TMPDIR` where none can be made
+/// keeps them in memory (with a warning naming the directory) instead of cutting the report off.
+#[tokio::test(flavor = "multi_thread")]
+async fn skipped_threads_survive_a_tmpdir_that_does_not_exist() {
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&server.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    support::basket_resources(
+        dir.path(),
+        &server.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    sqlite_exec(
+        &mut conn,
+        "UPDATE checkpoints SET checkpoint = X'c1c1c1' WHERE thread_id = ?",
+        "t-expired",
+    )
+    .await;
+    conn.close().await.unwrap();
+    let missing = dir.path().join("no-such-dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(sweep_args(dir.path(), &["--dry-run", "-o", "json"]))
+        .env("TMPDIR", &missing)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&missing.display().to_string()) && stderr.contains("kept in memory"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("a whole JSON document");
+    let store = &report["stores"][0];
+    assert_eq!(store["skipped"][0]["thread_id"], "t-expired", "{store:#}");
+    assert_eq!(support::verdicts(&report)["t-live"].0, "ok");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn sqlite_bad_rows_are_skipped_and_named() {
     let server = BasketServer::start(&[]);

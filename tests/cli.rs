@@ -38,13 +38,7 @@ fn unreachable_database_is_an_error_without_the_password() {
     let dir = tempfile::tempdir().unwrap();
     let port = support::free_port();
     let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
-    support::basket_resources(
-        dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
-        "postgres",
-        &dsn,
-    );
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
     let started = std::time::Instant::now();
     let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
     let elapsed = started.elapsed();
@@ -82,7 +76,8 @@ fn a_count_flag_of_zero_is_refused_naming_the_flag() {
         let err = String::from_utf8(out.stderr).unwrap();
         assert!(
             err.contains(&format!("invalid value '0' for '{flag} <"))
-                && err.contains("0 is not in 1.."),
+                && err.contains("must be at least 1")
+                && !err.contains("18446744073709551615"),
             "{command} {flag} 0: {err}"
         );
     }
@@ -92,10 +87,8 @@ fn a_count_flag_of_zero_is_refused_naming_the_flag() {
 fn missing_sqlite_file_and_foreign_database_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.sqlite");
-    support::basket_resources(
+    support::offline_basket_resources(
         dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
         "sqlite",
         &format!("sqlite://{}", missing.display()),
     );
@@ -117,10 +110,8 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
         ])
         .status()
         .unwrap();
-    support::basket_resources(
+    support::offline_basket_resources(
         dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
         "sqlite",
         &format!("sqlite://{}", other.display()),
     );
@@ -131,13 +122,7 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
 #[test]
 fn missing_secret_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    support::basket_resources(
-        dir.path(),
-        "http://127.0.0.1:1/mcp",
-        "auto",
-        "sqlite",
-        "sqlite://x.sqlite",
-    );
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
     support::write_file(
         dir.path(),
         "server.yaml",
@@ -245,31 +230,80 @@ fn filename_takes_a_single_file() {
     );
 }
 
-/// `--store` without a reachable cluster says where custody looked, once.
+/// `sweep --store` and `controller` without a reachable cluster say where custody looked, once.
 #[test]
 fn no_cluster_names_kubeconfig_once() {
     let home = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
-        .args(["sweep", "--store", "shop/orders"])
-        .env("KUBECONFIG", home.path().join("missing"))
-        .env("HOME", home.path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .output()
+    for args in [&["sweep", "--store", "shop/orders"][..], &["controller"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(args)
+            .env("KUBECONFIG", home.path().join("missing"))
+            .env("HOME", home.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("KUBERNETES_SERVICE_PORT")
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.matches("cannot reach a Kubernetes cluster").count(),
+            1,
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("$KUBECONFIG or ~/.kube/config"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.lines().count(),
+            1,
+            "{args:?}: printed once, nothing else:\n{stderr}"
+        );
+    }
+}
+
+/// A `--metrics-addr` already taken stops the controller at once with the address, instead of a
+/// controller that leads without `/metrics`, `/healthz` and `/readyz`. (Building the client
+/// reads the kubeconfig only: no API server is needed to get this far.)
+#[test]
+fn a_taken_metrics_addr_stops_the_controller() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+         clusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n\
+         users: [{name: u, user: {token: t}}]\n\
+         contexts: [{name: c, context: {cluster: c, user: u}}]\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["controller", "--metrics-addr", &addr])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the controller kept running with {addr} taken");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        stderr.matches("cannot reach a Kubernetes cluster").count(),
-        1,
+    assert!(
+        stderr.contains(&format!("--metrics-addr {addr}")) && stderr.contains("in use"),
         "{stderr}"
     );
-    assert!(stderr.contains("$KUBECONFIG or ~/.kube/config"), "{stderr}");
-    assert_eq!(
-        stderr.lines().count(),
-        1,
-        "printed once, nothing else:\n{stderr}"
-    );
+    drop(taken);
 }
 
 /// `--apply` on a store with `mode: observe` says that it changes nothing, before sweeping.
@@ -321,13 +355,7 @@ fn local_stores_are_held_to_the_crds_bounds() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        support::basket_resources(
-            dir.path(),
-            "http://127.0.0.1:1/mcp",
-            "auto",
-            "sqlite",
-            "sqlite://x.sqlite",
-        );
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
         let mut spec = support::fixtures::store_spec("sqlite", "sqlite://x.sqlite");
         spec[field] = value;
         support::fixtures::write_resources(
@@ -352,12 +380,12 @@ fn header_values_are_checked_at_load_without_printing_them() {
     let value = format!("Bearer {}\nX-Injected: 1", uuid::Uuid::new_v4().simple());
     for (server, secret, says) in [
         (
-            json!({"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": value}}),
+            json!({"url": support::NOWHERE, "headers": {"Authorization": value}}),
             None,
             "server.yaml: document 1 (MCPServer default/basket): spec.headers.Authorization: the value is not a valid HTTP header value",
         ),
         (
-            json!({"url": "http://127.0.0.1:1/mcp", "headersFrom": [{"name": "Authorization",
+            json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
                    "secretKeyRef": {"name": "token", "key": "authorization"}}]}),
             Some(support::fixtures::secret(
                 "token",
@@ -380,4 +408,29 @@ fn header_values_are_checked_at_load_without_printing_them() {
             "{err}{stdout}"
         );
     }
+}
+
+/// A SQLite file that is not there is named with its absolute path and what a relative path is
+/// relative to (SQLite itself says only "unable to open database file"): the shipped example,
+/// run from another directory.
+#[test]
+fn a_missing_sqlite_file_is_named_with_its_path() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/examples/local");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--dry-run", "-f", example.to_str().unwrap()])
+        .current_dir(elsewhere.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let cwd = elsewhere.path().canonicalize().unwrap();
+    let want = cwd.join("target/quickstart/checkpoints.sqlite");
+    assert!(
+        stderr.contains(&format!("no file at {}", want.display()))
+            && stderr.contains("relative to the directory custody runs in"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("code: 14"), "{stderr}");
 }

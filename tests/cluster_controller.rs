@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, events, eventually, get, kind_api, visible_text,
-    wait_conditions, wait_event,
+    TestNs, apply, client, condition, events, eventually, eventually_within, get, kind_api,
+    visible_text, wait_conditions, wait_event,
 };
 use chrono::{DateTime, Utc};
 use cluster::{ControllerProcess, metric, metric_sum, token_kubeconfig};
@@ -41,7 +41,7 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 use suite::{ISOLATION, Suite};
-use support::fixtures::{basket_class, merged, object, secret, server_spec};
+use support::fixtures::{basket_assignment, basket_class, merged, object, server_spec, store_from};
 use support::{BasketServer, Db};
 
 /// `--health-interval-seconds` of the controllers.
@@ -96,25 +96,6 @@ async fn modifications(
     }
 }
 
-/// The ServiceAccount and RoleBinding the sweep CronJobs of `ns` run as
-/// (deploy/examples/basket/sweep-access.yaml, bound to this release's sweep ClusterRole).
-fn sweep_access(infra: &Suite, ns: &str) -> Vec<Value> {
-    let text =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/sweep-access.yaml"))
-            .unwrap();
-    cluster::yaml_docs(&text)
-        .into_iter()
-        .map(|mut d| {
-            d["metadata"]["namespace"] = json!(ns);
-            if d["kind"] == "RoleBinding" {
-                d["roleRef"]["name"] = json!(format!("{}-sweep", infra.release));
-                d["subjects"][0]["namespace"] = json!(ns);
-            }
-            d
-        })
-        .collect()
-}
-
 /// What a sweep of `ns` needs besides its CheckpointStore: the sweep ServiceAccount and
 /// RoleBinding, a basket server and its MCPServer `basket`, the example HandleClass, and a
 /// fresh database (named after `db`) holding every fixture thread with its DSN in Secret
@@ -128,25 +109,13 @@ async fn sweep_fixture(
     let server = BasketServer::start(&[]);
     let dsn = support::fresh_pg_database(db).await;
     let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-    for d in sweep_access(infra, ns) {
-        apply(client, ns, &d).await;
-    }
-    apply(
-        client,
-        ns,
-        &secret("orders-checkpoints", json!({"dsn": dsn})),
-    )
-    .await;
-    apply(
-        client,
-        ns,
-        &object("MCPServer", "basket", server_spec(&server.url())),
-    )
-    .await;
     let class =
         std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/handleclass.yaml"))
             .unwrap();
-    apply(client, ns, &cluster::yaml_docs(&class)[0]).await;
+    let class = &cluster::yaml_docs(&class)[0];
+    infra
+        .sweep_namespace(client, ns, &server.url(), &dsn, class)
+        .await;
     (server, manifest)
 }
 
@@ -615,8 +584,7 @@ async fn unchanged_observations_write_nothing_and_an_outage_is_written_within_an
         &client,
         &ns,
         &server,
-        json!({"agent": "agent",
-               "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+        basket_assignment("agent", &["get_basket"]),
     )
     .await;
     apply(
@@ -928,8 +896,7 @@ async fn deleting_owners_removes_what_they_own() {
         &client,
         &ns,
         &server,
-        json!({"agent": "agent",
-               "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+        basket_assignment("agent", &["get_basket"]),
     )
     .await;
     apply(
@@ -1102,9 +1069,11 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
     apply(
         &client,
         &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
-                "metadata": {"name": "orders"},
-                "spec": {"backend": "postgres", "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}}),
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
     )
     .await;
     wait_conditions(
@@ -1261,9 +1230,11 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
     apply(
         &client,
         &ns,
-        &json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
-                "metadata": {"name": "orders"},
-                "spec": {"backend": "postgres", "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}}),
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
     )
     .await;
     let class = wait_conditions(&client, &ns, "HandleClass", "typo", &[("Valid", "False")]).await;
@@ -1368,6 +1339,29 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         notes.iter().any(|n| n.contains("spec.serverRef")),
         "{notes:?}"
     );
+    // The store observes: its gone handles are not acted on, and `kubectl describe` says so.
+    let gone = parked.iter().filter(|e| **e == "gone").count();
+    assert!(gone > 0, "{parked:?}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "HandlesGone",
+        "Warning",
+    )
+    .await;
+    assert_eq!(
+        event.note.as_deref(),
+        Some(
+            format!(
+                "{gone} handle(s) held by parked threads are gone and were not acted on \
+                 (spec.mode is observe); `custody sweep --store` lists them"
+            )
+            .as_str()
+        ),
+        "{event:?}"
+    );
 }
 
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.
@@ -1451,10 +1445,14 @@ async fn sharded_sweeps_of_an_indexed_job_merge_into_last_sweep() {
     let ns = TestNs::new(&client, "e2e-shards").await;
     let (_server, manifest) = sweep_fixture(infra, &client, &ns, "e2e_shards").await;
     let store = |parallelism: Value| {
-        json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
-               "metadata": {"name": "orders"},
-               "spec": {"backend": "postgres", "parallelism": parallelism,
-                        "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}})
+        object(
+            "CheckpointStore",
+            "orders",
+            merged(
+                store_from("orders-checkpoints"),
+                json!({"parallelism": parallelism}),
+            ),
+        )
     };
     // The API server refuses a parallelism out of range.
     for bad in [json!(0), json!(65)] {
@@ -1680,12 +1678,30 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
         ),
     )
     .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "HandleClass",
+            "main-baskets",
+            merged(basket_class(), json!({"serverRef": "main"})),
+        ),
+    )
+    .await;
     wait_conditions(
         &client,
         &ns,
         "AgentAssignment",
         "agent",
         &[("Ready", "True"), ("Degraded", "False")],
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "main-baskets",
+        &[("Valid", "True")],
     )
     .await;
     let (servers, agents, first_digest) = rendered(&client, &ns, "agent").await;
@@ -1800,6 +1816,26 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
         "Warning",
     )
     .await;
+    // A HandleClass on that server is not valid either: sweeps leave it out (its catalog from
+    // before the deletion is not evidence that the class can be used).
+    let hc = wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "main-baskets",
+        &[("Valid", "False"), ("Ready", "False")],
+    )
+    .await;
+    let valid = condition(&hc, "Valid").unwrap();
+    assert_eq!(valid["reason"], "ServerNotUsable", "{valid}");
+    assert!(
+        valid["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.serverRef: MCPServer main cannot be used: ")
+            && valid["message"].as_str().unwrap().contains("main-token"),
+        "{valid}"
+    );
 }
 
 /// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not
@@ -1915,9 +1951,7 @@ async fn a_sweep_job_past_its_deadline_shows_in_last_sweep_succeeded() {
         None,
         "",
     );
-    for d in sweep_access(infra, &ns) {
-        apply(&client, &ns, &d).await;
-    }
+    infra.apply_sweep_access(&client, &ns).await;
     let store = |timeout: Option<u32>| {
         let mut spec = json!({"backend": "postgres", "dsn": dsn});
         if let Some(t) = timeout {
@@ -2088,20 +2122,20 @@ async fn a_sweep_the_cron_job_skipped_shows_in_the_store() {
     assert_eq!(spec.time_zone.as_deref(), Some("UTC"));
     // Up to a minute for the first run, one more for the run it blocks, and its deadline.
     // (Longer than `eventually`'s deadline.)
-    let until = Instant::now() + Duration::from_secs(200);
-    let obj = loop {
-        let obj = get(&client, &ns, "CheckpointStore", "orders")
-            .await
-            .unwrap();
-        match condition(&obj, "Scheduled") {
-            Some(c) if c["status"] == "False" => break obj,
-            other => assert!(
-                Instant::now() < until,
-                "no skipped run in Scheduled after 200 s: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let obj = eventually_within(
+        Duration::from_secs(200),
+        "a skipped run in Scheduled",
+        async || {
+            let obj = get(&client, &ns, "CheckpointStore", "orders")
+                .await
+                .unwrap();
+            match condition(&obj, "Scheduled") {
+                Some(c) if c["status"] == "False" => Ok(obj),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     let scheduled = condition(&obj, "Scheduled").unwrap();
     assert_eq!(scheduled["reason"], "MissedSchedule", "{scheduled}");
     let message = scheduled["message"].as_str().unwrap();

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, eventually, get, kind_api, visible_text, wait_conditions,
-    wait_event,
+    TestNs, apply, client, condition, eventually, eventually_within, get, kind_api, visible_text,
+    wait_conditions, wait_event,
 };
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
@@ -42,7 +42,9 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 use suite::{ISOLATION, LEASE, Suite};
-use support::fixtures::{basket_class, merged, object, secret, server_spec};
+use support::fixtures::{
+    basket_assignment, basket_class, merged, object, secret, server_spec, store_from,
+};
 use support::{BasketServer, Db, Peer};
 
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
@@ -252,14 +254,15 @@ async fn leader_lease_taken_mid_discovery() {
     let leases = infra.leases(&client);
     let renewed = |l: Lease| l.spec.and_then(|s| s.renew_time).map(|t| t.0);
     let before = renewed(leases.get(LEASE).await.unwrap());
-    let started = Instant::now();
-    while renewed(leases.get(LEASE).await.unwrap()) == before {
-        assert!(
-            started.elapsed() < Duration::from_secs(2 * LEASE_SECONDS as u64),
-            "the serving controller did not renew its Lease"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_within(
+        Duration::from_secs(2 * LEASE_SECONDS as u64),
+        "the serving controller renews its Lease",
+        async || match renewed(leases.get(LEASE).await.unwrap()) {
+            now if now == before => Err(format!("renewed at {now:?} still")),
+            _ => Ok(()),
+        },
+    )
+    .await;
 
     slow.discovery_in_flight(&client, &ns).await;
 
@@ -450,12 +453,7 @@ async fn secret_deleted_while_referenced() {
     apply(
         &client,
         &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres",
-        "dsnFrom": {"name": "orders-dsn", "key": "dsn"}}),
-        ),
+        &object("CheckpointStore", "orders", store_from("orders-dsn")),
     )
     .await;
     apply(
@@ -601,7 +599,7 @@ fn assignment_spec() -> Value {
 }
 
 fn store_spec() -> Value {
-    json!({"backend": "postgres", "dsnFrom": {"name": "good-dsn", "key": "dsn"}})
+    store_from("good-dsn")
 }
 
 /// Every row of the bad-input matrix, by kind. `url` is the good basket server's endpoint.
@@ -1100,8 +1098,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
         &object(
             "AgentAssignment",
             "good",
-            json!({"agent": "good-agent",
-        "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+            basket_assignment("good-agent", &["get_basket"]),
         ),
     )
     .await;
@@ -1508,7 +1505,7 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
         &object(
             "AgentAssignment",
             "agent",
-            json!({"agent": "agent", "servers": [{"serverRef": "basket", "toolAllowlist": ["get_basket"]}]}),
+            basket_assignment("agent", &["get_basket"]),
         ),
     )
     .await;

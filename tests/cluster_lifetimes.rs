@@ -23,7 +23,7 @@ use cluster::{metric, token_kubeconfig};
 use serde_json::json;
 use suite::{ISOLATION, Suite};
 use support::BasketServer;
-use support::fixtures::{merged, object, observing_basket_class, secret, server_spec};
+use support::fixtures::{merged, object, observing_basket_class, store_from};
 
 fn infra() -> &'static Suite {
     static INFRA: OnceLock<Suite> = OnceLock::new();
@@ -35,27 +35,6 @@ const LIFETIME: f64 = 1800.0;
 
 fn set_clock(path: &Path, unix: f64) {
     std::fs::write(path, format!("{unix:.3}")).unwrap();
-}
-
-/// The sweep ServiceAccount and RoleBinding of deploy/examples/basket/sweep-access.yaml in
-/// `ns`, bound to this release's sweep ClusterRole; returns the ServiceAccount's name.
-async fn sweep_access(infra: &Suite, client: &kube::Client, ns: &str) -> String {
-    let text =
-        std::fs::read_to_string(cluster::repo().join("deploy/examples/basket/sweep-access.yaml"))
-            .unwrap();
-    let mut sa = String::new();
-    for mut d in cluster::yaml_docs(&text) {
-        d["metadata"]["namespace"] = json!(ns);
-        if d["kind"] == "RoleBinding" {
-            d["roleRef"]["name"] = json!(format!("{}-sweep", infra.release));
-            d["subjects"][0]["namespace"] = json!(ns);
-        }
-        if d["kind"] == "ServiceAccount" {
-            sa = d["metadata"]["name"].as_str().unwrap().to_owned();
-        }
-        apply(client, ns, &d).await;
-    }
-    sa
 }
 
 #[tokio::test]
@@ -88,33 +67,17 @@ async fn sweeps_report_lifetimes_and_the_controller_judges_the_declared_ttl() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let sa = sweep_access(infra, &client, &ns).await;
-    apply(
-        &client,
-        &ns,
-        &secret("orders-checkpoints", json!({"dsn": dsn})),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &object("MCPServer", "basket", server_spec(&server.url())),
-    )
-    .await;
-    apply(
-        &client,
-        &ns,
-        &object("HandleClass", "basket", observing_basket_class()),
-    )
-    .await;
+    let class = object("HandleClass", "basket", observing_basket_class());
+    let sa = infra
+        .sweep_namespace(&client, &ns, &server.url(), &dsn, &class)
+        .await;
     apply(
         &client,
         &ns,
         &object(
             "CheckpointStore",
             "orders",
-            json!({"backend": "postgres", "mode": "act",
-                   "dsnFrom": {"name": "orders-checkpoints", "key": "dsn"}}),
+            merged(store_from("orders-checkpoints"), json!({"mode": "act"})),
         ),
     )
     .await;

@@ -327,6 +327,38 @@ fn discover_cli_prints_the_catalog_and_never_a_header_value() {
     }
 }
 
+/// A server that refuses custody's credentials (HTTP 401) is said to, in custody's words, by the
+/// CLI as by the controller's conditions: rmcp's own text is "Auth required".
+#[test]
+fn discover_cli_says_the_credentials_were_refused() {
+    let server = BasketServer::start(&[("BASKET_REQUIRE_BEARER", "the-right-one")]);
+    let dir = tempfile::tempdir().unwrap();
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: {}\n  timeoutSeconds: 5\n  headers: {{Authorization: Bearer a-wrong-one}}\n",
+            server.url()
+        ),
+    );
+    for format in ["table", "json"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(["discover", "-f", dir.path().to_str().unwrap(), "-o", format])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{stdout}");
+        assert!(
+            stdout.contains(
+                "the server refused custody's credentials (HTTP 401 or 403; check spec.headers"
+            ),
+            "{format}: {stdout}"
+        );
+        assert!(!stdout.contains("a-wrong-one"), "{stdout}");
+    }
+}
+
 /// Each misbehaviour ends in its own clear error or the right result, within the server's
 /// timeout (plus a margin): never a crash, never a hang.
 #[tokio::test(flavor = "multi_thread")]

@@ -14,6 +14,7 @@
 #    The image is a static musl release build, then buildah (deploy/build-image.sh; the first
 #    build takes long on 2 cores, later ones seconds), kept as a docker-archive for tests/image.rs.
 # 4. cargo fmt --check, cargo clippy -D warnings, cargo test --all-targets --features failpoints
+#    --no-fail-fast (every suite runs; the failures are listed at the end)
 # 5. every cargo-fuzz target for 20 s (tests/fuzz.sh: a pinned nightly and cargo-fuzz, installed
 #    once into rustup and ${CUSTODY_CACHE})
 #
@@ -162,9 +163,10 @@ cargo clippy --all-targets -- -D warnings
 cargo clippy --all-targets --features failpoints -- -D warnings
 
 # The failpoints feature builds the test binary of custody with its kill -9 stops (tests/actions.rs);
-# they stay inert unless a test sets FAILPOINTS.
+# they stay inert unless a test sets FAILPOINTS. --no-fail-fast: one failing suite must not hide
+# the results of the suites after it (cargo still exits non-zero at the end).
 step "cargo test --all-targets --features failpoints"
-cargo test --all-targets --features failpoints
+cargo test --all-targets --features failpoints --no-fail-fast
 
 step "fuzzing: every target in fuzz/ for 20 s (tests/fuzz.sh --dev)"
 disk

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cluster::{http_get, token_kubeconfig};
+use support::world::{row, sweep};
 use support::{BasketServer, Peer, call, custody, write_file};
 
 fn text(out: &Output) -> String {
@@ -23,15 +24,25 @@ fn text(out: &Output) -> String {
     )
 }
 
-fn server_yaml(dir: &Path, url: &str) {
+/// A resource directory holding MCPServer `target` at `url` (3 s timeout).
+fn server_dir(url: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
     write_file(
-        dir,
+        dir.path(),
         "server.yaml",
         &format!(
             "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: target}}\n\
              spec: {{url: \"{url}\", timeoutSeconds: 3}}\n"
         ),
     );
+    dir
+}
+
+/// Asserts that `out` (of a failed command) refuses `url` as a metadata address for the reason
+/// `says`, naming the option that turns the check off.
+fn assert_metadata_refused(url: &str, says: &str, out: &str) {
+    assert!(out.contains(says), "{url}: {out}");
+    assert!(out.contains("--deny-metadata-addresses"), "{url}: {out}");
 }
 
 /// `custody discover -f DIR` with extra arguments; must fail. Returns its output.
@@ -61,12 +72,10 @@ fn metadata_addresses_are_refused_before_connecting() {
             "metadata.google.internal is a cloud-metadata host name",
         ),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        server_yaml(dir.path(), url);
+        let dir = server_dir(url);
         let started = Instant::now();
         let out = discover_fails(dir.path(), &[]);
-        assert!(out.contains(says), "{url}: {out}");
-        assert!(out.contains("--deny-metadata-addresses"), "{url}: {out}");
+        assert_metadata_refused(url, says, &out);
         // Refused before any connection attempt, not after the 3 s timeout.
         assert!(started.elapsed() < Duration::from_secs(3), "{url}");
     }
@@ -75,8 +84,7 @@ fn metadata_addresses_are_refused_before_connecting() {
 #[test]
 fn only_http_and_https_at_runtime() {
     for url in ["ftp://127.0.0.1/mcp", "file:///etc/passwd", "gopher://x/"] {
-        let dir = tempfile::tempdir().unwrap();
-        server_yaml(dir.path(), url);
+        let dir = server_dir(url);
         let out = discover_fails(dir.path(), &[]);
         assert!(
             out.contains("spec.url") && out.contains("is not allowed"),
@@ -87,19 +95,25 @@ fn only_http_and_https_at_runtime() {
 
 /// Runs `custody ARGS…` with `/etc/hosts` replaced by `hosts` (a private mount namespace, as
 /// root or in a user namespace), so a real name resolves through the system resolver to the
-/// addresses given.
-fn custody_with_hosts(hosts: &str, args: &[&str]) -> Output {
+/// addresses given; with a `proxy`, `HTTP_PROXY` and `HTTPS_PROXY` point at it (and no
+/// `NO_PROXY` exempts anything).
+fn custody_with_hosts(hosts: &str, proxy: Option<&str>, args: &[&str]) -> Output {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), hosts).unwrap();
-    Command::new("unshare")
-        .args(["--map-root-user", "--mount", "sh", "-c"])
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--map-root-user", "--mount", "sh", "-c"])
         .arg(r#"mount --bind "$0" /etc/hosts && shift && exec "$@""#)
         .arg(file.path())
         .arg("-")
         .arg(env!("CARGO_BIN_EXE_custody"))
-        .args(args)
-        .output()
-        .expect("run unshare (util-linux)")
+        .args(args);
+    if let Some(proxy) = proxy {
+        cmd.env("HTTP_PROXY", proxy)
+            .env("HTTPS_PROXY", proxy)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+    }
+    cmd.output().expect("run unshare (util-linux)")
 }
 
 #[test]
@@ -107,13 +121,13 @@ fn a_name_resolving_to_a_metadata_address_is_refused_at_connect_time() {
     // The misbehaving server's `ok` case is a correct server that, unlike the Python SDK (which
     // answers 421 to a Host header other than localhost), accepts any Host.
     let server = Peer::misbehaving("ok");
-    let dir = tempfile::tempdir().unwrap();
     let url = format!("http://custody-meta.test:{}/mcp", server.port);
-    server_yaml(dir.path(), &url);
+    let dir = server_dir(&url);
     let d = dir.path().to_str().unwrap();
     // Control: the same name resolving to loopback reaches the real server.
     let ok = custody_with_hosts(
         "127.0.0.1 localhost\n127.0.0.1 custody-meta.test\n",
+        None,
         &["discover", "-f", d, "-o", "json"],
     );
     assert!(ok.status.success(), "{}", text(&ok));
@@ -125,6 +139,7 @@ fn a_name_resolving_to_a_metadata_address_is_refused_at_connect_time() {
     ] {
         let out = custody_with_hosts(
             &format!("127.0.0.1 localhost\n{hosts}"),
+            None,
             &["discover", "-f", d, "-o", "json"],
         );
         let t = text(&out);
@@ -138,6 +153,7 @@ fn a_name_resolving_to_a_metadata_address_is_refused_at_connect_time() {
     // (getaddrinfo orders loopback first here, so the real server answers).
     let off = custody_with_hosts(
         "127.0.0.1 localhost\n127.0.0.1 custody-meta.test\n169.254.169.254 custody-meta.test\n",
+        None,
         &[
             "discover",
             "-f",
@@ -148,26 +164,6 @@ fn a_name_resolving_to_a_metadata_address_is_refused_at_connect_time() {
         ],
     );
     assert!(off.status.success(), "{}", text(&off));
-}
-
-/// `custody ARGS…` with `HTTP_PROXY` (and `HTTPS_PROXY`) pointing at `proxy`, `/etc/hosts`
-/// replaced by `hosts` as in [`custody_with_hosts`].
-fn custody_via_proxy(proxy: &str, hosts: &str, args: &[&str]) -> Output {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), hosts).unwrap();
-    Command::new("unshare")
-        .args(["--map-root-user", "--mount", "sh", "-c"])
-        .arg(r#"mount --bind "$0" /etc/hosts && shift && exec "$@""#)
-        .arg(file.path())
-        .arg("-")
-        .arg(env!("CARGO_BIN_EXE_custody"))
-        .args(args)
-        .env("HTTP_PROXY", proxy)
-        .env("HTTPS_PROXY", proxy)
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
-        .output()
-        .expect("run unshare (util-linux)")
 }
 
 /// Issue 17, item 14: with a proxy configured, the proxy resolves the MCP host name, so the
@@ -199,24 +195,25 @@ fn a_proxy_does_not_bypass_the_metadata_check() {
             "custody-nowhere.invalid does not resolve here",
         ),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        server_yaml(dir.path(), url);
+        let dir = server_dir(url);
         let d = dir.path().to_str().unwrap();
-        let out = custody_via_proxy(&proxy_url, hosts, &["discover", "-f", d, "-o", "json"]);
+        let out = custody_with_hosts(
+            hosts,
+            Some(&proxy_url),
+            &["discover", "-f", d, "-o", "json"],
+        );
         let t = text(&out);
         assert!(!out.status.success(), "{url}: {t}");
-        assert!(t.contains(says), "{url}: {t}");
-        assert!(t.contains("--deny-metadata-addresses"), "{url}: {t}");
+        assert_metadata_refused(url, says, &t);
         assert_eq!(accepted(), 0, "{url}: the proxy was contacted: {t}");
     }
     // Control: with the option off, the same unresolvable name goes to the proxy (which
     // closes the connection), so the proxy really is in the path the check guards.
-    let dir = tempfile::tempdir().unwrap();
-    server_yaml(dir.path(), "http://custody-nowhere.invalid/mcp");
+    let dir = server_dir("http://custody-nowhere.invalid/mcp");
     let d = dir.path().to_str().unwrap();
-    let out = custody_via_proxy(
-        &proxy_url,
+    let out = custody_with_hosts(
         hosts,
+        Some(&proxy_url),
         &[
             "discover",
             "-f",
@@ -238,8 +235,7 @@ fn redirects_are_not_followed() {
         "http://169.254.169.254/latest/meta-data/".into(),
     ] {
         let peer = Peer::misbehaving_with("redirect", &[("MISBEHAVE_REDIRECT_TO", &to)]);
-        let dir = tempfile::tempdir().unwrap();
-        server_yaml(dir.path(), &peer.url());
+        let dir = server_dir(&peer.url());
         let out = discover_fails(dir.path(), &[]);
         // Followed, the redirect to the basket server would have discovered its five tools.
         assert!(out.contains("307"), "{to}: {out}");
@@ -248,24 +244,6 @@ fn redirects_are_not_followed() {
 
 // ---------------------------------------------------------------------------------------------
 // Tool output is data.
-
-/// `custody sweep [--apply] -f DIR -o json`, asserting success.
-fn sweep(dir: &Path, apply: bool) -> serde_json::Value {
-    let d = dir.to_str().unwrap();
-    let mode = if apply { "--apply" } else { "--dry-run" };
-    let out = custody(&["sweep", mode, "-f", d, "-o", "json"]);
-    assert!(out.status.success(), "sweep failed: {}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn row<'a>(report: &'a serde_json::Value, thread: &str) -> &'a serde_json::Value {
-    report["stores"][0]["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["thread_id"] == thread)
-        .unwrap_or_else(|| panic!("no row for {thread} in {report}"))
-}
 
 /// Handles minted by a server whose ids carry custody's placeholder syntax and prompt-injection
 /// text: the probe and the replay send them verbatim (a re-rendered `{{thread_id}}` would send
@@ -1197,4 +1175,37 @@ fn config_types_never_print_a_secret() {
     assert!(printed.contains("header X-Bad: invalid value"), "{printed}");
     assert!(!printed.contains(&token), "{printed}");
     assert!(!printed.contains(&password), "{printed}");
+}
+
+/// A DSN that does not parse is what an error message quotes: its password stays hidden
+/// whatever the shape (a URL missing a colon or a slash, libpq's key=value form, a password
+/// query parameter), in the CLI's output and in the error's text.
+#[test]
+fn a_malformed_dsn_never_prints_its_password() {
+    let password = random_secret("pw");
+    for dsn in [
+        format!("postgres//bob:{password}@127.0.0.1:5432/x"),
+        format!("postgres:/bob:{password}@127.0.0.1:5432/x"),
+        format!("postgres://bob:{password}@127.0.0.1:notaport/x"),
+        format!("host=127.0.0.1 port=notaport password={password}"),
+        format!("postgres://127.0.0.1:notaport/x?password={password}"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_file(
+            dir.path(),
+            "store.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders}}\n\
+                 spec: {{backend: postgres, dsn: \"{dsn}\"}}\n"
+            ),
+        );
+        let out = custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+        let printed = text(&out);
+        assert!(!out.status.success(), "{dsn}: {printed}");
+        assert!(
+            printed.contains("bob") || printed.contains("127.0.0.1"),
+            "{dsn}: {printed}"
+        );
+        assert!(!printed.contains(&password), "{dsn}: {printed}");
+    }
 }

@@ -6,13 +6,13 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use custody::checkpoint::{Scanned, Shard, Store};
 use custody::crd::Backend;
 use futures::TryStreamExt;
 use serde_json::Value;
-use support::{BasketServer, Db};
+use support::{BasketServer, Db, sweep_report};
 
 /// Prefixes of the fixture sets written per database: 3 × 6 parked threads.
 const PREFIXES: [&str; 3] = ["a-", "b-", "c-"];
@@ -119,16 +119,6 @@ fn sweep(res: &Path, extra: &[&str]) -> Command {
     cmd
 }
 
-fn report(out: Output) -> Value {
-    assert!(
-        out.status.success(),
-        "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("sweep JSON")
-}
-
 fn rows(report: &Value) -> Vec<Value> {
     report["stores"][0]["rows"].as_array().unwrap().clone()
 }
@@ -142,12 +132,14 @@ async fn acting_shards_side_by_side_act_once_per_thread() {
     support::act_resources(res.path(), &server.url(), "postgres", &dsn, "remint");
 
     // The CLI's shards together give the unsharded dry run's rows.
-    let whole = rows(&report(sweep(res.path(), &["--dry-run"]).output().unwrap()));
+    let whole = rows(&sweep_report(
+        &sweep(res.path(), &["--dry-run"]).output().unwrap(),
+    ));
     let mut planned: Vec<Value> = Vec::new();
     for i in 0..2 {
         let shard = format!("{i}/2");
-        planned.extend(rows(&report(
-            sweep(res.path(), &["--dry-run", "--shard", &shard])
+        planned.extend(rows(&sweep_report(
+            &sweep(res.path(), &["--dry-run", "--shard", &shard])
                 .output()
                 .unwrap(),
         )));
@@ -178,7 +170,7 @@ async fn acting_shards_side_by_side_act_once_per_thread() {
         .collect();
     let acted: Vec<Value> = children
         .into_iter()
-        .flat_map(|c| rows(&report(c.wait_with_output().unwrap())))
+        .flat_map(|c| rows(&sweep_report(&c.wait_with_output().unwrap())))
         .collect();
     let mut threads = BTreeSet::new();
     let mut reminted = 0;
@@ -198,7 +190,7 @@ async fn acting_shards_side_by_side_act_once_per_thread() {
     );
 
     // A whole-store sweep afterwards finds the re-minted handles live and re-mints nothing.
-    let after = report(sweep(res.path(), &["--apply"]).output().unwrap());
+    let after = sweep_report(&sweep(res.path(), &["--apply"]).output().unwrap());
     for r in rows(&after) {
         assert_ne!(r["action"]["outcome"], "reminted", "{r}");
     }

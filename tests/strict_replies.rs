@@ -4,6 +4,10 @@
 //! did not get exactly. Discovery against the same servers: tests/discovery.rs
 //! `misbehaving_servers_fail_cleanly`.
 //!
+//! The servers misbehave on `tools/call` only (`MISBEHAVE_ON`): a sweep lists each server's
+//! tools before probing it, and a listing that fails the same way makes the probes `unknown`
+//! at that step instead (tests/sweep.rs, the probe tool check).
+//!
 //! The misbehaving server (tests/py/misbehaving_server.py) knows none of the real basket
 //! server's handles, so an answer it gives would read `BASKET_NOT_FOUND`, a `gone`, if custody
 //! took it.
@@ -49,7 +53,7 @@ fn inexact_probe_answers_are_unknown_with_their_cause() {
     );
     let peers: Vec<Peer> = CASES
         .iter()
-        .map(|(case, ..)| Peer::misbehaving(case))
+        .map(|(case, ..)| Peer::misbehaving_with(case, &[("MISBEHAVE_ON", "tools/call")]))
         .collect();
     for ((case, ..), peer) in CASES.iter().zip(&peers) {
         support::basket_class_on(dir.path(), &case.replace('_', "-"), &peer.url());

@@ -5,7 +5,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::{BasketServer, Db};
 
 /// The verdicts every fixture thread must get (t-done is finished, so it is not reported).
@@ -129,6 +129,53 @@ fn server_down_is_unknown_never_gone() {
     assert_eq!(got["t-absent"].0, "absent");
     assert_eq!(expected(&manifest).len(), got.len());
     assert!(report["stores"][0]["servers"][0]["error"].is_string());
+}
+
+/// A probe tool the server does not list (a typo in `spec.probe.tool`) answers `isError`
+/// "Unknown tool" for every handle; with no `goneWhen` narrowing that text would read as gone
+/// and live threads would be acted on. The sweep checks `tools/list` first: `unknown`.
+#[test]
+fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
+    use support::fixtures::{basket_class, merged, object, write_resources};
+    let server = BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_fixtures(&server.url(), Db::Sqlite(&db));
+    support::basket_resources(
+        dir.path(),
+        &server.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let typo = merged(basket_class(), json!({"probe": {"tool": "get_baskett"}}));
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", typo)],
+    );
+
+    let got = support::verdicts(&support::sweep_json(dir.path()));
+    for probed in ["t-live", "t-expired", "t-updated"] {
+        assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
+        assert!(
+            got[probed]
+                .1
+                .contains("server basket does not list tool get_baskett in tools/list"),
+            "{:?}",
+            got[probed]
+        );
+    }
+
+    // The same class with the tool spelt right and still no goneWhen: the live basket is ok.
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", basket_class())],
+    );
+    let got = support::verdicts(&support::sweep_json(dir.path()));
+    assert_eq!(got["t-live"].0, "ok", "{:?}", got["t-live"]);
+    assert_eq!(got["t-expired"].0, "gone", "{:?}", got["t-expired"]);
 }
 
 /// One handle held by many threads is probed once.

@@ -16,7 +16,7 @@ use rmcp::model::{CallToolResult, ListToolsResult, ServerJsonRpcMessage};
 
 static RULES: LazyLock<Vec<GoneRule>> = LazyLock::new(|| {
     let prefixes = GoneWhen {
-        error_text_prefixes: vec!["BASKET_EXPIRED".into(), "".into()],
+        error_text_prefixes: Some(vec!["BASKET_EXPIRED".into(), "".into()]),
         ..GoneWhen::default()
     };
     let regex = GoneWhen {

@@ -320,18 +320,36 @@ pub fn postgres_scan_statement(channels: usize) -> String {
     postgres::parked_sql(channels)
 }
 
-/// Replaces the password of a URL-shaped DSN with `***`, for messages.
+/// Replaces the password of a DSN with `***`, for messages: in a URL (`user:***@`, a
+/// `password=` query parameter), in libpq's `key=value` form (`password=***`), and in anything
+/// else (a mistyped URL such as `postgres//u:secret@db/x`: what lies between the last `:` before
+/// the last `@` and that `@`), since a DSN that does not parse is exactly what an error message
+/// quotes.
 pub fn redact_dsn(dsn: &str) -> String {
     let Some((scheme, rest)) = dsn.split_once("://") else {
-        // libpq's `key=value` form: hide the value of every password key.
-        return dsn
-            .split(' ')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_owned(),
+        let key_value = dsn.split_whitespace().all(|kv| {
+            kv.split_once('=').is_some_and(|(k, _)| {
+                !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             })
-            .collect::<Vec<_>>()
-            .join(" ");
+        });
+        if key_value {
+            return dsn
+                .split(' ')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(" ");
+        }
+        let redacted = redact_query_password(dsn);
+        return match redacted.rsplit_once('@') {
+            Some((before, after)) => match before.rsplit_once(':') {
+                Some((user, _)) => format!("{user}:***@{after}"),
+                None => redacted,
+            },
+            None => redacted,
+        };
     };
     let (authority, tail) = match rest.find(['/', '?']) {
         Some(i) => rest.split_at(i),
@@ -513,6 +531,19 @@ mod tests {
         assert_eq!(
             redact_dsn("postgres://u:p@ss@db/x"),
             "postgres://u:***@db/x"
+        );
+        // not a URL (a missing colon) nor key=value: the userinfo is still hidden
+        assert_eq!(
+            redact_dsn("postgres//postgres:hunter2@127.0.0.1/x"),
+            "postgres//postgres:***@127.0.0.1/x"
+        );
+        assert_eq!(
+            redact_dsn("postgres:/u:p@ss@db/x?password=y"),
+            "postgres:/u:***@db/x?password=***"
+        );
+        assert_eq!(
+            redact_dsn("host=db password=s3cret dbname=lg"),
+            "host=db password=*** dbname=lg"
         );
     }
 }

@@ -55,7 +55,8 @@ ORDER BY t.thread_id
 /// for custody's writable pool: the file must exist (a typo must not create an empty store).
 ///
 /// # Errors
-/// [`StoreError::Dsn`] for a URL sqlx cannot parse.
+/// [`StoreError::Dsn`] for a URL sqlx cannot parse; [`StoreError::Connect`] (`NotFound`, with
+/// the absolute path) when no file is there.
 pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreError> {
     let options = if dsn.starts_with("sqlite:") {
         SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
@@ -66,6 +67,24 @@ pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreEr
     } else {
         SqliteConnectOptions::new().filename(dsn)
     };
+    // SQLite's own word for a missing file is "(code: 14) unable to open database file", which
+    // names neither the path it tried nor what a relative path is relative to.
+    let file = options.get_filename();
+    let in_memory = file.as_os_str() == ":memory:" || dsn.contains("mode=memory");
+    if !in_memory && !file.exists() {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        return Err(StoreError::Connect {
+            dsn: dsn.to_owned(),
+            source: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "no file at {} (a relative path is relative to the directory custody runs in, {})",
+                    cwd.join(file).display(),
+                    cwd.display()
+                ),
+            )),
+        });
+    }
     Ok(options.create_if_missing(false))
 }
 

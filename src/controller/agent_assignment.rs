@@ -459,6 +459,15 @@ enum Check<'a> {
     Unavailable(String),
 }
 
+/// Whether the MCPServer controller has decided the server's `Ready` (`True` or `False`).
+fn checked(server: &MCPServer) -> bool {
+    server.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.status != conditions::UNKNOWN)
+    })
+}
+
 /// `Some(why)` when the MCPServer's own `Ready` condition is not `True` (down, unreachable, a
 /// Secret it needs missing, not checked yet).
 fn not_ready(server: &MCPServer) -> Option<String> {
@@ -548,6 +557,15 @@ async fn validate_assignment<'a>(
         let catalog = observed
             .get(&format!("{ns}/{}", s.server_ref))
             .and_then(|o| o.catalog.as_ref());
+        // Not checked yet (no `Ready`, or `Unknown`) and never discovered: a normal start, so
+        // wait for the first check instead of rendering without the server or warning that a
+        // required one is unavailable.
+        if catalog.is_none() && !checked(&server) {
+            return Ok(Check::Waiting(format!(
+                "MCPServer {} has not been checked yet",
+                s.server_ref
+            )));
+        }
         let down = not_ready(&server);
         if let Some(why) = &down {
             if !server.spec.required {
@@ -910,6 +928,30 @@ mod tests {
         );
         assert!(!r.data["MCP_SERVERS"].contains("create_basket"));
         assert_eq!(r.tool_count, 2);
+    }
+
+    /// A server the MCPServer controller has not decided yet is waited for (no Warning, no
+    /// configuration rendered without it); one it decided either way is judged.
+    #[test]
+    fn a_server_not_checked_yet_is_waited_for() {
+        let server = |ready: Option<&str>| -> MCPServer {
+            let conditions: Vec<Value> = ready
+                .map(|status| {
+                    serde_json::json!({"type": "Ready", "status": status, "reason": "R",
+                        "message": "m", "lastTransitionTime": "2026-12-01T00:00:00Z"})
+                })
+                .into_iter()
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+                "metadata": {"name": "b"}, "spec": {"url": "http://x/mcp"},
+                "status": {"conditions": conditions}}))
+            .unwrap()
+        };
+        assert!(!checked(&server(None)));
+        assert!(!checked(&server(Some("Unknown"))));
+        assert!(checked(&server(Some("False"))));
+        assert!(checked(&server(Some("True"))));
     }
 
     #[test]

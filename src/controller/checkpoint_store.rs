@@ -308,7 +308,7 @@ fn ready(others: &[&Cond]) -> Cond {
         ),
         None => Cond::yes(
             conditions::READY,
-            conditions::SWEPT,
+            conditions::SWEEPS_SCHEDULED,
             "the database answers and the sweep CronJob is scheduled",
         ),
     }

@@ -100,6 +100,9 @@ pub const INVALID_SPEC: &str = "InvalidSpec";
 pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
 /// Reason (`Valid`, Event): no MCPServer of the referenced name in the namespace.
 pub const UNKNOWN_SERVER: &str = "UnknownServer";
+/// Reason (HandleClass `Valid`, Event): the referenced MCPServer's own configuration cannot be
+/// used (`Ready=False` with `SecretNotResolved` or `InvalidSpec`), so sweeps leave the class out.
+pub const SERVER_NOT_USABLE: &str = "ServerNotUsable";
 /// Reason (`Valid`, Event): the MCPServer's catalog lacks a tool the spec names.
 pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
 /// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
@@ -207,8 +210,9 @@ pub const UNSUPPORTED_SCHEMA: &str = "UnsupportedSchema";
 pub const CRON_JOB_APPLIED: &str = "CronJobApplied";
 /// Reason (`Scheduled`, Event): the API server refused the sweep CronJob.
 pub const CRON_JOB_REFUSED: &str = "CronJobRefused";
-/// Reason (`Ready`): the database answers and the sweep CronJob is scheduled.
-pub const SWEPT: &str = "Swept";
+/// Reason (`Ready`): the database answers and the sweep CronJob is scheduled (whether a sweep
+/// has run yet is `LastSweepSucceeded`'s to say).
+pub const SWEEPS_SCHEDULED: &str = "SweepsScheduled";
 /// Reason (`Ready`, `Reachable`, `Scheduled`): a `backend: sqlite` CheckpointStore in a cluster.
 pub const SQLITE_NOT_SUPPORTED_IN_CLUSTER: &str = "SqliteNotSupportedInCluster";
 /// Reason (`LastSweepSucceeded`): the latest finished sweep Job completed.

@@ -48,39 +48,52 @@ pub(super) async fn reconcile(
             conditions::INVALID_SPEC,
             e.to_string(),
         ));
-    } else if Api::<MCPServer>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&class.spec.server_ref)
-        .await?
-        .is_none()
-    {
-        // 2. the server exists (API)
-        conds.push(Cond::no(
-            conditions::VALID,
-            conditions::UNKNOWN_SERVER,
-            format!(
-                "spec.serverRef: no MCPServer {} in namespace {ns}",
-                class.spec.server_ref
-            ),
-        ));
     } else {
-        // 3. the tools exist in its discovered catalog (pure, on the controller's observations)
-        let observed = ctx.observed.read().await;
-        match observed
-            .get(&format!("{ns}/{}", class.spec.server_ref))
-            .and_then(|o| o.catalog.as_ref())
-        {
-            None => {
-                requeue = WAITING;
-                conds.push(Cond::unknown(
-                    conditions::VALID,
-                    conditions::WAITING_FOR_DISCOVERY,
-                    format!(
-                        "MCPServer {} has not been discovered yet",
-                        class.spec.server_ref
-                    ),
-                ));
+        let server = Api::<MCPServer>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&class.spec.server_ref)
+            .await?;
+        match server.as_ref().map(unusable_config) {
+            // 2. the server exists (API)
+            None => conds.push(Cond::no(
+                conditions::VALID,
+                conditions::UNKNOWN_SERVER,
+                format!(
+                    "spec.serverRef: no MCPServer {} in namespace {ns}",
+                    class.spec.server_ref
+                ),
+            )),
+            // 2b. its own configuration can be used: sweeps leave a class out whose server names
+            // a missing Secret or has an invalid spec, so the class is not valid either
+            Some(Some(why)) => conds.push(Cond::no(
+                conditions::VALID,
+                conditions::SERVER_NOT_USABLE,
+                format!(
+                    "spec.serverRef: MCPServer {} cannot be used: {why}",
+                    class.spec.server_ref
+                ),
+            )),
+            // 3. the tools exist in its discovered catalog (pure, on the controller's
+            // observations)
+            Some(None) => {
+                let observed = ctx.observed.read().await;
+                match observed
+                    .get(&format!("{ns}/{}", class.spec.server_ref))
+                    .and_then(|o| o.catalog.as_ref())
+                {
+                    None => {
+                        requeue = WAITING;
+                        conds.push(Cond::unknown(
+                            conditions::VALID,
+                            conditions::WAITING_FOR_DISCOVERY,
+                            format!(
+                                "MCPServer {} has not been discovered yet",
+                                class.spec.server_ref
+                            ),
+                        ));
+                    }
+                    Some(catalog) => conds.extend(check_tools(class, catalog)),
+                }
             }
-            Some(catalog) => conds.extend(check_tools(class, catalog)),
         }
     }
     if let Some(bad) = conds
@@ -122,6 +135,25 @@ pub(super) async fn reconcile(
         .transpose()?;
     apply_status(&ctx, &api, class, before, serde_json::to_value(status)?).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// Why the server's configuration cannot be used, from its `Ready` condition: the reasons the
+/// MCPServer controller gives when the sweep's own resolution of the server fails the same way
+/// (a Secret that cannot be read, an invalid spec). An unreachable server is not one: its
+/// probes are `unknown`, the class stays valid.
+fn unusable_config(server: &MCPServer) -> Option<String> {
+    server
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| {
+            c.type_ == conditions::READY
+                && c.status == conditions::FALSE
+                && [conditions::SECRET_NOT_RESOLVED, conditions::INVALID_SPEC]
+                    .contains(&c.reason.as_str())
+        })
+        .map(|c| c.message.clone())
 }
 
 /// `Ready` from `Valid`: a class sweeps can use. `ProbeReadOnly=False` is a warning, not a

@@ -4,7 +4,6 @@
 //! `/metrics`). `/readyz` says which in its body: `ready: leading` or `ready: standby`, or
 //! `not ready: ` and why ([`Readiness::check`]) with status 503.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
@@ -24,9 +23,9 @@ struct AppState {
     leader: Gauge,
 }
 
-/// Serves until the task is aborted; `leader` is the `custody_leader` gauge.
+/// Serves on `listener` until the task is aborted; `leader` is the `custody_leader` gauge.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     ready: Arc<Readiness>,
     leader: Gauge,
@@ -40,8 +39,9 @@ pub async fn serve(
             ready,
             leader,
         });
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
     axum::serve(listener, app).await
 }
 

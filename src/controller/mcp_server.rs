@@ -142,7 +142,7 @@ pub(super) async fn reconcile(
                         reason: e.category(),
                     })
                     .inc();
-                let message = crate::mcp::cause::explained(e.category(), &e.to_string());
+                let message = e.explained();
                 observed.discovery_error = Some((e.category(), message));
             }
         }

@@ -253,7 +253,7 @@ impl Context {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// An API call failed.
-    #[error("{0}")]
+    #[error("{}", crate::cluster::kube_text(.0))]
     Kube(#[from] kube::Error),
     /// Reading resources from the API failed.
     #[error("{0}")]
@@ -299,10 +299,21 @@ fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) 
 /// Runs the controller until SIGTERM or Ctrl-C.
 ///
 /// # Errors
-/// The Kubernetes client cannot be built or the lease manager cannot start. (A CRD that is
+/// The Kubernetes client cannot be built, `--metrics-addr` cannot be bound, or the lease
+/// manager cannot start. (A CRD that is
 /// missing or another release's keeps the controller running, not ready, and logged at ERROR.)
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let client = Client::try_default().await?;
+    let client = crate::cluster::client().await?;
+    // Bound before anything else: a port already taken must stop the controller with the
+    // address, not leave it leading without /metrics, /healthz and /readyz.
+    let listener = tokio::net::TcpListener::bind(opts.metrics_addr)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot serve /metrics, /healthz and /readyz on --metrics-addr {}: {e}",
+                opts.metrics_addr
+            )
+        })?;
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let identity = opts
@@ -329,7 +340,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         assignments: std::sync::Mutex::default(),
     });
     let server = tokio::spawn(http::serve(
-        opts.metrics_addr,
+        listener,
         Arc::new(registry),
         ctx.readiness.clone(),
         ctx.metrics.leader.clone(),
@@ -453,7 +464,18 @@ async fn lease_manager(
         .with_duration(opts.lease_seconds)
         .with_grace(opts.lease_seconds.div_ceil(3).max(1))
         .build()
-        .await?;
+        .await
+        .map_err(|e| {
+            let why = match &e {
+                kube_lease_manager::LeaseManagerError::KubeError(k) => crate::cluster::kube_text(k),
+                other => other.to_string(),
+            };
+            anyhow::anyhow!(
+                "cannot use the leader Lease {}/{} (--lease-namespace, --lease-name): {why}",
+                opts.lease_namespace,
+                opts.lease_name
+            )
+        })?;
     Ok(lease.watch().await)
 }
 
@@ -724,10 +746,11 @@ where
         match r {
             Err(C::QueueError(e)) => {
                 let reason = watch_failure(&e);
-                tracing::warn!(kind, reason, error = %e, "watch failed; retrying");
+                let text = watch_text(&e);
+                tracing::warn!(kind, reason, error = %text, "watch failed; retrying");
                 // An expired resourceVersion is the watch protocol's normal restart (a relist).
                 if reason != "watch_expired" {
-                    ctx.readiness.watch_failed(kind, reason, &e.to_string());
+                    ctx.readiness.watch_failed(kind, reason, &text);
                 }
                 ctx.metrics
                     .failures
@@ -762,6 +785,25 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
         Some(404) => "watch_not_found",
         Some(410) => "watch_expired",
         _ => "watch",
+    }
+}
+
+/// A failed list or watch for a person: the step, then the API server's message and status
+/// ([`crate::cluster::kube_text`]), not kube's Debug dump of the `Status`.
+fn watch_text(e: &watcher::Error) -> String {
+    use crate::cluster::{kube_text, status_text};
+    match e {
+        watcher::Error::InitialListFailed(k) => {
+            format!("the initial list failed: {}", kube_text(k))
+        }
+        watcher::Error::WatchStartFailed(k) => {
+            format!("starting the watch failed: {}", kube_text(k))
+        }
+        watcher::Error::WatchFailed(k) => format!("the watch failed: {}", kube_text(k)),
+        watcher::Error::WatchError(s) => {
+            format!("the watch ended with an error: {}", status_text(s))
+        }
+        other => other.to_string(),
     }
 }
 
@@ -1028,6 +1070,35 @@ mod tests {
             "a field the controller set is left out: the apply removes it"
         );
         assert!(!status_unchanged(&meta, None, &same));
+    }
+
+    /// kube's Display of an API error is the `Status` object's Debug dump; people get the API
+    /// server's message and status instead.
+    #[test]
+    fn api_errors_read_as_the_api_servers_message() {
+        let not_found = || {
+            kube::Error::Api(Box::new(
+                Status::failure("mcpservers.custody.dev \"x\" not found", "NotFound")
+                    .with_code(404),
+            ))
+        };
+        assert_eq!(
+            crate::cluster::kube_text(&not_found()),
+            "mcpservers.custody.dev \"x\" not found (HTTP 404 NotFound)"
+        );
+        assert_eq!(
+            Error::Kube(not_found()).to_string(),
+            "mcpservers.custody.dev \"x\" not found (HTTP 404 NotFound)"
+        );
+        let unparsed = kube::Error::Api(Box::new(
+            Status::failure("404 page not found", "Failed to parse error data").with_code(404),
+        ));
+        let text = watch_text(&watcher::Error::InitialListFailed(unparsed));
+        assert_eq!(
+            text,
+            "the initial list failed: 404 page not found (HTTP 404)"
+        );
+        assert!(!text.contains("Status {"), "{text}");
     }
 
     #[test]

@@ -175,11 +175,11 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
 /// serde names the Rust type it expected (`expected u32`); a user wrote YAML against the CRD's
 /// schema, so say it in the schema's words (`integer`, `number`).
 fn schema_words(message: &str) -> String {
-    const INTEGERS: [&str; 10] = [
-        "u8", "u16", "u32", "u64", "usize", "i8", "i16", "i32", "i64", "isize",
-    ];
     let mut out = message.to_owned();
-    for t in INTEGERS {
+    for t in ["u8", "u16", "u32", "u64", "usize"] {
+        out = out.replace(&format!("expected {t}"), "expected a non-negative integer");
+    }
+    for t in ["i8", "i16", "i32", "i64", "isize"] {
         out = out.replace(&format!("expected {t}"), "expected an integer");
     }
     for t in ["f32", "f64"] {
@@ -208,10 +208,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.ends_with("spec.parallelism: invalid type: string \"two\", expected an integer"),
+            e.ends_with(
+                "spec.parallelism: invalid type: string \"two\", expected a non-negative integer"
+            ),
             "{e}"
         );
         assert_eq!(schema_words("expected f64"), "expected a number");
+        assert_eq!(
+            schema_words("invalid value: integer `-1`, expected u64"),
+            "invalid value: integer `-1`, expected a non-negative integer"
+        );
     }
 
     #[test]

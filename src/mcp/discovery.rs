@@ -131,6 +131,12 @@ pub enum DiscoveryError {
 }
 
 impl DiscoveryError {
+    /// The message for a person: the error's text, led by what its category means when the text
+    /// alone may not say it ([`super::cause::explained`]: rmcp words a 401 "Auth required").
+    pub fn explained(&self) -> String {
+        super::cause::explained(self.category(), &self.to_string())
+    }
+
     /// A bounded category for metric labels and Event reasons.
     pub fn category(&self) -> &'static str {
         match self {
@@ -168,6 +174,48 @@ pub async fn discover(
     let info = conn.server_info();
     conn.close().await;
     catalog(cfg, allowlist, listed, protocol_version, info, latency_ms)
+}
+
+/// The names of the tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within
+/// the server's timeout: what a sweep checks a probe tool against before it trusts an `isError`
+/// answer (an "Unknown tool" error says nothing about the handle it was given).
+///
+/// # Errors
+/// Listing failed or timed out (the category is the request's: `timeout`, `refused`, ...); or
+/// it stopped early, at the page cap or a repeated cursor, so a name missing from it may be on a
+/// page not read (`protocol`). The reason names the server.
+pub async fn tool_names(
+    conn: &Connection,
+    cfg: &ServerConfig,
+) -> Result<HashSet<String>, super::Unreachable> {
+    let failed = |e: DiscoveryError| super::Unreachable {
+        reason: e.to_string(),
+        category: match &e {
+            DiscoveryError::Mcp(e) => e.category(),
+            DiscoveryError::Timeout { .. } => "timeout",
+            DiscoveryError::TooManyPages { .. } | DiscoveryError::NotOffered { .. } => "protocol",
+        },
+    };
+    let listed = tokio::time::timeout(cfg.timeout, list_all(conn, cfg, DEFAULT_PAGE_CAP))
+        .await
+        .map_err(|_| {
+            failed(DiscoveryError::Timeout {
+                server: cfg.name.clone(),
+                after: cfg.timeout,
+            })
+        })?
+        .map_err(failed)?;
+    match listed.incomplete {
+        Some(why) => Err(super::Unreachable {
+            reason: format!("server {}: {why}", cfg.name),
+            category: "protocol",
+        }),
+        None => Ok(listed
+            .tools
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect()),
+    }
 }
 
 /// What listing gathered: the tools, pages read, smallest `ttlMs`, cache scope, and why the

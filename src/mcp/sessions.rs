@@ -6,7 +6,7 @@
 //! is tried once per sweep: every later call gets the same failure at once instead of paying
 //! the connect timeout again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 use futures::StreamExt;
@@ -41,6 +41,8 @@ pub struct ServerContact {
 struct Slot<'c> {
     config: &'c ServerConfig,
     session: OnceCell<Result<Connection, Unreachable>>,
+    /// The tool names the server lists, listed at the first [`Sessions::offering`] call.
+    tools: OnceCell<Result<HashSet<String>, Unreachable>>,
 }
 
 /// The servers one sweep may talk to, each connected at its first call.
@@ -57,6 +59,7 @@ impl<'c> Sessions<'c> {
             by_name.entry(config.name.as_str()).or_insert_with(|| Slot {
                 config,
                 session: OnceCell::new(),
+                tools: OnceCell::new(),
             });
         }
         Self { by_name }
@@ -81,6 +84,45 @@ impl<'c> Sessions<'c> {
             .get_or_init(|| connect(slot.config))
             .await
             .as_ref()
+    }
+
+    /// The session with `server` when its `tools/list` names `tool`. The list is read once per
+    /// sweep, at the first call. A probe goes through here: a tool the server does not offer
+    /// (a typo in `spec.probe.tool`, a server that dropped it) answers `isError` "Unknown tool"
+    /// whatever the handle, which must not read as gone.
+    ///
+    /// # Errors
+    /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_names`]); or category `config`
+    /// when the list does not name `tool`. The reason names the server and the tool.
+    pub async fn offering(&self, server: &str, tool: &str) -> Result<&Connection, Unreachable> {
+        let conn = self.get(server).await.map_err(Unreachable::clone)?;
+        let slot = &self.by_name[server];
+        let listed = slot
+            .tools
+            .get_or_init(|| async {
+                let listed = super::discovery::tool_names(conn, slot.config).await;
+                if let Err(e) = &listed {
+                    tracing::warn!(server = %server, error = %e.reason, "cannot list the server's tools; its probes this sweep are unknown");
+                }
+                listed
+            })
+            .await;
+        match listed {
+            Ok(names) if names.contains(tool) => Ok(conn),
+            Ok(_) => Err(Unreachable {
+                reason: format!(
+                    "server {server} does not list tool {tool} in tools/list (check the HandleClass's spec.probe.tool)"
+                ),
+                category: "config",
+            }),
+            Err(e) => Err(Unreachable {
+                reason: format!(
+                    "cannot tell whether server {server} offers tool {tool}: {}",
+                    e.reason
+                ),
+                category: e.category,
+            }),
+        }
     }
 
     /// Ends every session; how contacting each server went, by name (servers never called are
@@ -120,7 +162,7 @@ async fn connect(server: &ServerConfig) -> Result<Connection, Unreachable> {
         Err(e) => {
             tracing::warn!(server = %server.name, error = %e, "cannot reach server; its calls this sweep fail");
             Err(Unreachable {
-                reason: e.to_string(),
+                reason: super::cause::explained(e.category(), &e.to_string()),
                 category: e.category(),
             })
         }

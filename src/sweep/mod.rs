@@ -787,8 +787,8 @@ fn set(row: &mut Row, facts: &mut act::Facts, d: Decision) {
 type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>);
 
 /// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
-/// parallel, a bounded number of calls in flight per server). A server that cannot be reached
-/// fails all of its probes with that reason.
+/// parallel, a bounded number of calls in flight per server). A server that cannot be reached,
+/// or whose `tools/list` lacks the class's probe tool, fails all of its probes with that reason.
 async fn probe(
     target: &Target,
     sessions: &Sessions<'_>,
@@ -799,8 +799,11 @@ async fn probe(
         |p| target.classes[p.class].server.name.as_str(),
         |p| async move {
             let class = &target.classes[p.class];
-            match sessions.get(&class.server.name).await {
-                Err(u) => (p, ProbeOutcome::Failed(u.reason.clone()), Some(u.category)),
+            match sessions
+                .offering(&class.server.name, &class.probe_tool)
+                .await
+            {
+                Err(u) => (p, ProbeOutcome::Failed(u.reason), Some(u.category)),
                 Ok(conn) => {
                     let result = conn.call_tool(&class.probe_tool, p.arguments.clone()).await;
                     let failure = result.as_ref().err().map(crate::mcp::McpError::category);

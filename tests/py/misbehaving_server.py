@@ -89,6 +89,8 @@ Environment:
   MISBEHAVE_PAGINATE       1 = tools/list in two pages in every case   (forget_session and
                            stale_session_400 always paginate)
   MISBEHAVE_TOOLS          call_*: comma-separated tools that misbehave (every tool)
+  MISBEHAVE_ON             string_id, error_event, unterminated_event: the methods whose replies
+                           misbehave, comma-separated              (tools/list,tools/call)
   MISBEHAVE_TIMES          call_*: misbehave on this many calls, then behave (0 = always) (0)
   MISBEHAVE_REOPEN_FILE    call_close_listener: listen again once this file exists (required)
 
@@ -179,6 +181,8 @@ LIST_DELAY_S = _env_int("MISBEHAVE_LIST_DELAY_MS", 5000) / 1000.0
 PAGINATE = os.environ.get("MISBEHAVE_PAGINATE", "0").strip() in ("1", "true", "yes", "on")
 PAGINATE = PAGINATE or CASE in ("forget_session", "stale_session_400")
 REDIRECT_TO = os.environ.get("MISBEHAVE_REDIRECT_TO", "http://169.254.169.254/mcp")
+REPLY_METHODS = {m.strip() for m in
+                 os.environ.get("MISBEHAVE_ON", "tools/list,tools/call").split(",") if m.strip()}
 CALL_TOOLS = {t.strip() for t in os.environ.get("MISBEHAVE_TOOLS", "").split(",") if t.strip()}
 CALL_TIMES = _env_int("MISBEHAVE_TIMES", 0)
 REOPEN_FILE = os.environ.get("MISBEHAVE_REOPEN_FILE", "")
@@ -494,9 +498,13 @@ async def send_sse(conn: Conn, sid: str | None, message: dict) -> None:
     await conn.end_chunked()
 
 
-async def send_reply(conn: Conn, sid: str | None, message: dict, init: bool = False) -> None:
-    """A reply to initialize (init) or to tools/list and tools/call, misbehaving as CASE says."""
+async def send_reply(conn: Conn, sid: str | None, message: dict, init: bool = False,
+                     method: str = "") -> None:
+    """A reply to initialize (init) or to tools/list and tools/call (method), misbehaving as CASE
+    says; a method not in MISBEHAVE_ON is answered correctly."""
     case = CASE.removesuffix("_init") if init == CASE.endswith("_init") else "ok"
+    if method and method not in REPLY_METHODS:
+        case = "ok"
     if case == "string_id":
         message = {**message, "id": str(message["id"])}
         log(f"  ... sent with the id as a string: {dumps(message['id'])}")
@@ -812,7 +820,8 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
     elif method == "tools/call":
         result = call_tool(params)
         log(f"{what} name={params.get('name')} -> 200 isError={str(result['isError']).lower()}")
-        await send_reply(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": result})
+        await send_reply(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": result},
+                         method="tools/call")
     elif method == "ping":
         log(f"{what} -> 200")
         await send_sse(conn, sid, {"jsonrpc": "2.0", "id": rid, "result": {}})
@@ -966,7 +975,7 @@ async def tools_list(conn: Conn, what: str, sid: str, session: Session, rid: Any
 
     log(f"{what} cursor={cursor} -> 200 SSE, {len(page['tools'])} tool(s)"
         + (f", nextCursor {page['nextCursor']}" if "nextCursor" in page else ""))
-    await send_reply(conn, sid, response)
+    await send_reply(conn, sid, response, method="tools/list")
 
 
 async def huge_event(conn: Conn, what: str, sid: str, rid: Any) -> None:

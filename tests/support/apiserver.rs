@@ -133,13 +133,23 @@ pub fn condition<'a>(obj: &'a Value, type_: &str) -> Option<&'a Value> {
 
 /// Retries `check` every [`POLL`] until it returns `Ok`; panics with its last error after
 /// [`DEADLINE`].
-pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
+pub async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Result<T, String>) -> T {
+    eventually_within(DEADLINE, what, check).await
+}
+
+/// [`eventually`] with a deadline of its own, for what takes longer than [`DEADLINE`] by design
+/// (a CronJob's schedule, a Lease's renewal period).
+pub async fn eventually_within<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
     loop {
         match check().await {
             Ok(v) => return v,
             Err(e) if Instant::now() >= deadline => {
-                panic!("{what}: not so after {DEADLINE:?}; last: {e}")
+                panic!("{what}: not so after {within:?}; last: {e}")
             }
             Err(_) => tokio::time::sleep(POLL).await,
         }

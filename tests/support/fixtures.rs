@@ -1,5 +1,5 @@
-//! Builders for the resources tests write: the basket server's MCPServer, HandleClass and
-//! CheckpointStore with the tests' defaults, each a JSON value to override with [`merged`]
+//! Builders for the resources tests write: the basket server's MCPServer, HandleClass,
+//! CheckpointStore and AgentAssignment with the tests' defaults, each a JSON value to override with [`merged`]
 //! (JSON is YAML, so the same documents serve local-mode files and the API server).
 
 use std::path::{Path, PathBuf};
@@ -77,6 +77,16 @@ pub fn acting_basket_class(on_gone: &str) -> Value {
 /// The spec of a CheckpointStore with a literal DSN.
 pub fn store_spec(backend: &str, dsn: &str) -> Value {
     json!({"backend": backend, "dsn": dsn})
+}
+
+/// The spec of a PostgreSQL CheckpointStore whose DSN is key `dsn` of Secret `secret`.
+pub fn store_from(secret: &str) -> Value {
+    json!({"backend": "postgres", "dsnFrom": {"name": secret, "key": "dsn"}})
+}
+
+/// The spec of an AgentAssignment for `agent` of MCPServer `basket` with these allowed tools.
+pub fn basket_assignment(agent: &str, tools: &[&str]) -> Value {
+    json!({"agent": agent, "servers": [{"serverRef": "basket", "toolAllowlist": tools}]})
 }
 
 /// Writes resources into `dir/name` as one YAML stream.

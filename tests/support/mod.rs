@@ -202,6 +202,16 @@ pub fn basket_resources(dir: &Path, server_url: &str, mode: &str, backend: &str,
     );
 }
 
+/// An MCP endpoint nothing serves (port 1 on loopback), for resources whose server a test never
+/// reaches.
+pub const NOWHERE: &str = "http://127.0.0.1:1/mcp";
+
+/// [`basket_resources`] with the server at [`NOWHERE`] in mode `auto`, for tests that fail
+/// before any probe.
+pub fn offline_basket_resources(dir: &Path, backend: &str, dsn: &str) {
+    basket_resources(dir, NOWHERE, "auto", backend, dsn);
+}
+
 /// Writes `bad-<name>.yaml` beside [`basket_resources`]: an MCPServer `name` at `url` (5 s
 /// timeout) and a HandleClass `name` that probes it as the basket class probes the basket
 /// server, for tests that sweep one misbehaving peer per case.
@@ -243,6 +253,11 @@ pub fn sweep_json(dir: &Path) -> Value {
         "-o",
         "json",
     ]);
+    sweep_report(&out)
+}
+
+/// The JSON report of a `custody sweep -o json` run, asserting that it succeeded.
+pub fn sweep_report(out: &Output) -> Value {
     assert!(
         out.status.success(),
         "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",

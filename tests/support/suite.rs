@@ -3,7 +3,8 @@
 //! hold [`ISOLATION`] shared; a test that replaces the serving replica holds it alone and leaves
 //! the replica that took over in [`Suite::current`].
 //!
-//! Needs `tests/support/cluster.rs` as the crate's `cluster` module. Include with
+//! Needs `tests/support/cluster.rs` and `tests/support/apiserver.rs` as the crate's `cluster` and
+//! `apiserver` modules, and `tests/support` as `support`. Include with
 //! `#[path = "support/suite.rs"] mod suite;`.
 
 #![allow(dead_code)] // each test binary uses a different part of this module
@@ -13,8 +14,11 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::Api;
+use serde_json::{Value, json};
 
+use crate::apiserver::apply;
 use crate::cluster::{self, ControllerProcess, metric};
+use crate::support::fixtures::{object, secret, server_spec};
 
 /// The Lease name (the chart's Role allows only this one).
 pub const LEASE: &str = "custody-controller";
@@ -108,6 +112,63 @@ impl Suite {
     /// The Leases of the system namespace (the controller's is [`LEASE`]).
     pub fn leases(&self, client: &Client) -> Api<Lease> {
         Api::namespaced(client.clone(), &self.system_ns)
+    }
+
+    /// The ServiceAccount and RoleBinding the sweeps of `ns` run as
+    /// (deploy/examples/basket/sweep-access.yaml, bound to this release's sweep ClusterRole).
+    pub fn sweep_access(&self, ns: &str) -> Vec<Value> {
+        let path = cluster::repo().join("deploy/examples/basket/sweep-access.yaml");
+        cluster::yaml_docs(&std::fs::read_to_string(path).unwrap())
+            .into_iter()
+            .map(|mut d| {
+                d["metadata"]["namespace"] = json!(ns);
+                if d["kind"] == "RoleBinding" {
+                    d["roleRef"]["name"] = json!(format!("{}-sweep", self.release));
+                    d["subjects"][0]["namespace"] = json!(ns);
+                }
+                d
+            })
+            .collect()
+    }
+
+    /// Applies [`Suite::sweep_access`] in `ns`; returns the ServiceAccount's name.
+    pub async fn apply_sweep_access(&self, client: &Client, ns: &str) -> String {
+        let mut account = String::new();
+        for d in self.sweep_access(ns) {
+            if d["kind"] == "ServiceAccount" {
+                account = d["metadata"]["name"].as_str().unwrap().to_owned();
+            }
+            apply(client, ns, &d).await;
+        }
+        account
+    }
+
+    /// What a sweep of `ns` reads besides its CheckpointStore: [`Suite::apply_sweep_access`],
+    /// Secret `orders-checkpoints` with key `dsn`, MCPServer `basket` at `server_url` and the
+    /// HandleClass `class`. Returns the sweep ServiceAccount's name.
+    pub async fn sweep_namespace(
+        &self,
+        client: &Client,
+        ns: &str,
+        server_url: &str,
+        dsn: &str,
+        class: &Value,
+    ) -> String {
+        let account = self.apply_sweep_access(client, ns).await;
+        apply(
+            client,
+            ns,
+            &secret("orders-checkpoints", json!({"dsn": dsn})),
+        )
+        .await;
+        apply(
+            client,
+            ns,
+            &object("MCPServer", "basket", server_spec(server_url)),
+        )
+        .await;
+        apply(client, ns, class).await;
+        account
     }
 
     /// Who holds the controller's Lease now.

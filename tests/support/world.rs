@@ -1,6 +1,7 @@
 //! The acting tests' world: a basket server, a checkpoint database and local-mode resources
 //! acting on it, and the real binary sweeping them (tests/actions.rs, tests/agent.rs).
 
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
@@ -36,22 +37,21 @@ impl World {
         self.server.url()
     }
 
-    /// `custody sweep (--apply | --dry-run) -f RES -o json`, asserting success.
+    /// [`sweep`] of its resources.
     pub fn sweep(&self, apply: bool) -> Value {
-        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-            .args(["sweep", if apply { "--apply" } else { "--dry-run" }])
-            .args(["-o", "json", "-f"])
-            .arg(self.res.path())
-            .output()
-            .expect("run custody");
-        assert!(
-            out.status.success(),
-            "custody sweep failed:\nstdout:\n{}\nstderr:\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("sweep JSON")
+        sweep(self.res.path(), apply)
     }
+}
+
+/// `custody sweep (--apply | --dry-run) -f RES -o json`, asserting success.
+pub fn sweep(res: &Path, apply: bool) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", if apply { "--apply" } else { "--dry-run" }])
+        .args(["-o", "json", "-f"])
+        .arg(res)
+        .output()
+        .expect("run custody");
+    super::sweep_report(&out)
 }
 
 /// The report's row of `thread` in its first store.
