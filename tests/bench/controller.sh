@@ -4,8 +4,9 @@
 #   bash tests/bench/controller.sh 100          # N = 100 MCPServers
 #   bash tests/bench/controller.sh 1000         # N = 1 000
 #
-# Options (after N): --window S (steady-state window, default 180), --health-interval S
-# (default 60, the controller's default), --secrets M (default 5000), --out FILE (default
+# Options (after N): --window S (steady-state window, default 300: one CheckpointStore recheck
+# each), --health-interval S (default 60, the controller's default), --lease-seconds S (default
+# 15, the controller's default), --secrets M (default 5000), --out FILE (default
 # target/bench/controller-N.json).
 #
 # What runs, every part real and on loopback, all stopped on exit:
@@ -23,17 +24,19 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
-[[ $# -ge 1 && "$1" =~ ^[0-9]+$ ]] || { echo "usage: $0 N [--window S] [--health-interval S] [--secrets M] [--out FILE]" >&2; exit 2; }
+[[ $# -ge 1 && "$1" =~ ^[0-9]+$ ]] || { echo "usage: $0 N [--window S] [--health-interval S] [--lease-seconds S] [--secrets M] [--out FILE]" >&2; exit 2; }
 n=$1
 shift
-window=180
+window=300
 interval=60
+lease=15
 secrets=5000
 out=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --window) window=$2; shift 2 ;;
     --health-interval) interval=$2; shift 2 ;;
+    --lease-seconds) lease=$2; shift 2 ;;
     --secrets) secrets=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -116,7 +119,7 @@ done
 metrics_port=$(free_port)
 KUBECONFIG="$controller_kubeconfig" RUST_LOG=warn "$custody" controller \
   --metrics-addr "127.0.0.1:$metrics_port" --identity bench --lease-namespace default \
-  --health-interval-seconds "$interval" >"$work/controller-$n.log" 2>&1 &
+  --health-interval-seconds "$interval" --lease-seconds "$lease" >"$work/controller-$n.log" 2>&1 &
 controller_pid=$!
 pids+=("$controller_pid")
 for _ in $(seq 120); do
@@ -124,7 +127,7 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 
-log "N=$n: $k basket servers, controller pid $controller_pid; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+log "N=$n: $k basket servers, controller pid $controller_pid, lease $lease s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$python" "$here/controller.py" --servers "$n" \
   --urls "$(IFS=,; echo "${urls[*]}")" --server-pids "$(IFS=,; echo "${server_pids[*]}")" \
   --dsn "$dsn" --controller-pid "$controller_pid" --metrics-port "$metrics_port" \
