@@ -263,6 +263,15 @@ fn no_cluster_names_kubeconfig_once() {
     }
 }
 
+/// `--concurrency 0` (reconciles in flight per kind) is refused before anything starts.
+#[test]
+fn a_controller_concurrency_of_zero_is_refused() {
+    let out = support::custody(&["controller", "--concurrency", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"), "{err}");
+}
+
 /// A `--metrics-addr` already taken stops the controller at once with the address, instead of a
 /// controller that leads without `/metrics`, `/healthz` and `/readyz`. (Building the client
 /// reads the kubeconfig only: no API server is needed to get this far.)

@@ -70,6 +70,12 @@ pub struct Options {
         default_value = "custody-sweep"
     )]
     pub sweep_service_account: String,
+    /// Reconciles in flight at once, per kind (at least 1). An MCPServer reconcile is a discovery
+    /// or health check bounded by the server's timeout, so without a bound a health round at
+    /// 1 000 servers is one burst of 1 000 checks that times out many of them and can starve
+    /// the Lease renewal (BENCHMARKS.md, "Controller at scale").
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
     /// Seconds between health checks of each MCPServer.
     #[arg(long, default_value_t = 60)]
     pub health_interval_seconds: u64,
@@ -542,8 +548,10 @@ type Guard<K> = kube::core::DeserializeGuard<K>;
 async fn controllers(ctx: Arc<Context>) {
     let client = ctx.client.clone();
     let wc = watcher::Config::default();
+    let bounded = kube::runtime::controller::Config::default().concurrency(ctx.opts.concurrency);
 
-    let servers = Controller::new(Api::<Guard<MCPServer>>::all(client.clone()), wc.clone());
+    let servers = Controller::new(Api::<Guard<MCPServer>>::all(client.clone()), wc.clone())
+        .with_config(bounded.clone());
     let server_store = servers.store();
     let servers = servers
         .watches(
@@ -580,7 +588,8 @@ async fn controllers(ctx: Arc<Context>) {
     let assignments = Controller::new(
         Api::<Guard<AgentAssignment>>::all(client.clone()),
         wc.clone(),
-    );
+    )
+    .with_config(bounded.clone());
     let assignment_store = assignments.store();
     *ctx.assignments
         .lock()
@@ -603,7 +612,8 @@ async fn controllers(ctx: Arc<Context>) {
         )
         .for_each(drain("AgentAssignment", &ctx));
 
-    let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone());
+    let classes = Controller::new(Api::<Guard<HandleClass>>::all(client.clone()), wc.clone())
+        .with_config(bounded.clone());
     let class_store = classes.store();
     let lifetime_holders = class_store.clone();
     let classes = classes
@@ -648,7 +658,8 @@ async fn controllers(ctx: Arc<Context>) {
     let stores = Controller::new(
         Api::<Guard<CheckpointStore>>::all(client.clone()),
         wc.clone(),
-    );
+    )
+    .with_config(bounded);
     let store_store = stores.store();
     let stores = stores
         .owns(Api::<CronJob>::all(client.clone()), wc.clone())
