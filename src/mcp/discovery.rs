@@ -186,7 +186,8 @@ pub async fn discover(
 
 /// The names of the tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within
 /// the server's timeout: what a sweep checks a probe tool against before it trusts an `isError`
-/// answer (an "Unknown tool" error says nothing about the handle it was given).
+/// answer (an "Unknown tool" error says nothing about the handle it was given). The listing
+/// also gives `conn` the tools' output schemas ([`Connection::learn_schemas`]).
 ///
 /// # Errors
 /// Listing failed or timed out (the category is the request's: `timeout`, `refused`, ...); or
@@ -218,11 +219,16 @@ pub async fn tool_names(
             reason: format!("server {}: {why}", cfg.name),
             category: "protocol",
         }),
-        None => Ok(listed
-            .tools
-            .into_iter()
-            .map(|t| t.name.to_string())
-            .collect()),
+        None => {
+            // The same listing gives the connection its tools' output schemas, so checking
+            // results against them lists nothing again.
+            conn.learn_schemas(&listed.tools);
+            Ok(listed
+                .tools
+                .into_iter()
+                .map(|t| t.name.to_string())
+                .collect())
+        }
     }
 }
 
