@@ -269,7 +269,10 @@ fn a_controller_concurrency_of_zero_is_refused() {
     let out = support::custody(&["controller", "--concurrency", "0"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"), "{err}");
+    assert!(
+        err.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"),
+        "{err}"
+    );
 }
 
 /// A `--metrics-addr` already taken stops the controller at once with the address, instead of a
