@@ -122,15 +122,26 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 /// at WARN. rmcp's transport worker logs every failed request at ERROR as the Debug dump of
 /// reqwest's error; custody reports the same failure once, with its cause, in its own message,
 /// so that target is off (`RUST_LOG=rmcp::transport::worker=error` shows it).
-const DEFAULT_LOG: &str = "warn,custody=info,rmcp::transport::worker=off";
+///
+/// kube-runtime's watcher logs each failed list or watch at WARN as the Debug dump of the API
+/// server's `Status`; custody logs the same failure in its own words (and counts it), so that
+/// target is at ERROR (`RUST_LOG=kube_runtime::watcher=warn` shows it).
+const DEFAULT_LOG: &str =
+    "warn,custody=info,rmcp::transport::worker=off,kube_runtime::watcher=error";
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Whatever RUST_LOG says: sqlx logs an unrecognized connect parameter's value at WARN, and
+    // that value may be a password (`sslpassword=…`, a mis-cased `PassWord=…`).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| DEFAULT_LOG.into())
+        .add_directive(
+            "sqlx_postgres::options::parse=off"
+                .parse()
+                .expect("a valid directive"),
+        );
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| DEFAULT_LOG.into()),
-        )
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -1178,8 +1178,9 @@ fn config_types_never_print_a_secret() {
 }
 
 /// A DSN that does not parse is what an error message quotes: its password stays hidden
-/// whatever the shape (a URL missing a colon or a slash, libpq's key=value form, a password
-/// query parameter), in the CLI's output and in the error's text.
+/// whatever the shape (a URL missing a colon or a slash, a password holding `/` or `?`, libpq's
+/// key=value form quoted or not, a `password` or `sslpassword` query parameter), in the CLI's
+/// output, the error's text and every log line, at debug level too.
 #[test]
 fn a_malformed_dsn_never_prints_its_password() {
     let password = random_secret("pw");
@@ -1189,6 +1190,10 @@ fn a_malformed_dsn_never_prints_its_password() {
         format!("postgres://bob:{password}@127.0.0.1:notaport/x"),
         format!("host=127.0.0.1 port=notaport password={password}"),
         format!("postgres://127.0.0.1:notaport/x?password={password}"),
+        format!("postgres://bob:{password}/x@127.0.0.1:notaport/x"),
+        format!("postgres://bob:x?{password}@127.0.0.1:notaport/x"),
+        format!("host=127.0.0.1 port=notaport password='{password} x'"),
+        format!("postgres://bob@127.0.0.1:1/x?sslpassword={password}"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         write_file(
@@ -1199,7 +1204,12 @@ fn a_malformed_dsn_never_prints_its_password() {
                  spec: {{backend: postgres, dsn: \"{dsn}\"}}\n"
             ),
         );
-        let out = custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+        // At debug, so a dependency's log of the value would show too.
+        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()])
+            .env("RUST_LOG", "debug")
+            .output()
+            .unwrap();
         let printed = text(&out);
         assert!(!out.status.success(), "{dsn}: {printed}");
         assert!(

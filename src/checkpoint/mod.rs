@@ -23,6 +23,7 @@ mod typed;
 pub mod writer;
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
@@ -331,66 +332,33 @@ pub fn postgres_scan_statement(channels: usize, plan: ScanPlan) -> String {
     postgres::parked_sql(channels, plan)
 }
 
-/// Replaces the password of a DSN with `***`, for messages: in a URL (`user:***@`, a
-/// `password=` query parameter), in libpq's `key=value` form (`password=***`), and in anything
-/// else (a mistyped URL such as `postgres//u:secret@db/x`: what lies between the last `:` before
-/// the last `@` and that `@`), since a DSN that does not parse is exactly what an error message
-/// quotes.
+/// Replaces the password of a DSN with `***`, for messages, in every shape a DSN is written or
+/// mistyped in, since a DSN that does not parse is exactly what an error message quotes:
+/// `password=` and `sslpassword=` values in libpq's `key=value` form (quoted or not) and in a
+/// URL's query, and a URL's userinfo, taken as everything between the scheme and the **last**
+/// `@` (a password may hold `/`, `?` or `@`, unescaped, when a person typed it). A URL whose
+/// path or query holds an `@` loses more than its password in the message, never less.
 pub fn redact_dsn(dsn: &str) -> String {
-    let Some((scheme, rest)) = dsn.split_once("://") else {
-        let key_value = dsn.split_whitespace().all(|kv| {
-            kv.split_once('=').is_some_and(|(k, _)| {
-                !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            })
-        });
-        if key_value {
-            return dsn
-                .split(' ')
-                .map(|kv| match kv.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                    _ => kv.to_owned(),
-                })
-                .collect::<Vec<_>>()
-                .join(" ");
-        }
-        let redacted = redact_query_password(dsn);
-        return match redacted.rsplit_once('@') {
-            Some((before, after)) => match before.rsplit_once(':') {
-                Some((user, _)) => format!("{user}:***@{after}"),
-                None => redacted,
-            },
-            None => redacted,
-        };
-    };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let tail = redact_query_password(tail);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return format!("{scheme}://{authority}{tail}");
-    };
-    let user = userinfo.split(':').next().unwrap_or("");
-    let redacted = if userinfo.contains(':') {
-        format!("{user}:***")
-    } else {
-        user.to_owned()
-    };
-    format!("{scheme}://{redacted}@{host}{tail}")
-}
-
-fn redact_query_password(tail: &str) -> String {
-    let Some((path, query)) = tail.split_once('?') else {
-        return tail.to_owned();
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|kv| match kv.split_once('=') {
-            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-            _ => kv.to_owned(),
-        })
-        .collect();
-    format!("{path}?{}", query.join("&"))
+    static VALUES: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)")
+            .expect("a valid regex")
+    });
+    static SCHEME: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new(r"^[A-Za-z][A-Za-z0-9+.-]*:/*").expect("a valid regex"));
+    let out = VALUES.replace_all(dsn, "${1}***");
+    // Where the userinfo would start: after `scheme://` (or a mistyped `scheme:/`), else after a
+    // `//` (a missing colon), else at the start.
+    let start = SCHEME
+        .find(&out)
+        .map(|m| m.end())
+        .or_else(|| out.find("//").map(|i| i + 2))
+        .unwrap_or(0);
+    if let Some(at) = out.rfind('@').filter(|at| *at >= start)
+        && let Some(colon) = out[start..at].find(':')
+    {
+        return format!("{}:***{}", &out[..start + colon], &out[at..]);
+    }
+    out.into_owned()
 }
 
 /// A parked thread with a requested channel that did not decode becomes a skipped one (the
@@ -543,6 +511,36 @@ mod tests {
             redact_dsn("postgres://u:p@ss@db/x"),
             "postgres://u:***@db/x"
         );
+        // passwords holding URL delimiters, quoted key=value values, sslpassword
+        for (dsn, shown) in [
+            (
+                "postgres://u:hun/ter2@127.0.0.1/x",
+                "postgres://u:***@127.0.0.1/x",
+            ),
+            (
+                "postgres://u:hunter2/@127.0.0.1/x",
+                "postgres://u:***@127.0.0.1/x",
+            ),
+            (
+                "postgres://u:hun?ter2@127.0.0.1:1/x",
+                "postgres://u:***@127.0.0.1:1/x",
+            ),
+            (
+                "postgres://u:p@ss/w0rd@db.example/x",
+                "postgres://u:***@db.example/x",
+            ),
+            (
+                "host=127.0.0.1 password='hunter 2' dbname=x",
+                "host=127.0.0.1 password=*** dbname=x",
+            ),
+            (
+                "postgres://db/x?sslpassword=hunter4&a=b",
+                "postgres://db/x?sslpassword=***&a=b",
+            ),
+            ("host=db PassWord=hunter3", "host=db PassWord=***"),
+        ] {
+            assert_eq!(redact_dsn(dsn), shown, "{dsn}");
+        }
         // not a URL (a missing colon) nor key=value: the userinfo is still hidden
         assert_eq!(
             redact_dsn("postgres//postgres:hunter2@127.0.0.1/x"),
