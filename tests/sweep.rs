@@ -134,8 +134,9 @@ fn server_down_is_unknown_never_gone() {
 }
 
 /// A probe tool the server does not list (a typo in `spec.probe.tool`) answers `isError`
-/// "Unknown tool" for every handle; with no `goneWhen` narrowing that text would read as gone
-/// and live threads would be acted on. The sweep checks `tools/list` first: `unknown`.
+/// "Unknown tool" for every handle, and arguments the tool cannot take a validation error; with
+/// no `goneWhen` narrowing that text would read as gone and live threads would be acted on. The
+/// sweep checks `tools/list` and the tool's `inputSchema` first: `unknown`.
 #[test]
 fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
     use support::fixtures::{basket_class, merged, object, write_resources};
@@ -167,6 +168,30 @@ fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
             "{:?}",
             got[probed]
         );
+    }
+
+    // Arguments the tool cannot take (a misnamed key, a number for a string): the server's
+    // validation error would read as gone just the same; custody checks the tool's inputSchema.
+    for arguments in [json!({"id": "{{handle}}"}), json!({"basket_id": 5})] {
+        let mut misnamed = basket_class();
+        misnamed["probe"]["arguments"] = arguments.clone();
+        let misnamed = object("HandleClass", "basket", misnamed);
+        write_resources(dir.path(), "class.yaml", &[misnamed]);
+        let got = support::verdicts(&support::sweep_json(dir.path()));
+        for probed in ["t-live", "t-expired", "t-updated"] {
+            assert_eq!(
+                got[probed].0, "unknown",
+                "{arguments} {probed}: {:?}",
+                got[probed]
+            );
+            assert!(
+                got[probed].1.contains(
+                    "server basket: tool get_basket: the arguments do not match the tool's inputSchema"
+                ),
+                "{:?}",
+                got[probed]
+            );
+        }
     }
 
     // The same class with the tool spelt right and still no goneWhen: the live basket is ok.

@@ -141,8 +141,35 @@ pub fn mismatch(
             "the result has no structuredContent although the tool declares an outputSchema".into(),
         );
     };
-    let errors: Vec<String> = schema
-        .iter_errors(structured)
+    let errors = failures(schema, structured);
+    (!errors.is_empty()).then(|| {
+        format!(
+            "structuredContent does not match the declared outputSchema: {}",
+            errors.join("; ")
+        )
+    })
+}
+
+/// Checks a call's arguments against the tool's compiled `inputSchema`; `None` when they
+/// conform, else why, as [`mismatch`] says it (paths and keywords, never a value). A server
+/// answers arguments it cannot take with an `isError` result that says nothing about a handle.
+pub fn arguments_mismatch(
+    schema: &jsonschema::Validator,
+    arguments: &serde_json::Value,
+) -> Option<String> {
+    let errors = failures(schema, arguments);
+    (!errors.is_empty()).then(|| {
+        format!(
+            "the arguments do not match the tool's inputSchema: {}",
+            errors.join("; ")
+        )
+    })
+}
+
+/// At most three of `value`'s failures against `schema`: instance path, keyword, schema path.
+fn failures(schema: &jsonschema::Validator, value: &serde_json::Value) -> Vec<String> {
+    schema
+        .iter_errors(value)
         .take(3)
         .map(|e| {
             let at = e.instance_path().to_string();
@@ -153,13 +180,7 @@ pub fn mismatch(
                 e.schema_path()
             )
         })
-        .collect();
-    (!errors.is_empty()).then(|| {
-        format!(
-            "structuredContent does not match the declared outputSchema: {}",
-            errors.join("; ")
-        )
-    })
+        .collect()
 }
 
 #[cfg(test)]

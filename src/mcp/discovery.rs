@@ -6,7 +6,7 @@
 //! name, annotations with the spec's defaults, and schema digests. Everything, from connect to the
 //! last page, runs under the server's one timeout.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -184,19 +184,20 @@ pub async fn discover(
     Ok(catalog)
 }
 
-/// The names of the tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within
-/// the server's timeout: what a sweep checks a probe tool against before it trusts an `isError`
-/// answer (an "Unknown tool" error says nothing about the handle it was given). The listing
+/// The tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within the server's
+/// timeout, by name, each with its `inputSchema` compiled (`None` when it does not compile):
+/// what a sweep checks a probe against before it trusts an `isError` answer (an "Unknown tool"
+/// or an argument validation error says nothing about the handle it was given). The listing
 /// also gives `conn` the tools' output schemas ([`Connection::learn_schemas`]).
 ///
 /// # Errors
 /// Listing failed or timed out (the category is the request's: `timeout`, `refused`, ...); or
 /// it stopped early, at the page cap or a repeated cursor, so a name missing from it may be on a
 /// page not read (`protocol`). The reason names the server.
-pub async fn tool_names(
+pub async fn tool_inputs(
     conn: &Connection,
     cfg: &ServerConfig,
-) -> Result<HashSet<String>, super::Unreachable> {
+) -> Result<HashMap<String, Option<jsonschema::Validator>>, super::Unreachable> {
     let failed = |e: DiscoveryError| super::Unreachable {
         reason: e.to_string(),
         category: match &e {
@@ -214,22 +215,26 @@ pub async fn tool_names(
             })
         })?
         .map_err(failed)?;
-    match listed.incomplete {
-        Some(why) => Err(super::Unreachable {
+    if let Some(why) = listed.incomplete {
+        return Err(super::Unreachable {
             reason: format!("server {}: {why}", cfg.name),
             category: "protocol",
-        }),
-        None => {
-            // The same listing gives the connection its tools' output schemas, so checking
-            // results against them lists nothing again.
-            conn.learn_schemas(&listed.tools);
-            Ok(listed
-                .tools
-                .into_iter()
-                .map(|t| t.name.to_string())
-                .collect())
-        }
+        });
     }
+    // The same listing gives the connection its tools' output schemas, so checking results
+    // against them lists nothing again.
+    conn.learn_schemas(&listed.tools);
+    Ok(listed
+        .tools
+        .iter()
+        .map(|t| {
+            let schema = Value::Object((*t.input_schema).clone());
+            (
+                t.name.to_string(),
+                super::conformance::compile(&schema).ok(),
+            )
+        })
+        .collect())
 }
 
 /// What listing gathered: the tools, pages read, smallest `ttlMs`, cache scope, and why the

@@ -6,7 +6,7 @@
 //! is tried once per sweep: every later call gets the same failure at once instead of paying
 //! the connect timeout again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 
 use futures::StreamExt;
@@ -45,8 +45,9 @@ pub struct ServerContact {
 struct Slot<'c> {
     config: &'c ServerConfig,
     session: OnceCell<Result<Connection, Unreachable>>,
-    /// The tool names the server lists, listed at the first [`Sessions::offering`] call.
-    tools: OnceCell<Result<HashSet<String>, Unreachable>>,
+    /// The tools the server lists, with their compiled `inputSchema`, listed at the first
+    /// [`Sessions::offering`] call.
+    tools: OnceCell<Result<HashMap<String, Option<jsonschema::Validator>>, Unreachable>>,
 }
 
 /// The servers one sweep may talk to, each connected at its first call.
@@ -90,35 +91,54 @@ impl<'c> Sessions<'c> {
             .as_ref()
     }
 
-    /// The session with `server` when its `tools/list` names `tool`. The list is read once per
-    /// sweep, at the first call. A probe goes through here: a tool the server does not offer
-    /// (a typo in `spec.probe.tool`, a server that dropped it) answers `isError` "Unknown tool"
-    /// whatever the handle, which must not read as gone.
+    /// The session with `server` when its `tools/list` names `tool` and `arguments` match the
+    /// tool's `inputSchema`. The list is read once per sweep, at the first call. A probe goes
+    /// through here: a tool the server does not offer (a typo in `spec.probe.tool`, a server that
+    /// dropped it) or arguments it cannot take (a misnamed key in `spec.probe.arguments`) answer
+    /// `isError` whatever the handle, which must not read as gone.
     ///
     /// # Errors
-    /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_names`]); or category `config`
-    /// when the list does not name `tool`. The reason names the server and the tool.
-    pub async fn offering(&self, server: &str, tool: &str) -> Result<&Connection, Unreachable> {
+    /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_inputs`]); or category `config`
+    /// when the list does not name `tool` or the arguments do not match. The reason names the
+    /// server and the tool, never an argument's value.
+    pub async fn offering(
+        &self,
+        server: &str,
+        tool: &str,
+        arguments: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<&Connection, Unreachable> {
         let conn = self.get(server).await.map_err(Unreachable::clone)?;
         let slot = &self.by_name[server];
         let listed = slot
             .tools
             .get_or_init(|| async {
-                let listed = super::discovery::tool_names(conn, slot.config).await;
+                let listed = super::discovery::tool_inputs(conn, slot.config).await;
                 if let Err(e) = &listed {
                     tracing::warn!(server = %server, error = %e.reason, "cannot list the server's tools; its probes this sweep are unknown");
                 }
                 listed
             })
             .await;
+        let config = |reason: String| Unreachable {
+            reason,
+            category: "config",
+        };
         match listed {
-            Ok(names) if names.contains(tool) => Ok(conn),
-            Ok(_) => Err(Unreachable {
-                reason: format!(
+            Ok(tools) => match tools.get(tool) {
+                None => Err(config(format!(
                     "server {server} does not list tool {tool} in tools/list (check the HandleClass's spec.probe.tool)"
-                ),
-                category: "config",
-            }),
+                ))),
+                Some(Some(schema)) => {
+                    let arguments = serde_json::Value::Object(arguments.clone());
+                    match super::conformance::arguments_mismatch(schema, &arguments) {
+                        Some(why) => Err(config(format!(
+                            "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
+                        ))),
+                        None => Ok(conn),
+                    }
+                }
+                Some(None) => Ok(conn),
+            },
             Err(e) => Err(Unreachable {
                 reason: format!(
                     "cannot tell whether server {server} offers tool {tool}: {}",

@@ -870,7 +870,8 @@ type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>, Instant);
 
 /// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
 /// parallel, a bounded number of calls in flight per server). A server that cannot be reached,
-/// or whose `tools/list` lacks the class's probe tool, fails all of its probes with that reason.
+/// or whose `tools/list` lacks the class's probe tool, fails all of its probes with that reason;
+/// a probe whose arguments do not match the tool's `inputSchema` fails with that reason.
 async fn probe(
     target: &Target,
     sessions: &Sessions<'_>,
@@ -882,7 +883,7 @@ async fn probe(
         |p| async move {
             let class = &target.classes[p.class];
             match sessions
-                .offering(&class.server.name, &class.probe_tool)
+                .offering(&class.server.name, &class.probe_tool, &p.arguments)
                 .await
             {
                 Err(u) => (
