@@ -772,7 +772,7 @@ where
         match r {
             Err(C::QueueError(e)) => {
                 let reason = watch_failure(&e);
-                let text = watch_text(&e);
+                let text = watch_message(&e);
                 tracing::warn!(kind, reason, error = %text, "watch failed; retrying");
                 // An expired resourceVersion is the watch protocol's normal restart (a relist).
                 if reason != "watch_expired" {
@@ -812,6 +812,20 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
         Some(410) => "watch_expired",
         _ => "watch",
     }
+}
+
+/// What a 404 of a list or watch means for a person: a kind is not served, most likely a custody
+/// CRD that is not (or no longer) installed.
+const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side -f crds/crds.yaml)";
+
+/// [`watch_text`], with what a 404 means ([`NOT_SERVED_HINT`]: the API server's own text is
+/// "404 page not found").
+fn watch_message(e: &watcher::Error) -> String {
+    let mut text = watch_text(e);
+    if watch_failure(e) == "watch_not_found" {
+        text.push_str(NOT_SERVED_HINT);
+    }
+    text
 }
 
 /// A failed list or watch for a person: the step, then the API server's message and status
@@ -1119,7 +1133,10 @@ mod tests {
         let unparsed = kube::Error::Api(Box::new(
             Status::failure("404 page not found", "Failed to parse error data").with_code(404),
         ));
-        let text = watch_text(&watcher::Error::InitialListFailed(unparsed));
+        let failed = watcher::Error::InitialListFailed(unparsed);
+        assert!(watch_message(&failed).ends_with(NOT_SERVED_HINT));
+        assert!(NOT_SERVED_HINT.contains("crds/crds.yaml"));
+        let text = watch_text(&failed);
         assert_eq!(
             text,
             "the initial list failed: 404 page not found (HTTP 404)"

@@ -63,11 +63,11 @@ pub struct MCPServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_allowlist: Vec<String>,
 
-    /// true: while this server is not ready, every AgentAssignment using it is `Ready=False`
-    /// (reason `RequiredServerUnavailable`, naming it). false (the default): the server is
-    /// optional; while it is not ready the assignments using it stay ready, leave it out of the
-    /// rendered configuration and report `Degraded=True` (`OptionalServerUnavailable`), and put
-    /// it back when it recovers.
+    /// When true, while this server is not ready, every AgentAssignment using it is
+    /// `Ready=False` (reason `RequiredServerUnavailable`, naming it). When false (the default),
+    /// the server is optional: while it is not ready, the assignments using it stay ready, leave
+    /// it out of the rendered configuration and report `Degraded=True`
+    /// (`OptionalServerUnavailable`), and put it back when it recovers.
     #[serde(default)]
     pub required: bool,
 
