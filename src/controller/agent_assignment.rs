@@ -461,22 +461,13 @@ enum Check<'a> {
 
 /// Whether the MCPServer controller has decided the server's `Ready` (`True` or `False`).
 fn checked(server: &MCPServer) -> bool {
-    server.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == conditions::READY && c.status != conditions::UNKNOWN)
-    })
+    conditions::server_ready(server).is_some_and(|c| c.status != conditions::UNKNOWN)
 }
 
 /// `Some(why)` when the MCPServer's own `Ready` condition is not `True` (down, unreachable, a
 /// Secret it needs missing, not checked yet).
 fn not_ready(server: &MCPServer) -> Option<String> {
-    let conds = server
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    match conds.iter().find(|c| c.type_ == conditions::READY) {
+    match conditions::server_ready(server) {
         Some(c) if c.status == conditions::TRUE => None,
         Some(c) => Some(format!("{}: {}", c.reason, c.message)),
         None => Some("not checked yet".to_owned()),

@@ -5,6 +5,17 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+/// The condition of type `type_` among `conditions` (a status's), if written.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// An MCPServer's `Ready` condition, as the MCPServer controller last wrote it; `None` before
+/// its first reconcile. The other kinds read a server's state from it.
+pub fn server_ready(server: &crate::crd::MCPServer) -> Option<&Condition> {
+    find(&server.status.as_ref()?.conditions, READY)
+}
+
 /// A condition before it is placed in a status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cond {

@@ -146,14 +146,9 @@ pub(super) async fn reconcile(
 /// (a Secret that cannot be read, an invalid spec). An unreachable server is not one: its
 /// probes are `unknown`, the class stays valid.
 fn unusable_config(server: &MCPServer) -> Option<String> {
-    server
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| {
-            c.type_ == conditions::READY
-                && c.status == conditions::FALSE
+    conditions::server_ready(server)
+        .filter(|c| {
+            c.status == conditions::FALSE
                 && [conditions::SECRET_NOT_RESOLVED, conditions::INVALID_SPEC]
                     .contains(&c.reason.as_str())
         })

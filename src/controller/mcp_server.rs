@@ -272,10 +272,7 @@ async fn unusable(
     ctx: &Context,
 ) {
     ctx.count_unusable("MCPServer", reason);
-    let ready = current
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::READY);
+    let ready = conditions::find(&current.conditions, conditions::READY);
     if ready.is_none_or(|c| c.status != conditions::FALSE || c.reason != reason) {
         ctx.event(server, EventType::Warning, reason, message).await;
     }
