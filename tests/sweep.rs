@@ -101,16 +101,7 @@ async fn postgres_checkpoints_in_both_protocol_eras() {
 #[test]
 fn server_down_is_unknown_never_gone() {
     let mut server = BasketServer::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("checkpoints.sqlite");
-    let manifest = support::write_fixtures(&server.url(), Db::Sqlite(&db));
-    support::basket_resources(
-        dir.path(),
-        &server.url(),
-        "auto",
-        "sqlite",
-        &format!("sqlite://{}", db.display()),
-    );
+    let (dir, manifest) = support::sqlite_basket_dir(&server.url());
     server.stop();
 
     let report = support::sweep_json(dir.path());
@@ -141,16 +132,7 @@ fn server_down_is_unknown_never_gone() {
 fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
     use support::fixtures::{basket_class, merged, object, write_resources};
     let server = BasketServer::start(&[]);
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("checkpoints.sqlite");
-    support::write_fixtures(&server.url(), Db::Sqlite(&db));
-    support::basket_resources(
-        dir.path(),
-        &server.url(),
-        "auto",
-        "sqlite",
-        &format!("sqlite://{}", db.display()),
-    );
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
     let typo = merged(basket_class(), json!({"probe": {"tool": "get_baskett"}}));
     write_resources(
         dir.path(),

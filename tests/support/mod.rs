@@ -212,6 +212,23 @@ pub fn offline_basket_resources(dir: &Path, backend: &str, dsn: &str) {
     basket_resources(dir, NOWHERE, "auto", backend, dsn);
 }
 
+/// A directory holding the fixture threads ([`write_fixtures`]) in `checkpoints.sqlite`, minted
+/// on the basket server at `server_url`, and [`basket_resources`] for it (`mode: auto`): what
+/// a local-mode sweep test starts from. Returns the directory and the fixtures' manifest.
+pub fn sqlite_basket_dir(server_url: &str) -> (tempfile::TempDir, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    let manifest = write_fixtures(server_url, Db::Sqlite(&db));
+    basket_resources(
+        dir.path(),
+        server_url,
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    (dir, manifest)
+}
+
 /// Writes `bad-<name>.yaml` beside [`basket_resources`]: an MCPServer `name` at `url` (5 s
 /// timeout) and a HandleClass `name` that probes it as the basket class probes the basket
 /// server, for tests that sweep one misbehaving peer per case.
