@@ -19,6 +19,10 @@
 #                     their build time and size, EXPLAIN (ANALYZE, BUFFERS) of both custody
 #                     statements, LangGraph's write cost without and with them (write_cost.py);
 #                     only a, c and d (custody's statement) are timed, and no shards
+#   --data-only       build the template and lg_<N> databases (steps 2-4) and stop: no binary
+#                     built, nothing timed (for timing other builds against them: driver.py)
+#   --bin PATH        time this benchmark binary (e.g. `cargo build --release --bench scan`'s)
+#                     instead of building one with `cargo bench --no-run`
 #   --no-probe, --probe-only, --out DIR
 #
 # What it does, reusing whatever a previous run left in $CUSTODY_BENCH_DIR (default
@@ -46,6 +50,8 @@ slow_max=100000
 probe=1
 scan=1
 drop=0
+data_only=0
+bin=""
 bench_dir="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
 out=""
 parked_pct=""
@@ -66,6 +72,8 @@ while [[ $# -gt 0 ]]; do
         --out) out="$2"; shift 2 ;;
         --parked-pct) parked_pct="$2"; shift 2 ;;
         --drop) drop=1; shift ;;
+        --data-only) data_only=1; probe=0; shift ;;
+        --bin) bin="$2"; shift 2 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -85,6 +93,7 @@ exec > >(tee -a "$out/run.log") 2>&1
 
 # 1. the benchmark binary
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+if [[ $data_only -eq 0 && -z "$bin" ]]; then
 log "building the benchmark binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
 bin="$(cd "$repo" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build.log" \
     | python3 -c 'import json,sys
@@ -93,8 +102,11 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scan" and m.get("executable"):
         print(m["executable"])')"
 [[ -x "$bin" ]] || { tail -20 "$out/build.log"; log "no benchmark binary"; exit 1; }
+fi
+if [[ $data_only -eq 0 ]]; then
 log "binary: $bin"
 log "custody at $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo ' + uncommitted src changes'); src/checkpoint/postgres.rs sha256 $(sha256sum "$repo/src/checkpoint/postgres.rs" | cut -c1-12)"
+fi
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 venv="$(CUSTODY_CACHE="${CUSTODY_CACHE:-$HOME/.cache/custody}" "$repo/tests/harness/venv.sh")"
@@ -231,6 +243,10 @@ if [[ $scan -eq 1 ]]; then
             FROM pg_class WHERE relname IN ('checkpoints', 'checkpoint_blobs', 'checkpoint_writes')
             UNION ALL SELECT $n, 'database', NULL, pg_database_size(current_database()), pg_size_pretty(pg_database_size(current_database()))"
     done | tee "$out/sizes.tsv"
+    if [[ $data_only -eq 1 ]]; then
+        log "databases ready (--data-only): $(IFS=,; echo "${size_list[*]/#/lg_}")$suffix"
+        exit 0
+    fi
 
     if [[ -z "$parked_pct" ]]; then
         plans_and_timings "" full
