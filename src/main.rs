@@ -72,7 +72,9 @@ struct SweepArgs {
     /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     store: Option<String>,
-    /// Print verdicts and the planned actions; change nothing.
+    /// Print verdicts and the planned actions; write nothing to checkpoints, custody's tables or
+    /// the cluster. Probes still call each class's read-only probe tool (never one that declares
+    /// `destructiveHint`).
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
     /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;

@@ -47,7 +47,7 @@ struct Slot<'c> {
     session: OnceCell<Result<Connection, Unreachable>>,
     /// The tools the server lists, with their compiled `inputSchema`, listed at the first
     /// [`Sessions::offering`] call.
-    tools: OnceCell<Result<HashMap<String, Option<jsonschema::Validator>>, Unreachable>>,
+    tools: OnceCell<Result<HashMap<String, super::discovery::Offered>, Unreachable>>,
 }
 
 /// The servers one sweep may talk to, each connected at its first call.
@@ -95,7 +95,8 @@ impl<'c> Sessions<'c> {
     /// tool's `inputSchema`. The list is read once per sweep, at the first call. A probe goes
     /// through here: a tool the server does not offer (a typo in `spec.probe.tool`, a server that
     /// dropped it) or arguments it cannot take (a misnamed key in `spec.probe.arguments`) answer
-    /// `isError` whatever the handle, which must not read as gone.
+    /// `isError` whatever the handle, which must not read as gone. A tool that declares
+    /// itself destructive is never called as a probe.
     ///
     /// # Errors
     /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_inputs`]); or category `config`
@@ -128,16 +129,21 @@ impl<'c> Sessions<'c> {
                 None => Err(config(format!(
                     "server {server} does not list tool {tool} in tools/list (check the HandleClass's spec.probe.tool)"
                 ))),
-                Some(Some(schema)) => {
-                    let arguments = serde_json::Value::Object(arguments.clone());
-                    match super::conformance::arguments_mismatch(schema, &arguments) {
-                        Some(why) => Err(config(format!(
-                            "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
-                        ))),
-                        None => Ok(conn),
+                Some(offered) if offered.declared_destructive => Err(config(format!(
+                    "server {server}: tool {tool} declares destructiveHint; custody never calls a destructive tool as a probe, not even in a dry run (check the HandleClass's spec.probe.tool)"
+                ))),
+                Some(offered) => match &offered.input {
+                    Some(schema) => {
+                        let arguments = serde_json::Value::Object(arguments.clone());
+                        match super::conformance::arguments_mismatch(schema, &arguments) {
+                            Some(why) => Err(config(format!(
+                                "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
+                            ))),
+                            None => Ok(conn),
+                        }
                     }
-                }
-                Some(None) => Ok(conn),
+                    None => Ok(conn),
+                },
             },
             Err(e) => Err(Unreachable {
                 reason: format!(
