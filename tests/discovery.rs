@@ -365,7 +365,7 @@ fn discover_cli_says_the_credentials_were_refused() {
 async fn misbehaving_servers_fail_cleanly() {
     let timeout = Duration::from_secs(4);
     // (case, Ok(()) for a correct catalog or Err(category), a fragment of the error text)
-    let cases: [(&str, Result<(), &str>, &str); 21] = [
+    let cases: [(&str, Result<(), &str>, &str); 24] = [
         ("ok", Ok(()), ""),
         ("notifications_first", Ok(()), ""),
         ("forget_session", Ok(()), ""),
@@ -379,6 +379,11 @@ async fn misbehaving_servers_fail_cleanly() {
         ("cursor_loop", Ok(()), ""),
         ("jsonrpc_error", Err("rpc_error"), "internal error"),
         ("http_500", Err("transport"), "500"),
+        // A failing server before any session, and credentials refused without a challenge:
+        // their own causes, not a connect failure or a protocol error (issue 15, item 8).
+        ("init_500", Err("transport"), "500"),
+        ("unauthorized", Err("auth"), "401"),
+        ("forbidden", Err("auth"), "403"),
         // Issue 17, item 14: a stream the server closes mid-reply (and again on each resume) is
         // its own cause, not a timeout.
         (
