@@ -118,6 +118,9 @@ pub const SERVER_NOT_USABLE: &str = "ServerNotUsable";
 pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
 /// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
 pub const WAITING_FOR_DISCOVERY: &str = "WaitingForDiscovery";
+/// Reason (`Valid`, Event): the MCPServer has never been discovered and its last check failed,
+/// so the tools cannot be checked until it answers.
+pub const SERVER_NOT_DISCOVERED: &str = "ServerNotDiscovered";
 /// Reason (`PolicyCompliant`, `Degraded`, `Ready`): `Valid` is not `True` yet.
 pub const NOT_VALIDATED: &str = "NotValidated";
 
