@@ -24,7 +24,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use apiserver::{
-    TestNs, apply, client, condition, eventually, events, get, wait_conditions, wait_event,
+    TestNs, apply, client, condition, events, eventually, get, wait_conditions, wait_event,
 };
 use cluster::{metric, token_kubeconfig};
 use serde_json::json;
@@ -340,8 +340,7 @@ async fn sweeps_report_lifetimes_and_the_controller_judges_the_declared_ttl() {
 /// `custody_server_conformance_warnings{kind="output_schema"}`. Neither status writer erases the
 /// other's fields; a later sweep that gets a conforming result clears the entry.
 #[tokio::test]
-async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_a_conforming_one()
-{
+async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_a_conforming_one() {
     let _shared = ISOLATION.read().await;
     let infra = infra();
     let client = client().await;
@@ -365,7 +364,11 @@ async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_
     apply(
         &client,
         &ns,
-        &object("CheckpointStore", "orders", store_from("orders-checkpoints")),
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
     )
     .await;
     wait_conditions(&client, &ns, "HandleClass", "basket", &[("Ready", "True")]).await;
@@ -420,8 +423,18 @@ async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_
     assert_eq!(entries.len(), 1, "{entries:?}");
     let entry = &entries[0];
     assert_eq!(
-        (&entry["store"], &entry["kind"], &entry["tool"], &entry["count"]),
-        (&json!("orders"), &json!("output_schema"), &json!("get_basket"), &json!(1)),
+        (
+            &entry["store"],
+            &entry["kind"],
+            &entry["tool"],
+            &entry["count"]
+        ),
+        (
+            &json!("orders"),
+            &json!("output_schema"),
+            &json!("get_basket"),
+            &json!(1)
+        ),
         "{entry}"
     );
     let message = entry["message"].as_str().unwrap();
@@ -493,7 +506,12 @@ async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_
         }
     })
     .await;
-    for field in ["conditions", "observedGeneration", "conformanceWarnings", "catalogDigest"] {
+    for field in [
+        "conditions",
+        "observedGeneration",
+        "conformanceWarnings",
+        "catalogDigest",
+    ] {
         assert_eq!(after["status"][field], server["status"][field], "{field}");
     }
 
