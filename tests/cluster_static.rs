@@ -952,6 +952,7 @@ fn helm_install_grants_least_privilege() {
             Some(ns),
         ),
         (&sweep, "list", "mcpservers.custody.dev", Some(ns)),
+        (&sweep, "patch", "mcpservers.custody.dev/status", Some(ns)),
         (&sweep, "list", "handleclasses.custody.dev", Some(ns)),
         (&sweep, "get", "secrets", Some(ns)),
         (&sweep, "create", "events.events.k8s.io", Some(ns)),
@@ -998,7 +999,6 @@ fn helm_install_grants_least_privilege() {
         (&sweep, "get", "secrets", Some(other)),
         (&sweep, "list", "checkpointstores.custody.dev", Some(ns)),
         (&sweep, "update", "checkpointstores.custody.dev", Some(ns)),
-        (&sweep, "patch", "mcpservers.custody.dev/status", Some(ns)),
         (&sweep, "create", "cronjobs.batch", Some(ns)),
         (&sweep, "get", "checkpointstores.custody.dev", Some(other)),
     ];

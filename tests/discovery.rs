@@ -649,7 +649,7 @@ async fn a_notification_answered_without_202_is_a_conformance_warning() {
 /// Issue 17, item 13: a `tools/call` result whose structuredContent does not match the tool's
 /// declared outputSchema (the Python SDK's own check is pydantic's lax mode, which lets a string
 /// of digits through for an integer) is used and recorded, naming the tool and the path, never
-/// the value; a conforming result records nothing.
+/// the value; a conforming result records nothing but that the tool conformed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_off_its_output_schema_is_a_conformance_warning() {
     for (off, mode) in [
@@ -676,13 +676,21 @@ async fn a_result_off_its_output_schema_is_a_conformance_warning() {
             basket.as_str()
         );
         let w = conn.conformance();
+        let conforming = conn.conforming_tools();
         conn.close().await;
         if off == "0" {
             assert_eq!(w, [], "{mode:?}");
+            assert_eq!(
+                conforming,
+                ["get_basket"],
+                "{mode:?}: the evidence that clears"
+            );
             continue;
         }
+        assert_eq!(conforming, Vec::<String>::new(), "{mode:?}");
         assert_eq!(w.len(), 1, "{mode:?}: {w:?}");
         assert_eq!(w[0].kind.label(), "output_schema");
+        assert_eq!((w[0].subject.as_str(), w[0].count), ("get_basket", 1));
         assert!(
             w[0].message.starts_with(
                 "tools/call get_basket: structuredContent does not match the declared \

@@ -40,6 +40,11 @@ pub struct ServerContact {
     /// custody could use ([`super::conformance`]): a notification answered with another 2xx
     /// than 202, a result that does not match its tool's `outputSchema`.
     pub conformance: Vec<super::conformance::Warning>,
+    /// The tools a result of which kept to the tool's `outputSchema` this sweep: what clears
+    /// an earlier sweep's warning about the tool in `MCPServer.status.sweepConformance`
+    /// ([`crate::cluster::merge_deviations`]). Not part of the report.
+    #[serde(skip)]
+    pub conforming_tools: Vec<String>,
 }
 
 struct Slot<'c> {
@@ -171,6 +176,7 @@ impl<'c> Sessions<'c> {
                         connect_ms: Some(conn.connect_latency.as_millis() as u64),
                         error: None,
                         conformance: conn.conformance(),
+                        conforming_tools: conn.conforming_tools(),
                     };
                     conn.close().await;
                     contact
@@ -181,6 +187,7 @@ impl<'c> Sessions<'c> {
                     connect_ms: None,
                     error: Some(u.reason),
                     conformance: Vec::new(),
+                    conforming_tools: Vec::new(),
                 },
             });
         }
