@@ -37,7 +37,9 @@ Figures of every run (raw.jsonl) and their medians (summary.json, summary.md):
   hwm_mib      the custody process's peak resident set (VmHWM of /proc/PID/status, which
                includes the binary's mapped pages), the last value the 20 ms polls saw. Not
                ru_maxrss: a child that Python starts inherits the parent's high-water mark
-  cpu_shares   (pod only) the container's cpu.shares: its 50m CPU request
+  cpu_shares   (pod only) the container's cpu.shares: its 50m CPU request. Each local run gets a
+               cpu cgroup of its own (1024 shares, at the top like the node's cgroup), so that it
+               is not scheduled in this script's session autogroup while the Pod is not
   load         /proc/loadavg (1, 5, 15 min) just before the run
 """
 
@@ -58,6 +60,7 @@ from pathlib import Path
 
 MEM = Path("/sys/fs/cgroup/memory")
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+CPU = Path("/sys/fs/cgroup/cpu")
 HZ = os.sysconf("SC_CLK_TCK")
 POLL = 0.02
 VARIANTS = ["pod", "musl_node", "glibc_node", "musl_host", "glibc_host"]
@@ -143,6 +146,11 @@ def run_local(args, variant: str, rnd: int, out: Path) -> dict:
     subprocess.run(["cat", binary], stdout=subprocess.DEVNULL, check=True)
     cg = MEM / f"custody-podbench-{os.getpid()}" / f"{variant}-{rnd}"
     cg.mkdir(parents=True)
+    # A cpu cgroup of its own as well, as the Pod's container is in the node's: without one the
+    # process is scheduled in the autogroup of this script's session (sched_autogroup), which
+    # it would share with whatever else that session runs, and the Pod, in its cgroup, not.
+    cpu_cg = CPU / cg.relative_to(MEM)
+    cpu_cg.mkdir(parents=True)
     cmd = [binary, "sweep", "--store", f"{args.ns}/{store}"]
     if variant.endswith("_node"):
         cmd = ["nsenter", "-t", str(args.node_pid), "-n", "--"] + cmd
@@ -155,7 +163,8 @@ def run_local(args, variant: str, rnd: int, out: Path) -> dict:
         # The shell puts itself into the cgroup, then becomes custody (or nsenter, which execs it).
         # Its output goes through a pipe that this process writes to the file, as the Pod's goes
         # to containerd's shim: the page cache of the written report is charged to neither.
-        p = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cg)] + cmd,
+        p = subprocess.Popen(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
+                              str(cg), str(cpu_cg)] + cmd,
                              stdout=subprocess.PIPE, stderr=e, env=env)
         drain = threading.Thread(target=shutil.copyfileobj, args=(p.stdout, o))
         drain.start()
@@ -175,6 +184,7 @@ def run_local(args, variant: str, rnd: int, out: Path) -> dict:
     peak = read_int(cg / "memory.max_usage_in_bytes")
     rss = max(rss, total_rss(cg) or 0)
     cg.rmdir()
+    cpu_cg.rmdir()
     if p.returncode != 0:
         raise RuntimeError(f"{variant} round {rnd} exited {p.returncode}: {stderr.read_text()[-800:]}")
     counts, ms = parse_report(stdout.read_text())
@@ -284,7 +294,7 @@ def median_range(xs: list[float]) -> str:
 
 
 def summarize(rows: list[dict], out: Path) -> None:
-    by = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS}
+    by = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS if any(r["variant"] == v for r in rows)}
     counts = {r["counts"] for r in rows}
     summary = {}
     for v, rs in by.items():
@@ -321,24 +331,29 @@ def main() -> None:
     r.add_argument("--cgroot", required=True)
     r.add_argument("--node-pid", type=int, required=True)
     r.add_argument("--musl", required=True)
-    r.add_argument("--glibc", required=True)
+    r.add_argument("--glibc", help="needed by the glibc_* variants")
+    r.add_argument("--variants", default=",".join(VARIANTS), help="a comma-separated subset, default all")
     r.add_argument("--runs", type=int, default=5)
     r.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     api = Api(args.kubeconfig)
+    variants = [v for v in VARIANTS if v in args.variants.split(",")]
+    if not variants or any(v.startswith("glibc") for v in variants) and not args.glibc:
+        ap.error("--variants names none of " + ",".join(VARIANTS) + ", or a glibc variant without --glibc")
     rows = []
     with open(out / "raw.jsonl", "a") as raw:
         for rnd in range(1, args.runs + 1):
-            k = (rnd - 1) % len(VARIANTS)
-            for v in VARIANTS[k:] + VARIANTS[:k]:
+            k = (rnd - 1) % len(variants)
+            for v in variants[k:] + variants[:k]:
                 res = run_pod(args, api, rnd, out) if v == "pod" else run_local(args, v, rnd, out)
                 log(json.dumps(res))
                 raw.write(json.dumps(res) + "\n")
                 raw.flush()
                 rows.append(res)
-    (MEM / f"custody-podbench-{os.getpid()}").rmdir()
+    for h in (MEM, CPU):
+        (h / f"custody-podbench-{os.getpid()}").rmdir()
     summarize(rows, out)
 
 

@@ -13,6 +13,8 @@
 #                         $CUSTODY_BENCH_DIR/custody.tar (honours CARGO_TARGET_DIR)
 #   --glibc PATH          custody built for the host (glibc, release profile) from the same
 #                         commit as the image; default: cargo build --release --locked --bin custody
+#   --variants V,V,...    a subset of pod.py's variants (default all five); without a glibc_*
+#                         variant no glibc build is made
 #   --out DIR             default $CUSTODY_BENCH_DIR/pod-<UTC time>
 #
 # What it does ($CUSTODY_BENCH_DIR, default target/bench, as tests/bench/run.sh):
@@ -45,6 +47,7 @@ repo="$(cd "$here/../.." && pwd)"
 runs=5
 archive=""
 glibc=""
+variants=pod,musl_node,glibc_node,musl_host,glibc_host
 out=""
 bench_dir="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
 ns=bench
@@ -54,6 +57,7 @@ while [[ $# -gt 0 ]]; do
         --runs) runs="$2"; shift 2 ;;
         --image-archive) archive="$2"; shift 2 ;;
         --glibc) glibc="$2"; shift 2 ;;
+        --variants) variants="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         *) echo "pod.sh: unknown option $1" >&2; exit 2 ;;
     esac
@@ -80,11 +84,15 @@ if [[ -z "$archive" ]]; then
 fi
 [[ -f "$archive" ]] || die "$archive: no such file"
 archive="$(cd "$(dirname "$archive")" && pwd)/$(basename "$archive")"
-if [[ -z "$glibc" ]]; then
-    (cd "$repo" && cargo build --release --locked --bin custody) || die "cargo build failed"
-    glibc="${CARGO_TARGET_DIR:-$repo/target}/release/custody"
+glibc_args=()
+if [[ ",$variants," == *,glibc_* ]]; then
+    if [[ -z "$glibc" ]]; then
+        (cd "$repo" && cargo build --release --locked --bin custody) || die "cargo build failed"
+        glibc="${CARGO_TARGET_DIR:-$repo/target}/release/custody"
+    fi
+    [[ -x "$glibc" ]] || die "$glibc: not executable"
+    glibc_args=(--glibc "$glibc")
 fi
-[[ -x "$glibc" ]] || die "$glibc: not executable"
 img="$out/image"
 mkdir -p "$img"
 tar -xf "$archive" -C "$img"
@@ -94,10 +102,10 @@ print(m["RepoTags"][0], m["Config"], m["Layers"][0])' "$img/manifest.json")
 tar -xf "$img/$layer" -C "$img" custody
 musl="$img/custody"
 revision="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["config"]["Labels"]["org.opencontainers.image.revision"])' "$img/$config")"
-log "image $image_ref from $revision; musl $(sha256sum "$musl" | cut -c1-12) ($(du -k "$musl" | cut -f1) KiB), glibc $glibc $(sha256sum "$glibc" | cut -c1-12) ($(du -k "$glibc" | cut -f1) KiB)"
+log "image $image_ref from $revision; musl $(sha256sum "$musl" | cut -c1-12) ($(du -k "$musl" | cut -f1) KiB)${glibc:+, glibc $glibc $(sha256sum "$glibc" | cut -c1-12) ($(du -k "$glibc" | cut -f1) KiB)}"
 [[ "${revision%-dirty}" == "$(git -C "$repo" rev-parse HEAD)" ]] \
     || log "warning: the image was built from $revision, not HEAD: the two builds may differ in source"
-file "$musl" "$glibc" | sed 's/, BuildID[^,]*//'
+file "$musl" ${glibc:+"$glibc"} | sed 's/, BuildID[^,]*//'
 
 # PostgreSQL
 cluster="$bench_dir/cluster"
@@ -174,6 +182,6 @@ print(c["image"], c["args"], c["resources"])' "$out/cronjob.json")"
 log "load before the rounds: $(uptime)"
 python3 "$here/pod.py" run --out "$out" --kubeconfig "$kubeconfig" --kubectl "$k8s_bin/kubectl" \
     --ns "$ns" --cgroot "custody-node-$(basename "$cluster")" --node-pid "$node_pid" \
-    --musl "$musl" --glibc "$glibc" --runs "$runs"
+    --musl "$musl" "${glibc_args[@]}" --variants "$variants" --runs "$runs"
 log "load after the rounds: $(uptime)"
 log "results in $out"
