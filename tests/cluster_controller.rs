@@ -2181,6 +2181,150 @@ async fn a_sweep_the_cron_job_skipped_shows_in_the_store() {
     );
 }
 
+/// `(verb, resource)` of every request the serving controller made in `ns`, from the API
+/// server's audit log (tests/cluster/up.sh writes it), in order.
+fn controller_requests(infra: &Suite, ns: &str) -> Vec<(String, String)> {
+    let user = format!(
+        "system:serviceaccount:{}:{}-controller",
+        infra.system_ns, infra.release
+    );
+    let log = std::path::Path::new(&cluster::var("CUSTODY_TEST_KUBECONFIG"))
+        .parent()
+        .unwrap()
+        .join("audit.log");
+    std::fs::read_to_string(&log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| e["user"]["username"] == user.as_str() && e["objectRef"]["namespace"] == ns)
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_owned(),
+                e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A recheck of a store whose CronJob already holds what custody sets writes nothing: over
+/// several reconciles (each lists the store's Jobs) the CronJob's resourceVersion and
+/// managedFields stay put and the audit log shows no patch of it; a spec change of the store
+/// is still applied, and so is a field custody stops setting (the container's env of a
+/// sharded sweep once `parallelism` is back to 1).
+#[tokio::test]
+async fn an_unchanged_store_does_not_rewrite_its_cron_job() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "steady-cron").await;
+    let dsn = support::fresh_pg_database("e2e_steady_cron").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |extra: Value| {
+        object(
+            "CheckpointStore",
+            "orders",
+            merged(json!({"backend": "postgres", "dsn": dsn}), extra),
+        )
+    };
+    apply(&client, &ns, &store(json!({}))).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "True")],
+    )
+    .await;
+    // Whatever the first reconciles still had to write has been written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    let before = crons.get("orders-sweep").await.unwrap();
+    let count = |verb: &str, resource: &str| {
+        controller_requests(infra, &ns)
+            .iter()
+            .filter(|(v, r)| v == verb && r == resource)
+            .count()
+    };
+    let patches = count("patch", "cronjobs");
+    // Each touch of the store's metadata is a watch event and so a reconcile.
+    for poke in 0..4 {
+        let reconciles = count("list", "jobs");
+        let mut touched = store(json!({}));
+        touched["metadata"]["annotations"] = json!({"custody.dev/test-poke": poke.to_string()});
+        apply(&client, &ns, &touched).await;
+        eventually("a reconcile of the touched store", async || {
+            match count("list", "jobs") {
+                n if n > reconciles => Ok(()),
+                n => Err(format!("{n} Job lists")),
+            }
+        })
+        .await;
+    }
+    let after = crons.get("orders-sweep").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the CronJob was written with nothing changed"
+    );
+    assert_eq!(
+        after.metadata.managed_fields,
+        before.metadata.managed_fields
+    );
+    assert_eq!(
+        count("patch", "cronjobs"),
+        patches,
+        "{:?}",
+        controller_requests(infra, &ns)
+    );
+
+    // What custody sets still reaches the CronJob.
+    let cron_of = async |what: &str, check: &dyn Fn(&Value) -> bool| {
+        eventually(what, async || {
+            let cron = serde_json::to_value(crons.get("orders-sweep").await.unwrap()).unwrap();
+            if check(&cron) {
+                Ok(cron)
+            } else {
+                Err(cron.to_string())
+            }
+        })
+        .await
+    };
+    apply(&client, &ns, &store(json!({"schedule": "*/7 * * * *"}))).await;
+    cron_of("the new schedule", &|c| {
+        c["spec"]["schedule"] == "*/7 * * * *"
+    })
+    .await;
+    let container =
+        |c: &Value| c["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0].clone();
+    apply(
+        &client,
+        &ns,
+        &store(json!({"schedule": "*/7 * * * *", "parallelism": 2})),
+    )
+    .await;
+    cron_of("a sharded sweep", &|c| {
+        container(c)["env"][0]["name"] == "CUSTODY_SWEEP_RUN"
+    })
+    .await;
+    apply(
+        &client,
+        &ns,
+        &store(json!({"schedule": "*/7 * * * *", "parallelism": 1})),
+    )
+    .await;
+    cron_of("an unsharded sweep again", &|c| {
+        container(c).get("env").is_none()
+    })
+    .await;
+}
+
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
 /// say why (a sweep Job has no volume with the database file).
 #[tokio::test]

@@ -8,9 +8,11 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
@@ -485,15 +487,24 @@ fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
 
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
 /// sweep ServiceAccount, with the same restrictive security settings as the controller.
+///
+/// Applied only when the cached CronJob ([`Context::cron_jobs`]) does not already hold what
+/// custody sets ([`covers`]): a recheck of an unchanged store writes nothing. Returns the
+/// CronJob as the API server has it (the cached one when nothing was applied).
 async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJob, Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
-    let cron = cron_job(
+    let cron = with_digest(cron_job(
         store,
         &ctx.opts.image,
         &ctx.opts.sweep_service_account,
         ctx.opts.egress.deny_metadata_addresses,
-    );
+    ));
+    if let Some(live) = cached_cron_job(ctx, &ns, &name).await
+        && covers(&serde_json::to_value(&*live)?, &cron)
+    {
+        return Ok((*live).clone());
+    }
     ctx.lease.check().await?;
     Ok(Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
         .patch(
@@ -502,6 +513,57 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJ
             &Patch::Apply(&cron),
         )
         .await?)
+}
+
+/// How long a reconcile waits for the CronJob cache's first list (right after the controllers
+/// start) before it applies without comparing.
+const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// CronJob `ns/name` from the controller's cache; `None` when it is not there or the cache has
+/// not listed yet within [`CACHE_WAIT`] (the apply then goes ahead: one write too many at worst).
+async fn cached_cron_job(ctx: &Context, ns: &str, name: &str) -> Option<Arc<CronJob>> {
+    let cache = ctx
+        .cron_jobs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()?;
+    tokio::time::timeout(CACHE_WAIT, cache.wait_until_ready())
+        .await
+        .ok()?
+        .ok()?;
+    cache.get(&ObjectRef::new(name).within(ns))
+}
+
+/// Annotation on a sweep CronJob: the SHA-256 (hex) of the rest of what custody applies. A
+/// field custody stops setting (`completionMode` once `spec.parallelism` is back to 1) leaves
+/// the live CronJob holding all the new apply sets, so [`covers`] alone would skip the apply
+/// that removes it; the digest differs and it is made.
+pub const SPEC_DIGEST_ANNOTATION: &str = "custody.dev/spec-sha256";
+
+/// `cron` with [`SPEC_DIGEST_ANNOTATION`] of itself.
+fn with_digest(mut cron: serde_json::Value) -> serde_json::Value {
+    let digest = hex::encode(Sha256::digest(cron.to_string().as_bytes()));
+    cron["metadata"]["annotations"] = json!({SPEC_DIGEST_ANNOTATION: digest});
+    cron
+}
+
+/// Whether `live` holds everything `desired` sets: every key of an object with a covered value,
+/// an array of the same length with each item covered in order, an equal scalar. What only
+/// `live` has does not count: the API server's defaults (`suspend`, `dnsPolicy`,
+/// `terminationGracePeriodSeconds`, …), its metadata and status, another manager's labels.
+/// Written here because it is these few lines, where a JSON-diff crate would be a dependency for
+/// one comparison.
+fn covers(live: &serde_json::Value, desired: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (live, desired) {
+        (Value::Object(l), Value::Object(d)) => d
+            .iter()
+            .all(|(k, v)| l.get(k).is_some_and(|lv| covers(lv, v))),
+        (Value::Array(l), Value::Array(d)) => {
+            l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| covers(lv, dv))
+        }
+        _ => live == desired,
+    }
 }
 
 /// The sweep CronJob of a store. With `spec.parallelism` N above 1 its Job is an Indexed Job of
@@ -791,6 +853,44 @@ mod tests {
                 recheck: None
             }
         );
+    }
+
+    #[test]
+    fn a_cron_job_is_current_when_it_holds_what_custody_sets() {
+        let mut store = store_on("*/15 * * * *");
+        store.metadata.uid = Some("4b1d".into());
+        let desired = |store: &CheckpointStore| {
+            with_digest(cron_job(store, "custody:0.1.0", "custody-sweep", true))
+        };
+        let want = desired(&store);
+        // What the API server adds (defaults, metadata, status) and another manager's label.
+        let mut live = want.clone();
+        live["metadata"]["resourceVersion"] = json!("42");
+        live["metadata"]["labels"]["team"] = json!("orders");
+        live["spec"]["suspend"] = json!(false);
+        live["spec"]["jobTemplate"]["spec"]["template"]["spec"]["dnsPolicy"] =
+            json!("ClusterFirst");
+        live["status"] = json!({"lastScheduleTime": "2026-12-01T10:00:00Z"});
+        assert!(covers(&live, &want));
+        let mut edited = live.clone();
+        edited["spec"]["schedule"] = json!("0 * * * *");
+        assert!(!covers(&edited, &want), "a field custody sets, changed");
+        let mut shorter = live.clone();
+        shorter["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+        assert!(!covers(&shorter, &want), "an item left out of an array");
+        // A field only another manager sets is not custody's; one an earlier apply of custody
+        // set and this one does not (an older digest) is, and the apply removes it.
+        let mut older = live.clone();
+        older["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"] =
+            json!([{"name": "CUSTODY_SWEEP_RUN", "value": "x"}]);
+        assert!(covers(&older, &want));
+        older["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION] = json!("0ld");
+        assert!(!covers(&older, &want));
+        // Nothing else moves the digest.
+        assert_eq!(desired(&store), want);
     }
 
     #[test]
