@@ -2325,6 +2325,66 @@ async fn an_unchanged_store_does_not_rewrite_its_cron_job() {
     .await;
 }
 
+/// A store's first reconciles publish its `ConnectFailed` Event once: the reconcile the
+/// CronJob's creation queues runs before the watch brings the first status write, and used to
+/// decide its Events against the store as it was before that write. Several stores, since the
+/// race is lost only sometimes.
+#[tokio::test]
+async fn a_first_reconcile_publishes_its_warning_once() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "warn-once").await;
+    let names: Vec<String> = (0..6).map(|i| format!("down-{i}")).collect();
+    for name in &names {
+        // Port 1 on loopback: refused at once.
+        apply(
+            &client,
+            &ns,
+            &object(
+                "CheckpointStore",
+                name,
+                json!({"backend": "postgres", "dsn": "postgres://custody@127.0.0.1:1/checkpoints"}),
+            ),
+        )
+        .await;
+    }
+    for name in &names {
+        let obj = wait_conditions(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            &[("Reachable", "False")],
+        )
+        .await;
+        assert_eq!(
+            condition(&obj, "Reachable").unwrap()["reason"],
+            "ConnectFailed"
+        );
+        wait_event(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            "ConnectFailed",
+            "Warning",
+        )
+        .await;
+    }
+    // The reconciles the first one's writes queue have run.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for name in &names {
+        let notes: Vec<_> = events(&client, &ns, "CheckpointStore", name)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ConnectFailed"))
+            .map(|e| e.note)
+            .collect();
+        assert_eq!(notes.len(), 1, "{name}: {notes:?}");
+    }
+}
+
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
 /// say why (a sweep Job has no volume with the database file).
 #[tokio::test]
