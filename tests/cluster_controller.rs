@@ -2385,6 +2385,83 @@ async fn a_first_reconcile_publishes_its_warning_once() {
     }
 }
 
+/// A schedule the API server takes but that never fires (the 30th of February) is
+/// `Scheduled=False ScheduleNeverFires` naming `spec.schedule`, `Ready=False` for it, with a
+/// Warning Event; a schedule that fires is `Scheduled=True` again.
+#[tokio::test]
+async fn a_schedule_that_never_fires_is_not_scheduled() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "never-fires").await;
+    let dsn = support::fresh_pg_database("e2e_never_fires").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |schedule: &str| {
+        object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": schedule}),
+        )
+    };
+    apply(&client, &ns, &store("0 0 30 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "ScheduleNeverFires", "{scheduled}");
+    assert_eq!(
+        scheduled["message"],
+        "spec.schedule: \"0 0 30 2 *\" has no run in the next 5 years (in UTC), so CronJob orders-sweep never starts a sweep; is the day of the month one that exists?"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "ScheduleNeverFires"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ScheduleNeverFires",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("spec.schedule: ")),
+        "{event:?}"
+    );
+    apply(&client, &ns, &store("0 0 29 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Scheduled", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "Scheduled").unwrap()["reason"],
+        "CronJobApplied"
+    );
+}
+
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
 /// say why (a sweep Job has no volume with the database file).
 #[tokio::test]

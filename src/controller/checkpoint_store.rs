@@ -86,6 +86,16 @@ pub(super) async fn reconcile(
             message,
         ),
         Ok(applied) => match applied.await {
+            Ok(_) if schedule::never_fires(&store.spec.schedule, Utc::now()) => Cond::no(
+                conditions::SCHEDULED,
+                conditions::SCHEDULE_NEVER_FIRES,
+                format!(
+                    "spec.schedule: {:?} has no run in the next {} years (in UTC), so CronJob {}-sweep never starts a sweep; is the day of the month one that exists?",
+                    store.spec.schedule,
+                    schedule::FIRES_WITHIN_YEARS,
+                    store.name_any()
+                ),
+            ),
             Ok(cron) => {
                 let runs = runs(store, &cron, Utc::now());
                 if let Some(soon) = runs.recheck {
@@ -126,8 +136,13 @@ pub(super) async fn reconcile(
             Err(e) => return Err(e),
         },
     };
-    if scheduled.reason == conditions::MISSED_SCHEDULE {
-        ctx.count_unusable("CheckpointStore", conditions::MISSED_SCHEDULE);
+    if [
+        conditions::MISSED_SCHEDULE,
+        conditions::SCHEDULE_NEVER_FIRES,
+    ]
+    .contains(&scheduled.reason)
+    {
+        ctx.count_unusable("CheckpointStore", scheduled.reason);
     }
     // 3. how the latest finished sweep Job ended (API read, pure)
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
@@ -202,7 +217,8 @@ pub(super) async fn reconcile(
 
 /// The conditions among `news` (`Reachable`, `Scheduled`, `LastSweepSucceeded`) that call for a
 /// Warning Event against the persisted status `current`: `Reachable=False` of another reason
-/// than before, `Scheduled` turned `MissedSchedule` or naming another missed run, a
+/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run) or
+/// `ScheduleNeverFires`, a
 /// `LastSweepSucceeded=False` about another Job or failure.
 fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
     news.iter()
@@ -211,8 +227,12 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
             let was = conditions::find(&current.conditions, new.type_);
             match new.type_ {
                 conditions::SCHEDULED => {
-                    new.reason == conditions::MISSED_SCHEDULE
-                        && was.is_none_or(|c| c.message != new.message)
+                    [
+                        conditions::MISSED_SCHEDULE,
+                        conditions::SCHEDULE_NEVER_FIRES,
+                    ]
+                    .contains(&new.reason)
+                        && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
                 }
                 conditions::REACHABLE => {
                     new.status == conditions::FALSE
@@ -936,6 +956,9 @@ mod tests {
         assert!(reasons(&fresh, &[&scheduled]).is_empty());
         assert_eq!(reasons(&fresh, &[&missed]), ["MissedSchedule"]);
         assert!(reasons(&status(&[&missed]), &[&missed]).is_empty());
+        let never = Cond::no(conditions::SCHEDULED, conditions::SCHEDULE_NEVER_FIRES, "m");
+        assert_eq!(reasons(&fresh, &[&never]), ["ScheduleNeverFires"]);
+        assert!(reasons(&status(&[&never]), &[&never]).is_empty());
         let later = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:07");
         assert_eq!(reasons(&status(&[&missed]), &[&later]), ["MissedSchedule"]);
         let failed = Cond::no(
