@@ -978,6 +978,76 @@ mod tests {
         );
     }
 
+    /// The reconcile queued by the CronJob's creation gets the store from before the first
+    /// status write: the Event that store calls for is decided again against the store as the
+    /// API server has it, which already says so, and is not published twice.
+    #[tokio::test]
+    async fn a_stale_store_does_not_repeat_an_event() {
+        use crate::controller::fixtures::{context, expect, expect_lease};
+        let (ctx, mut api) = context();
+        let meta = json!({"name": "orders", "namespace": "agents", "uid": "u1", "generation": 1});
+        let stale: CheckpointStore = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+        }))
+        .unwrap();
+        let written = json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+            "status": {"conditions": [{"type": "Reachable", "status": "False",
+                "reason": "InvalidSpec", "message": "spec.dsn: set exactly one of dsn and dsnFrom",
+                "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}]},
+        });
+        let server = tokio::spawn(async move {
+            expect_lease(&mut api).await;
+            let now = time(Utc::now());
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/batch/v1/namespaces/agents/cronjobs/orders-sweep",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                          "metadata": {"name": "orders-sweep", "creationTimestamp": now}}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/batch/v1/namespaces/agents/jobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders",
+                200,
+                written.clone(),
+            )
+            .await;
+            expect_lease(&mut api).await;
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders/status",
+                200,
+                written,
+            )
+            .await;
+            api
+        });
+        reconcile(Arc::new(kube::core::DeserializeGuard(Ok(stale))), ctx)
+            .await
+            .unwrap();
+        let mut api = server.await.unwrap();
+        // The reconcile is over (its client dropped): any request left is one it made.
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the status write: {}", request.uri());
+        }
+    }
+
     #[test]
     fn sweeps_inherit_an_allowed_metadata_address_policy() {
         assert_eq!(
