@@ -64,9 +64,16 @@ struct Validated<'a> {
     private: bool,
     /// Optional servers left out because they are not ready, one line each for `Degraded`.
     left_out: Vec<String>,
+    /// Servers the spec names that do not exist, one line each for `Valid=False`: left out of
+    /// the configuration, since an agent configured with them cannot start at all.
+    missing: Vec<String>,
     /// Required servers that are not ready, one line each for `Ready`.
     unavailable: Vec<String>,
 }
+
+/// How long after an assignment's creation a server it names may still be missing without a
+/// Warning: `kubectl apply -k` of an agent's resources creates them in no particular order.
+const NEW_ASSIGNMENT_GRACE_SECONDS: i64 = 30;
 
 /// The tool names the ConfigMap may carry for one server: the tools that survived the policy
 /// (`kept`), unless the catalog is private and the spec chose no names.
@@ -129,6 +136,18 @@ pub(super) async fn reconcile(
             None,
             WAITING,
         ),
+        Check::Valid(v) if !v.missing.is_empty() => {
+            ctx.count_unusable("AgentAssignment", conditions::UNKNOWN_SERVER);
+            (
+                Cond::no(
+                    conditions::VALID,
+                    conditions::UNKNOWN_SERVER,
+                    format!("{}; left out of the configuration", v.missing.join("; ")),
+                ),
+                Some(v),
+                RECHECK,
+            )
+        }
         Check::Valid(v) => (
             Cond::yes(
                 conditions::VALID,
@@ -219,6 +238,19 @@ pub(super) async fn reconcile(
         WAITING
     } else {
         requeue
+    };
+    // What was withheld is withheld from the rendering; when the ConfigMap could not be
+    // written, the one in the cluster is an older rendering and may still publish it.
+    let policy = if policy.status == conditions::FALSE && config.status == conditions::FALSE {
+        Cond {
+            message: format!(
+                "{}; but ConfigMap {cm_name} could not be written (see ConfigRendered), so the one in the cluster may still publish them",
+                policy.message
+            ),
+            ..policy
+        }
+    } else {
+        policy
     };
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
@@ -534,16 +566,23 @@ async fn validate_assignment<'a>(
     let mut private = false;
     let mut left_out = Vec::new();
     let mut unavailable = Vec::new();
+    let mut missing = Vec::new();
     let mut finals: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    let new =
+        a.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            Utc::now().timestamp() - t.0.as_second() < NEW_ASSIGNMENT_GRACE_SECONDS
+        });
     for (i, s) in a.spec.servers.iter().enumerate() {
         let Some(server) = servers_api.get_opt(&s.server_ref).await? else {
-            return Ok(Check::Invalid(
-                conditions::UNKNOWN_SERVER,
-                format!(
-                    "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
-                    s.server_ref
-                ),
-            ));
+            let line = format!(
+                "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
+                s.server_ref
+            );
+            if new {
+                return Ok(Check::Waiting(format!("{line} yet")));
+            }
+            missing.push(line);
+            continue;
         };
         let catalog = observed
             .get(&format!("{ns}/{}", s.server_ref))
@@ -638,12 +677,18 @@ async fn validate_assignment<'a>(
             names_private: catalog_private && s.tool_allowlist.is_empty(),
         });
     }
+    if servers.is_empty()
+        && let Some(first) = missing.first()
+    {
+        return Ok(Check::Invalid(conditions::UNKNOWN_SERVER, first.clone()));
+    }
     let final_tools = finals.into_iter().map(|(name, (_, w))| (name, w)).collect();
     Ok(Check::Valid(Validated {
         servers,
         final_tools,
         private,
         left_out,
+        missing,
         unavailable,
     }))
 }
@@ -839,6 +884,7 @@ mod tests {
             ],
             private,
             left_out: vec![],
+            missing: vec![],
             unavailable: vec![],
         }
     }
