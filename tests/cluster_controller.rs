@@ -2208,6 +2208,287 @@ async fn a_sweep_the_cron_job_skipped_shows_in_the_store() {
     );
 }
 
+/// `(verb, resource)` of every request the serving controller made in `ns`, from the API
+/// server's audit log (tests/cluster/up.sh writes it), in order.
+fn controller_requests(infra: &Suite, ns: &str) -> Vec<(String, String)> {
+    let user = format!(
+        "system:serviceaccount:{}:{}-controller",
+        infra.system_ns, infra.release
+    );
+    let log = std::path::Path::new(&cluster::var("CUSTODY_TEST_KUBECONFIG"))
+        .parent()
+        .unwrap()
+        .join("audit.log");
+    std::fs::read_to_string(&log)
+        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|e| e["user"]["username"] == user.as_str() && e["objectRef"]["namespace"] == ns)
+        .map(|e| {
+            (
+                e["verb"].as_str().unwrap_or_default().to_owned(),
+                e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A recheck of a store whose CronJob already holds what custody sets writes nothing: over
+/// several reconciles (each lists the store's Jobs) the CronJob's resourceVersion and
+/// managedFields stay put and the audit log shows no patch of it; a spec change of the store
+/// is still applied, and so is a field custody stops setting (the container's env of a
+/// sharded sweep once `parallelism` is back to 1).
+#[tokio::test]
+async fn an_unchanged_store_does_not_rewrite_its_cron_job() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "steady-cron").await;
+    let dsn = support::fresh_pg_database("e2e_steady_cron").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |extra: Value| {
+        object(
+            "CheckpointStore",
+            "orders",
+            merged(json!({"backend": "postgres", "dsn": dsn}), extra),
+        )
+    };
+    apply(&client, &ns, &store(json!({}))).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "True")],
+    )
+    .await;
+    // Whatever the first reconciles still had to write has been written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    let before = crons.get("orders-sweep").await.unwrap();
+    let count = |verb: &str, resource: &str| {
+        controller_requests(infra, &ns)
+            .iter()
+            .filter(|(v, r)| v == verb && r == resource)
+            .count()
+    };
+    let patches = count("patch", "cronjobs");
+    // Each touch of the store's metadata is a watch event and so a reconcile.
+    for poke in 0..4 {
+        let reconciles = count("list", "jobs");
+        let mut touched = store(json!({}));
+        touched["metadata"]["annotations"] = json!({"custody.dev/test-poke": poke.to_string()});
+        apply(&client, &ns, &touched).await;
+        eventually("a reconcile of the touched store", async || {
+            match count("list", "jobs") {
+                n if n > reconciles => Ok(()),
+                n => Err(format!("{n} Job lists")),
+            }
+        })
+        .await;
+    }
+    let after = crons.get("orders-sweep").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "the CronJob was written with nothing changed"
+    );
+    assert_eq!(
+        after.metadata.managed_fields,
+        before.metadata.managed_fields
+    );
+    assert_eq!(
+        count("patch", "cronjobs"),
+        patches,
+        "{:?}",
+        controller_requests(infra, &ns)
+    );
+
+    // What custody sets still reaches the CronJob.
+    let cron_of = async |what: &str, check: &dyn Fn(&Value) -> bool| {
+        eventually(what, async || {
+            let cron = serde_json::to_value(crons.get("orders-sweep").await.unwrap()).unwrap();
+            if check(&cron) {
+                Ok(cron)
+            } else {
+                Err(cron.to_string())
+            }
+        })
+        .await
+    };
+    apply(&client, &ns, &store(json!({"schedule": "*/7 * * * *"}))).await;
+    cron_of("the new schedule", &|c| {
+        c["spec"]["schedule"] == "*/7 * * * *"
+    })
+    .await;
+    let container =
+        |c: &Value| c["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0].clone();
+    apply(
+        &client,
+        &ns,
+        &store(json!({"schedule": "*/7 * * * *", "parallelism": 2})),
+    )
+    .await;
+    cron_of("a sharded sweep", &|c| {
+        container(c)["env"][0]["name"] == "CUSTODY_SWEEP_RUN"
+    })
+    .await;
+    apply(
+        &client,
+        &ns,
+        &store(json!({"schedule": "*/7 * * * *", "parallelism": 1})),
+    )
+    .await;
+    cron_of("an unsharded sweep again", &|c| {
+        container(c).get("env").is_none()
+    })
+    .await;
+}
+
+/// A store's first reconciles publish its `ConnectFailed` Event once: the reconcile the
+/// CronJob's creation queues runs before the watch brings the first status write, and used to
+/// decide its Events against the store as it was before that write. Several stores, since the
+/// race is lost only sometimes.
+#[tokio::test]
+async fn a_first_reconcile_publishes_its_warning_once() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "warn-once").await;
+    let names: Vec<String> = (0..6).map(|i| format!("down-{i}")).collect();
+    for name in &names {
+        // Port 1 on loopback: refused at once.
+        apply(
+            &client,
+            &ns,
+            &object(
+                "CheckpointStore",
+                name,
+                json!({"backend": "postgres", "dsn": "postgres://custody@127.0.0.1:1/checkpoints"}),
+            ),
+        )
+        .await;
+    }
+    for name in &names {
+        let obj = wait_conditions(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            &[("Reachable", "False")],
+        )
+        .await;
+        assert_eq!(
+            condition(&obj, "Reachable").unwrap()["reason"],
+            "ConnectFailed"
+        );
+        wait_event(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            "ConnectFailed",
+            "Warning",
+        )
+        .await;
+    }
+    // The reconciles the first one's writes queue have run.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for name in &names {
+        let notes: Vec<_> = events(&client, &ns, "CheckpointStore", name)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ConnectFailed"))
+            .map(|e| e.note)
+            .collect();
+        assert_eq!(notes.len(), 1, "{name}: {notes:?}");
+    }
+}
+
+/// A schedule the API server takes but that never fires (the 30th of February) is
+/// `Scheduled=False ScheduleNeverFires` naming `spec.schedule`, `Ready=False` for it, with a
+/// Warning Event; a schedule that fires is `Scheduled=True` again.
+#[tokio::test]
+async fn a_schedule_that_never_fires_is_not_scheduled() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "never-fires").await;
+    let dsn = support::fresh_pg_database("e2e_never_fires").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |schedule: &str| {
+        object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": schedule}),
+        )
+    };
+    apply(&client, &ns, &store("0 0 30 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "ScheduleNeverFires", "{scheduled}");
+    assert_eq!(
+        scheduled["message"],
+        "spec.schedule: \"0 0 30 2 *\" has no run in the next 5 years (in UTC), so CronJob orders-sweep never starts a sweep; is the day of the month one that exists?"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "ScheduleNeverFires"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ScheduleNeverFires",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("spec.schedule: ")),
+        "{event:?}"
+    );
+    apply(&client, &ns, &store("0 0 29 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Scheduled", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "Scheduled").unwrap()["reason"],
+        "CronJobApplied"
+    );
+}
+
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
 /// say why (a sweep Job has no volume with the database file).
 #[tokio::test]

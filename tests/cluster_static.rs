@@ -905,6 +905,7 @@ fn helm_install_grants_least_privilege() {
         (&controller, "list", "handleclasses.custody.dev", None),
         (&controller, "get", "mcpservers.custody.dev", None),
         (&controller, "watch", "checkpointstores.custody.dev", None),
+        (&controller, "get", "checkpointstores.custody.dev", None),
         (&controller, "patch", "mcpservers.custody.dev/status", None),
         (
             &controller,

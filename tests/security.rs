@@ -701,6 +701,13 @@ const JUSTIFIED: &[(&str, &str, &str, &str)] = &[
         "the same, for the sweep CronJobs",
     ),
     (
+        "get",
+        "custody.dev",
+        "checkpointstores",
+        "read only when a store's Warning Event is due (unreachable, a missed run, a failed \
+         sweep), to decide it against the current status; whether the test's store warns is timing",
+    ),
+    (
         "patch",
         "events.k8s.io",
         "events",

@@ -8,9 +8,11 @@ use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use secrecy::ExposeSecret;
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
 use super::conditions::{self, Cond, merge};
 use super::mcp_server::time;
@@ -49,10 +51,10 @@ pub(super) async fn reconcile(
         })
         .inc();
     let ns = store.namespace().unwrap_or_default();
-    let current = store.status.clone().unwrap_or_default();
+    let mut current = store.status.clone().unwrap_or_default();
 
-    // 1. reachability and schema (API for the Secret, then DB); Events and counts (API). A
-    //    SQLite store cannot be swept in a cluster: a sweep Job has no volume with the file.
+    // 1. reachability and schema (API for the Secret, then DB), counted. A SQLite store cannot
+    //    be swept in a cluster: a sweep Job has no volume with the file.
     let in_cluster = supported_in_cluster(store);
     let (reachable, schema) = match &in_cluster {
         Ok(()) => check(store, &ctx).await?,
@@ -71,19 +73,6 @@ pub(super) async fn reconcile(
     };
     if reachable.status == conditions::FALSE {
         ctx.count_unusable("CheckpointStore", reachable.reason);
-        let was = current
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::REACHABLE);
-        if was.is_none_or(|c| c.status != conditions::FALSE || c.reason != reachable.reason) {
-            ctx.event(
-                store,
-                EventType::Warning,
-                reachable.reason,
-                reachable.message.clone(),
-            )
-            .await;
-        }
     }
     // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
     // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
@@ -97,6 +86,16 @@ pub(super) async fn reconcile(
             message,
         ),
         Ok(applied) => match applied.await {
+            Ok(_) if schedule::never_fires(&store.spec.schedule, Utc::now()) => Cond::no(
+                conditions::SCHEDULED,
+                conditions::SCHEDULE_NEVER_FIRES,
+                format!(
+                    "spec.schedule: {:?} has no run in the next {} years (in UTC), so CronJob {}-sweep never starts a sweep; is the day of the month one that exists?",
+                    store.spec.schedule,
+                    schedule::FIRES_WITHIN_YEARS,
+                    store.name_any()
+                ),
+            ),
             Ok(cron) => {
                 let runs = runs(store, &cron, Utc::now());
                 if let Some(soon) = runs.recheck {
@@ -137,42 +136,19 @@ pub(super) async fn reconcile(
             Err(e) => return Err(e),
         },
     };
-    if scheduled.reason == conditions::MISSED_SCHEDULE {
-        ctx.count_unusable("CheckpointStore", conditions::MISSED_SCHEDULE);
-        let was = current
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::SCHEDULED);
-        if was.is_none_or(|c| c.message != scheduled.message) {
-            ctx.event(
-                store,
-                EventType::Warning,
-                conditions::MISSED_SCHEDULE,
-                scheduled.message.clone(),
-            )
-            .await;
-        }
+    if [
+        conditions::MISSED_SCHEDULE,
+        conditions::SCHEDULE_NEVER_FIRES,
+    ]
+    .contains(&scheduled.reason)
+    {
+        ctx.count_unusable("CheckpointStore", scheduled.reason);
     }
-    // 3. how the latest finished sweep Job ended (API read, pure), an Event when it failed
+    // 3. how the latest finished sweep Job ended (API read, pure)
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
         .await?;
     let last_run = last_sweep(&jobs.items);
-    let was = current
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::LAST_SWEEP_SUCCEEDED);
-    if last_run.status == conditions::FALSE
-        && was.is_none_or(|c| c.status != conditions::FALSE || c.message != last_run.message)
-    {
-        ctx.event(
-            store,
-            EventType::Warning,
-            last_run.reason,
-            last_run.message.clone(),
-        )
-        .await;
-    }
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
     //    CronJob that exists has an interval (one that skipped a run exists).
@@ -194,8 +170,22 @@ pub(super) async fn reconcile(
         interval,
         last_run.status == conditions::FALSE,
     );
-    // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
-    //    field managers.
+    // 5. the status this one follows (pure; API when an Event is due). The cached object can be
+    //    older than the previous reconcile's status write (a reconcile the CronJob's creation
+    //    queued starts before the watch brings that write), and an Event decided against it
+    //    repeats the previous reconcile's: one that is due is decided again against the store
+    //    as the API server has it.
+    let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
+    let news = [&reachable, &scheduled, &last_run];
+    if !warnings(&current, &news).is_empty()
+        && let Some(fresh) = api.get_opt(&store.name_any()).await?
+    {
+        current = fresh.status.unwrap_or_default();
+    }
+    let events: Vec<Cond> = warnings(&current, &news).into_iter().cloned().collect();
+    // 6. status (pure), applied when changed (API), then its Events (API): a status write that
+    //    fails is retried with its Events, never after them. lastSweep and shards belong to the
+    //    sweeps' field managers.
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
@@ -210,7 +200,6 @@ pub(super) async fn reconcile(
     let mut before = current.clone();
     before.last_sweep = None;
     before.shards = Vec::new();
-    let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(
         &ctx,
         &api,
@@ -219,7 +208,46 @@ pub(super) async fn reconcile(
         serde_json::to_value(status)?,
     )
     .await?;
+    for c in events {
+        ctx.event(store, EventType::Warning, c.reason, c.message)
+            .await;
+    }
     Ok(Action::requeue(requeue))
+}
+
+/// The conditions among `news` (`Reachable`, `Scheduled`, `LastSweepSucceeded`) that call for a
+/// Warning Event against the persisted status `current`: `Reachable=False` of another reason
+/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run) or
+/// `ScheduleNeverFires`, a
+/// `LastSweepSucceeded=False` about another Job or failure.
+fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
+    news.iter()
+        .copied()
+        .filter(|new| {
+            let was = conditions::find(&current.conditions, new.type_);
+            match new.type_ {
+                conditions::SCHEDULED => {
+                    [
+                        conditions::MISSED_SCHEDULE,
+                        conditions::SCHEDULE_NEVER_FIRES,
+                    ]
+                    .contains(&new.reason)
+                        && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
+                }
+                conditions::REACHABLE => {
+                    new.status == conditions::FALSE
+                        && was
+                            .is_none_or(|c| c.status != conditions::FALSE || c.reason != new.reason)
+                }
+                _ => {
+                    new.status == conditions::FALSE
+                        && was.is_none_or(|c| {
+                            c.status != conditions::FALSE || c.message != new.message
+                        })
+                }
+            }
+        })
+        .collect()
 }
 
 /// What the applied CronJob's status says about its runs.
@@ -485,15 +513,24 @@ fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
 
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
 /// sweep ServiceAccount, with the same restrictive security settings as the controller.
+///
+/// Applied only when the cached CronJob ([`Context::cron_jobs`]) does not already hold what
+/// custody sets ([`covers`]): a recheck of an unchanged store writes nothing. Returns the
+/// CronJob as the API server has it (the cached one when nothing was applied).
 async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJob, Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
-    let cron = cron_job(
+    let cron = with_digest(cron_job(
         store,
         &ctx.opts.image,
         &ctx.opts.sweep_service_account,
         ctx.opts.egress.deny_metadata_addresses,
-    );
+    ));
+    if let Some(live) = cached_cron_job(ctx, &ns, &name).await
+        && covers(&serde_json::to_value(&*live)?, &cron)
+    {
+        return Ok((*live).clone());
+    }
     ctx.lease.check().await?;
     Ok(Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
         .patch(
@@ -502,6 +539,57 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJ
             &Patch::Apply(&cron),
         )
         .await?)
+}
+
+/// How long a reconcile waits for the CronJob cache's first list (right after the controllers
+/// start) before it applies without comparing.
+const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// CronJob `ns/name` from the controller's cache; `None` when it is not there or the cache has
+/// not listed yet within [`CACHE_WAIT`] (the apply then goes ahead: one write too many at worst).
+async fn cached_cron_job(ctx: &Context, ns: &str, name: &str) -> Option<Arc<CronJob>> {
+    let cache = ctx
+        .cron_jobs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()?;
+    tokio::time::timeout(CACHE_WAIT, cache.wait_until_ready())
+        .await
+        .ok()?
+        .ok()?;
+    cache.get(&ObjectRef::new(name).within(ns))
+}
+
+/// Annotation on a sweep CronJob: the SHA-256 (hex) of the rest of what custody applies. A
+/// field custody stops setting (`completionMode` once `spec.parallelism` is back to 1) leaves
+/// the live CronJob holding all the new apply sets, so [`covers`] alone would skip the apply
+/// that removes it; the digest differs and it is made.
+pub const SPEC_DIGEST_ANNOTATION: &str = "custody.dev/spec-sha256";
+
+/// `cron` with [`SPEC_DIGEST_ANNOTATION`] of itself.
+fn with_digest(mut cron: serde_json::Value) -> serde_json::Value {
+    let digest = hex::encode(Sha256::digest(cron.to_string().as_bytes()));
+    cron["metadata"]["annotations"] = json!({SPEC_DIGEST_ANNOTATION: digest});
+    cron
+}
+
+/// Whether `live` holds everything `desired` sets: every key of an object with a covered value,
+/// an array of the same length with each item covered in order, an equal scalar. What only
+/// `live` has does not count: the API server's defaults (`suspend`, `dnsPolicy`,
+/// `terminationGracePeriodSeconds`, …), its metadata and status, another manager's labels.
+/// Written here because it is these few lines, where a JSON-diff crate would be a dependency for
+/// one comparison.
+fn covers(live: &serde_json::Value, desired: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (live, desired) {
+        (Value::Object(l), Value::Object(d)) => d
+            .iter()
+            .all(|(k, v)| l.get(k).is_some_and(|lv| covers(lv, v))),
+        (Value::Array(l), Value::Array(d)) => {
+            l.len() == d.len() && l.iter().zip(d).all(|(lv, dv)| covers(lv, dv))
+        }
+        _ => live == desired,
+    }
 }
 
 /// The sweep CronJob of a store. With `spec.parallelism` N above 1 its Job is an Indexed Job of
@@ -791,6 +879,173 @@ mod tests {
                 recheck: None
             }
         );
+    }
+
+    #[test]
+    fn a_cron_job_is_current_when_it_holds_what_custody_sets() {
+        let mut store = store_on("*/15 * * * *");
+        store.metadata.uid = Some("4b1d".into());
+        let desired = |store: &CheckpointStore| {
+            with_digest(cron_job(store, "custody:0.1.0", "custody-sweep", true))
+        };
+        let want = desired(&store);
+        // What the API server adds (defaults, metadata, status) and another manager's label.
+        let mut live = want.clone();
+        live["metadata"]["resourceVersion"] = json!("42");
+        live["metadata"]["labels"]["team"] = json!("orders");
+        live["spec"]["suspend"] = json!(false);
+        live["spec"]["jobTemplate"]["spec"]["template"]["spec"]["dnsPolicy"] =
+            json!("ClusterFirst");
+        live["status"] = json!({"lastScheduleTime": "2026-12-01T10:00:00Z"});
+        assert!(covers(&live, &want));
+        let mut edited = live.clone();
+        edited["spec"]["schedule"] = json!("0 * * * *");
+        assert!(!covers(&edited, &want), "a field custody sets, changed");
+        let mut shorter = live.clone();
+        shorter["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+        assert!(!covers(&shorter, &want), "an item left out of an array");
+        // A field only another manager sets is not custody's; one an earlier apply of custody
+        // set and this one does not (an older digest) is, and the apply removes it.
+        let mut older = live.clone();
+        older["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["env"] =
+            json!([{"name": "CUSTODY_SWEEP_RUN", "value": "x"}]);
+        assert!(covers(&older, &want));
+        older["metadata"]["annotations"][SPEC_DIGEST_ANNOTATION] = json!("0ld");
+        assert!(!covers(&older, &want));
+        // Nothing else moves the digest.
+        assert_eq!(desired(&store), want);
+    }
+
+    #[test]
+    fn a_warning_is_due_once_per_new_cause() {
+        let status = |conds: &[&Cond]| CheckpointStoreStatus {
+            conditions: merge(
+                &[],
+                conds.iter().map(|c| (*c).clone()).collect(),
+                Some(1),
+                &time(Utc::now()),
+            ),
+            ..CheckpointStoreStatus::default()
+        };
+        let refused = Cond::no(conditions::REACHABLE, conditions::CONNECT_FAILED, "refused");
+        let reasons = |current: &CheckpointStoreStatus, news: &[&Cond]| {
+            warnings(current, news)
+                .iter()
+                .map(|c| c.reason)
+                .collect::<Vec<_>>()
+        };
+        let fresh = CheckpointStoreStatus::default();
+        assert_eq!(reasons(&fresh, &[&refused]), ["ConnectFailed"]);
+        // Written already: the same cause is not published again, whatever its message.
+        let again = Cond::no(
+            conditions::REACHABLE,
+            conditions::CONNECT_FAILED,
+            "timed out",
+        );
+        assert!(reasons(&status(&[&refused]), &[&again]).is_empty());
+        let secret = Cond::no(conditions::REACHABLE, conditions::SECRET_NOT_RESOLVED, "m");
+        assert_eq!(
+            reasons(&status(&[&refused]), &[&secret]),
+            ["SecretNotResolved"]
+        );
+        let scheduled = Cond::yes(conditions::SCHEDULED, conditions::CRON_JOB_APPLIED, "m");
+        let missed = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:06");
+        assert!(reasons(&fresh, &[&scheduled]).is_empty());
+        assert_eq!(reasons(&fresh, &[&missed]), ["MissedSchedule"]);
+        assert!(reasons(&status(&[&missed]), &[&missed]).is_empty());
+        let never = Cond::no(conditions::SCHEDULED, conditions::SCHEDULE_NEVER_FIRES, "m");
+        assert_eq!(reasons(&fresh, &[&never]), ["ScheduleNeverFires"]);
+        assert!(reasons(&status(&[&never]), &[&never]).is_empty());
+        let later = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:07");
+        assert_eq!(reasons(&status(&[&missed]), &[&later]), ["MissedSchedule"]);
+        let failed = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            "DeadlineExceeded",
+            "Job a",
+        );
+        let other = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            "DeadlineExceeded",
+            "Job b",
+        );
+        assert!(reasons(&status(&[&failed]), &[&failed]).is_empty());
+        assert_eq!(
+            reasons(&status(&[&failed]), &[&other]),
+            ["DeadlineExceeded"]
+        );
+    }
+
+    /// The reconcile queued by the CronJob's creation gets the store from before the first
+    /// status write: the Event that store calls for is decided again against the store as the
+    /// API server has it, which already says so, and is not published twice.
+    #[tokio::test]
+    async fn a_stale_store_does_not_repeat_an_event() {
+        use crate::controller::fixtures::{context, expect, expect_lease};
+        let (ctx, mut api) = context();
+        let meta = json!({"name": "orders", "namespace": "agents", "uid": "u1", "generation": 1});
+        let stale: CheckpointStore = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+        }))
+        .unwrap();
+        let written = json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+            "status": {"conditions": [{"type": "Reachable", "status": "False",
+                "reason": "InvalidSpec", "message": "spec.dsn: set exactly one of dsn and dsnFrom",
+                "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}]},
+        });
+        let server = tokio::spawn(async move {
+            expect_lease(&mut api).await;
+            let now = time(Utc::now());
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/batch/v1/namespaces/agents/cronjobs/orders-sweep",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                          "metadata": {"name": "orders-sweep", "creationTimestamp": now}}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/batch/v1/namespaces/agents/jobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders",
+                200,
+                written.clone(),
+            )
+            .await;
+            expect_lease(&mut api).await;
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders/status",
+                200,
+                written,
+            )
+            .await;
+            api
+        });
+        reconcile(Arc::new(kube::core::DeserializeGuard(Ok(stale))), ctx)
+            .await
+            .unwrap();
+        let mut api = server.await.unwrap();
+        // The reconcile is over (its client dropped): any request left is one it made.
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the status write: {}", request.uri());
+        }
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
 /// Reason (`Scheduled`, `Ready`, Event): the CronJob skipped a sweep that could not start
 /// within `spec.startingDeadlineSeconds` of its time.
 pub const MISSED_SCHEDULE: &str = "MissedSchedule";
+/// Reason (`Scheduled`, `Ready`, Event): `spec.schedule` has no run within
+/// [`super::schedule::FIRES_WITHIN_YEARS`] years (`0 0 30 2 *`), so the CronJob never starts one.
+pub const SCHEDULE_NEVER_FIRES: &str = "ScheduleNeverFires";
 /// Condition type of an AgentAssignment: its ConfigMap was applied.
 pub const CONFIG_RENDERED: &str = "ConfigRendered";
 /// `ConfigRendered=True`: the API server took the ConfigMap.

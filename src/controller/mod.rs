@@ -146,6 +146,9 @@ pub struct Context {
     /// The AgentAssignment controller's cache, set when the controllers start (each leadership
     /// starts new ones): the duplicate-agent check reads it instead of listing.
     pub assignments: std::sync::Mutex<Option<Store<Guard<AgentAssignment>>>>,
+    /// The CheckpointStore controller's cache of the sweep CronJobs, set when the controllers
+    /// start: a store's recheck compares its CronJob with it and applies only a difference.
+    pub cron_jobs: std::sync::Mutex<Option<Store<CronJob>>>,
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -346,6 +349,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         ),
         readiness: Arc::default(),
         assignments: std::sync::Mutex::default(),
+        cron_jobs: std::sync::Mutex::default(),
     });
     let server = tokio::spawn(http::serve(
         listener,
@@ -691,8 +695,20 @@ async fn controllers(ctx: Arc<Context>) {
     )
     .with_config(bounded);
     let store_store = stores.store();
+    // The sweep CronJobs, cached whole (not only their metadata, as `owns` would): a recheck
+    // compares its CronJob with the cache instead of applying it. Only custody's, by label.
+    let (cron_jobs, cron_job_writer) = kube::runtime::reflector::store();
+    *ctx.cron_jobs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cron_jobs);
+    let cron_job_events = watcher(
+        Api::<CronJob>::all(client.clone()),
+        watcher::Config::default().labels(checkpoint_store::STORE_LABEL),
+    )
+    .reflect(cron_job_writer)
+    .touched_objects();
     let stores = stores
-        .owns(Api::<CronJob>::all(client.clone()), wc.clone())
+        .owns_stream(cron_job_events)
         .watches(
             Api::<Job>::all(client.clone()),
             watcher::Config::default().labels(checkpoint_store::STORE_LABEL),
@@ -1057,6 +1073,7 @@ pub(crate) mod fixtures {
             lease: LeaseFence::new(client, "default", "custody-controller", "test"),
             readiness: Arc::default(),
             assignments: std::sync::Mutex::default(),
+            cron_jobs: std::sync::Mutex::default(),
         };
         (Arc::new(ctx), handle)
     }
