@@ -226,15 +226,13 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         None => None,
     };
     let events = custody::cluster::CollectingSink::default();
-    // HandleClasses of the store's namespace that cannot be used: left out, reported in the
-    // sweep's warnings, `status.lastSweep.skippedClasses` and an Event each.
-    let mut left_out = Vec::new();
     let targets = match (&cluster, &args.dir) {
         (Some((client, ns, name)), _) => {
             let t = custody::cluster::store_target(client, ns, name).await?;
+            // HandleClasses of the store's namespace that cannot be used: left out, an Event
+            // each (the sweep names them in its warnings and `status.lastSweep.skippedClasses`).
             for (class, why) in &t.left_out {
                 events.class_skipped(class, why);
-                left_out.push((class.clone(), why.to_string()));
             }
             vec![t.target]
         }
@@ -275,20 +273,12 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         let applies = options.apply;
         out.begin_store(&target.store);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
-            Ok(mut f) => {
+            Ok(f) => {
                 if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
                     events.gone_not_acted_on(&f.summary, "spec.mode is observe");
                 } else if cluster.is_some() && !applies {
                     events.gone_not_acted_on(&f.summary, "a dry run");
                 }
-                let mut warnings: Vec<String> = left_out
-                    .iter()
-                    .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
-                    .collect();
-                warnings.append(&mut f.warnings);
-                f.warnings = warnings;
-                f.summary.skipped_classes = left_out.iter().map(|(c, _)| c.clone()).collect();
-                f.summary.skipped_classes.sort_unstable();
                 out.end_store(Ok(&f));
                 finished.push(f);
             }

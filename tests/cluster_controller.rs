@@ -1364,6 +1364,72 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
     );
 }
 
+/// When the only HandleClass of the namespace is left out, the sweep says so and why, not that
+/// no class applies (which pointed at `spec.handleClassSelector`, a selector that was fine).
+#[tokio::test]
+async fn a_sweep_whose_only_class_is_left_out_says_so() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-onlybad").await;
+    let (_server, _manifest) = sweep_fixture(infra, &client, &ns, "e2e_onlybad").await;
+    let typo = merged(
+        basket_class(),
+        json!({"probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+    );
+    apply(&client, &ns, &object("HandleClass", "basket", typo)).await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
+    )
+    .await;
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let warnings: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .collect();
+    assert!(
+        warnings.first().is_some_and(|w| w.starts_with(&format!(
+            "warning: HandleClass basket left out: HandleClass {}/basket: spec.probe.arguments.basket_id: ",
+            &*ns
+        ))),
+        "{stdout}"
+    );
+    assert!(
+        warnings.contains(
+            &"warning: no HandleClass left to sweep: every one this store selects was left out \
+              (basket; why above), so no handle was probed"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("handleClassSelector"), "{stdout}");
+}
+
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.
 #[tokio::test]
 async fn invalid_objects_name_the_field_in_conditions() {

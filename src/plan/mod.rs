@@ -180,6 +180,13 @@ impl Resources {
             principal_key: store.spec.principal_key.clone(),
             min_parked: Duration::from_secs(store.spec.min_parked_seconds),
             classes,
+            left_out: left_out
+                .map(|out| {
+                    out.iter()
+                        .map(|(class, why)| (class.clone(), why.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             mode: store.spec.mode,
             audit,
         })
@@ -344,6 +351,11 @@ pub struct Target {
     pub min_parked: Duration,
     /// Handle classes that apply to this store.
     pub classes: Vec<ClassPlan>,
+    /// HandleClasses the store selects that cannot be used, by name, with why (the field and
+    /// the problem): only from [`Resources::targets_without_bad_classes`] (local files are
+    /// refused whole instead). The sweep names them in its warnings and
+    /// `status.lastSweep.skippedClasses`, and says when they were all it had.
+    pub left_out: Vec<(String, String)>,
     /// Whether sweeps may act (`spec.mode`).
     pub mode: StoreMode,
     /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
