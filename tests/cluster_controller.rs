@@ -1428,6 +1428,13 @@ async fn a_sweep_whose_only_class_is_left_out_says_so() {
         "{stdout}"
     );
     assert!(!stdout.contains("handleClassSelector"), "{stdout}");
+    // Said once, in the report: no log line repeats it on stderr.
+    assert_eq!(
+        stdout.matches("HandleClass basket left out").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(!stderr.contains("left out"), "{stderr}");
 }
 
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.

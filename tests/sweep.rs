@@ -298,6 +298,11 @@ fn an_empty_sweep_prints_the_header_once() {
         "{text}"
     );
     assert!(text.contains(" 0 handles: "), "{text}");
+    // A sweep's warning is said once, in the report, not in a log line as well.
+    let warning = "no parked thread holds statePath \"nowhere\" of HandleClass basket";
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains(warning), "{stderr}");
 }
 
 /// Both readers agree on the same graph runs: the PostgreSQL reader takes most of what it needs

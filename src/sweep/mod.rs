@@ -472,10 +472,9 @@ pub async fn run_with(
         principals_seen,
         &classes_seen,
     );
+    // Not logged as well: the report prints them (the table's `warning:` lines, JSON's
+    // `warnings`), and a log line would say each one twice.
     warnings.append(&mut lifetime_warnings);
-    for w in &warnings {
-        tracing::warn!(store = %target.store, "{w}");
-    }
     Ok(Report {
         store: target.store.clone(),
         rows: Vec::new(),
@@ -868,7 +867,8 @@ fn warnings(
         if *seen == 0 {
             out.push(format!(
                 "no parked thread holds statePath {:?} of HandleClass {}",
-                class.state_path, class.name
+                class.state_path.as_str(),
+                class.name
             ));
         }
     }
