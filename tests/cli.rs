@@ -470,6 +470,28 @@ fn header_values_are_checked_at_load_without_printing_them() {
             "{err}{stdout}"
         );
     }
+    // One final newline in a Secret (`kubectl create secret --from-file` of an `echo`-written
+    // file) is dropped, as a DSN's is: the server is tried, and only its port fails.
+    for ending in ["\n", "\r\n"] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
+                            "secretKeyRef": {"name": "token", "key": "authorization"}}]});
+        let docs = [
+            support::fixtures::object("MCPServer", "basket", server),
+            support::fixtures::secret(
+                "token",
+                json!({"authorization": format!("Bearer t{ending}")}),
+            ),
+        ];
+        support::fixtures::write_resources(dir.path(), "server.yaml", &docs);
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(
+            err.trim(),
+            "error: discovery failed for basket",
+            "{ending:?}: {err}"
+        );
+    }
 }
 
 /// A SQLite file that is not there is named with its absolute path and what a relative path is

@@ -280,6 +280,7 @@ impl Resources {
         for (i, h) in server.spec.headers_from.iter().enumerate() {
             let field = format!("spec.headersFrom[{i}].secretKeyRef");
             let value = self.secret(&label(server), &field, &ns, &h.secret_key_ref)?;
+            let value = SecretString::from(without_final_newline(value.expose_secret()));
             validate::header_value(value.expose_secret()).map_err(|m| LoadError::Reference {
                 resource: label(server),
                 field: field.clone(),
@@ -334,6 +335,16 @@ impl Resources {
             .map(SecretString::from)
             .map_err(|_| missing(format!("Secret {:?} key {:?} is not UTF-8", r.name, r.key)))
     }
+}
+
+/// A header value read from a Secret, without one final `\n` or `\r\n`: what `kubectl create
+/// secret --from-file` of a file written by `echo` holds. HTTP cannot carry it, and a DSN's is
+/// tolerated too; any other control character is still refused by [`validate::header_value`].
+fn without_final_newline(value: &str) -> &str {
+    value
+        .strip_suffix("\r\n")
+        .or_else(|| value.strip_suffix('\n'))
+        .unwrap_or(value)
 }
 
 /// A checkpoint store, resolved and validated, ready to sweep.
@@ -563,5 +574,18 @@ mod tests {
             .unwrap()
         );
         assert!(selects(Some(&sel(None, Some(("team", "Matches", vec![])))), &labels).is_err());
+    }
+
+    /// One final newline of a Secret's header value goes (`echo`-written files); one only, and
+    /// nothing else, so a value with another control character is still refused.
+    #[test]
+    fn a_final_newline_of_a_header_secret_is_dropped() {
+        assert_eq!(without_final_newline("Bearer t\n"), "Bearer t");
+        assert_eq!(without_final_newline("Bearer t\r\n"), "Bearer t");
+        assert_eq!(without_final_newline("Bearer t\n\n"), "Bearer t\n");
+        assert_eq!(without_final_newline("Bearer t\r"), "Bearer t\r");
+        assert_eq!(without_final_newline("Bearer t"), "Bearer t");
+        assert!(validate::header_value(without_final_newline("Bearer t\n\n")).is_err());
+        assert!(validate::header_value(without_final_newline("a\nb\n")).is_err());
     }
 }
