@@ -2004,6 +2004,115 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
     );
 }
 
+/// A name in `interruptOn` that no assigned server lists (a typo) is not silent:
+/// `InterruptOnKnown=False` names it and the servers checked, with one Warning Event; what is
+/// published is unchanged (the write tool the typo meant is still withheld). Fixing the typo
+/// makes the condition `True`.
+#[tokio::test]
+async fn interrupt_on_names_no_server_lists_are_reported() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "interrupt-typo").await;
+    let server = BasketServer::start(&[]);
+    let spec = |interrupt_on: &[&str]| {
+        json!({"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+               "interruptOn": interrupt_on})
+    };
+    apply_assignment(
+        &client,
+        &ns,
+        &server,
+        spec(&[
+            "basket_create_baskett",
+            "basket_add_item",
+            "basket_delete_basket",
+        ]),
+    )
+    .await;
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("InterruptOnKnown", "False"), ("PolicyCompliant", "False")],
+    )
+    .await;
+    let known = condition(&aa, "InterruptOnKnown").unwrap();
+    assert_eq!(known["reason"], "UnknownInterruptTools", "{known}");
+    assert_eq!(
+        known["message"],
+        "spec.interruptOn names tools no assigned server lists: basket_create_baskett \
+         (servers checked: basket (basket_*); a final name is alias_tool)"
+    );
+    let policy = condition(&aa, "PolicyCompliant").unwrap();
+    assert!(
+        policy["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("withheld from the configuration: basket_create_basket"),
+        "fail closed as before: {policy}"
+    );
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "UnknownInterruptTools",
+        "Warning",
+    )
+    .await;
+    // Another reconcile (a label change) publishes no second Event.
+    c_label(&ns, "AgentAssignment", "agent");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let warned = events(&client, &ns, "AgentAssignment", "agent")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnknownInterruptTools"))
+        .count();
+    assert_eq!(warned, 1);
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "agent",
+            spec(&[
+                "basket_create_basket",
+                "basket_add_item",
+                "basket_delete_basket",
+            ]),
+        ),
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("InterruptOnKnown", "True"), ("Ready", "True")],
+    )
+    .await;
+}
+
+/// Labels `kind/name` in `ns` with kubectl, which makes the controller reconcile it again.
+fn c_label(ns: &str, kind: &str, name: &str) {
+    cluster::cluster()
+        .kubectl(
+            &[
+                "label",
+                "--overwrite",
+                "-n",
+                ns,
+                &format!("{}/{name}", kind.to_lowercase()),
+                "custody.dev/poke=1",
+            ],
+            None,
+        )
+        .ok();
+}
+
 /// The sweep CronJob bounds its runs (`startingDeadlineSeconds`, the Job's
 /// `activeDeadlineSeconds` from `spec.sweepTimeoutSeconds`, `backoffLimit: 0`), and a sweep Job
 /// that fails shows in the store's `LastSweepSucceeded` and `Ready` with the Job's reason and in
