@@ -2064,7 +2064,7 @@ async fn interrupt_on_names_no_server_lists_are_reported() {
     .await;
     // Another reconcile (a label change) publishes no second Event.
     c_label(&ns, "AgentAssignment", "agent");
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let warned = events(&client, &ns, "AgentAssignment", "agent")
         .await
         .into_iter()
