@@ -74,7 +74,9 @@ struct SweepArgs {
     /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     store: Option<String>,
-    /// Print verdicts and the planned actions; change nothing.
+    /// Print verdicts and the planned actions; write nothing to checkpoints, custody's tables or
+    /// the cluster. Probes still call each class's read-only probe tool (never one that declares
+    /// `destructiveHint`).
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
     /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;
@@ -237,6 +239,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         None => None,
     };
     let events = custody::cluster::CollectingSink::default();
+    let mut conformance = std::collections::BTreeMap::new();
     let targets = match &cluster {
         Some((client, ns, name)) => {
             let t = custody::cluster::store_target(client, ns, name).await?;
@@ -245,6 +248,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             for (class, why) in &t.left_out {
                 events.class_skipped(class, why);
             }
+            conformance = t.conformance;
             vec![t.target]
         }
         None => {
@@ -319,6 +323,9 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         // store's Events of a sweep that happened.
         events.publish(client, ns, name).await;
         custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
+        let seen = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        custody::cluster::write_conformance(client, ns, name, &conformance, &r.servers, &seen)
+            .await?;
     }
     out.finish(&failures)?;
     // Printed once, on stderr (the table leaves it out; JSON lists it under `errors` for

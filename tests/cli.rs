@@ -325,6 +325,26 @@ fn a_controller_concurrency_of_zero_is_refused() {
     );
 }
 
+/// Out of cluster (no `POD_NAMESPACE`), the Lease is looked for in the install's namespace, so
+/// a controller started from a laptop waits for the installed replicas' Lease instead of
+/// creating one of its own in `default` and leading beside them (README, "The controller").
+#[test]
+fn the_lease_namespace_defaults_to_the_install_namespace() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["controller", "--help"])
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let lease = help
+        .split("--lease-namespace")
+        .nth(1)
+        .and_then(|rest| rest.split("\n      --").next())
+        .unwrap_or_default();
+    assert!(lease.contains("[default: custody-system]"), "{lease}");
+}
+
 /// A `--metrics-addr` already taken stops the controller at once with the address, instead of a
 /// controller that leads without `/metrics`, `/healthz` and `/readyz`. (Building the client
 /// reads the kubeconfig only: no API server is needed to get this far.)

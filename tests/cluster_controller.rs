@@ -1909,6 +1909,33 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
             && valid["message"].as_str().unwrap().contains("main-token"),
         "{valid}"
     );
+
+    // The optional server's MCPServer is deleted: an agent configured with it could not start,
+    // so it leaves the configuration, and the assignment says which reference is dangling.
+    Api::<custody::crd::MCPServer>::namespaced(client.clone(), &ns)
+        .delete("extra", &DeleteParams::default())
+        .await
+        .unwrap();
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Valid", "False"), ("Ready", "False")],
+    )
+    .await;
+    let valid = condition(&aa, "Valid").unwrap();
+    assert_eq!(valid["reason"], "UnknownServer", "{valid}");
+    assert_eq!(
+        valid["message"],
+        format!(
+            "spec.servers[1].serverRef: no MCPServer extra in namespace {}; left out of the configuration",
+            &*ns
+        )
+    );
+    let (servers, agents, _) = rendered(&client, &ns, "agent").await;
+    assert!(servers.get("extra").is_none(), "{servers}");
+    assert_eq!(agents, json!({"create-agent": ["main"]}));
 }
 
 /// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not

@@ -708,6 +708,14 @@ const JUSTIFIED: &[(&str, &str, &str, &str)] = &[
          its cache window; whether a run repeats one is timing",
     ),
     (
+        "patch",
+        "custody.dev",
+        "mcpservers/status",
+        "the sweep writes a server's status only when it got a result off its tool's \
+         outputSchema, or clears one; the servers here conform (tests/cluster_lifetimes.rs \
+         sees it used)",
+    ),
+    (
         "list",
         "coordination.k8s.io",
         "leases",

@@ -176,6 +176,26 @@ fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
         }
     }
 
+    // A probe tool that declares itself destructive is never called, not even by a plan-only
+    // sweep: were delete_basket called, the live basket would be gone in the sweep below.
+    let destructive = merged(basket_class(), json!({"probe": {"tool": "delete_basket"}}));
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", destructive)],
+    );
+    let got = support::verdicts(&support::sweep_json(dir.path()));
+    for probed in ["t-live", "t-expired", "t-updated"] {
+        assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
+        assert!(
+            got[probed].1.contains(
+                "tool delete_basket declares destructiveHint; custody never calls a destructive tool as a probe"
+            ),
+            "{:?}",
+            got[probed]
+        );
+    }
+
     // The same class with the tool spelt right and still no goneWhen: the live basket is ok.
     write_resources(
         dir.path(),

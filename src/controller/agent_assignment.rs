@@ -64,6 +64,9 @@ struct Validated<'a> {
     private: bool,
     /// Optional servers left out because they are not ready, one line each for `Degraded`.
     left_out: Vec<String>,
+    /// Servers the spec names that do not exist, one line each for `Valid=False`: left out of
+    /// the configuration, since an agent configured with them cannot start at all.
+    missing: Vec<String>,
     /// Required servers that are not ready, one line each for `Ready`.
     unavailable: Vec<String>,
     /// Final names of every tool the catalogs of `listed_by` list, before any allowlist (a
@@ -76,6 +79,10 @@ struct Validated<'a> {
     /// which names it lists).
     unchecked_aliases: Vec<String>,
 }
+
+/// How long after an assignment's creation a server it names may still be missing without a
+/// Warning: `kubectl apply -k` of an agent's resources creates them in no particular order.
+const NEW_ASSIGNMENT_GRACE_SECONDS: i64 = 30;
 
 /// The tool names the ConfigMap may carry for one server: the tools that survived the policy
 /// (`kept`), unless the catalog is private and the spec chose no names.
@@ -138,6 +145,18 @@ pub(super) async fn reconcile(
             None,
             WAITING,
         ),
+        Check::Valid(v) if !v.missing.is_empty() => {
+            ctx.count_unusable("AgentAssignment", conditions::UNKNOWN_SERVER);
+            (
+                Cond::no(
+                    conditions::VALID,
+                    conditions::UNKNOWN_SERVER,
+                    format!("{}; left out of the configuration", v.missing.join("; ")),
+                ),
+                Some(v),
+                RECHECK,
+            )
+        }
         Check::Valid(v) => (
             Cond::yes(
                 conditions::VALID,
@@ -228,6 +247,19 @@ pub(super) async fn reconcile(
         WAITING
     } else {
         requeue
+    };
+    // What was withheld is withheld from the rendering; when the ConfigMap could not be
+    // written, the one in the cluster is an older rendering and may still publish it.
+    let policy = if policy.status == conditions::FALSE && config.status == conditions::FALSE {
+        Cond {
+            message: format!(
+                "{}; but ConfigMap {cm_name} could not be written (see ConfigRendered), so the one in the cluster may still publish them",
+                policy.message
+            ),
+            ..policy
+        }
+    } else {
+        policy
     };
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
@@ -570,16 +602,23 @@ async fn validate_assignment<'a>(
     let mut offered = BTreeSet::new();
     let mut listed_by = Vec::new();
     let mut unchecked_aliases = Vec::new();
+    let mut missing = Vec::new();
     let mut finals: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    let new =
+        a.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            Utc::now().timestamp() - t.0.as_second() < NEW_ASSIGNMENT_GRACE_SECONDS
+        });
     for (i, s) in a.spec.servers.iter().enumerate() {
         let Some(server) = servers_api.get_opt(&s.server_ref).await? else {
-            return Ok(Check::Invalid(
-                conditions::UNKNOWN_SERVER,
-                format!(
-                    "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
-                    s.server_ref
-                ),
-            ));
+            let line = format!(
+                "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
+                s.server_ref
+            );
+            if new {
+                return Ok(Check::Waiting(format!("{line} yet")));
+            }
+            missing.push(line);
+            continue;
         };
         let catalog = observed
             .get(&format!("{ns}/{}", s.server_ref))
@@ -683,12 +722,18 @@ async fn validate_assignment<'a>(
             names_private: catalog_private && s.tool_allowlist.is_empty(),
         });
     }
+    if servers.is_empty()
+        && let Some(first) = missing.first()
+    {
+        return Ok(Check::Invalid(conditions::UNKNOWN_SERVER, first.clone()));
+    }
     let final_tools = finals.into_iter().map(|(name, (_, w))| (name, w)).collect();
     Ok(Check::Valid(Validated {
         servers,
         final_tools,
         private,
         left_out,
+        missing,
         unavailable,
         offered,
         listed_by,
@@ -933,6 +978,7 @@ mod tests {
             ],
             private,
             left_out: vec![],
+            missing: vec![],
             unavailable: vec![],
             offered: ["shop_create_basket", "shop_get_basket", "shop_add_item"]
                 .map(String::from)

@@ -122,6 +122,9 @@ pub const SERVER_NOT_USABLE: &str = "ServerNotUsable";
 pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
 /// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
 pub const WAITING_FOR_DISCOVERY: &str = "WaitingForDiscovery";
+/// Reason (`Valid`, Event): the MCPServer has never been discovered and its last check failed,
+/// so the tools cannot be checked until it answers.
+pub const SERVER_NOT_DISCOVERED: &str = "ServerNotDiscovered";
 /// Reason (`PolicyCompliant`, `Degraded`, `Ready`): `Valid` is not `True` yet.
 pub const NOT_VALIDATED: &str = "NotValidated";
 
@@ -171,14 +174,18 @@ pub const CATALOG_INCOMPLETE: &str = "CatalogIncomplete";
 /// Event (Warning): discovery left tools out of the catalog (names that cannot be exposed); the
 /// note names them and why, unless the catalog is private.
 pub const TOOLS_LEFT_OUT: &str = "ToolsLeftOut";
-/// Condition (MCPServer): whether the server's answers at the last discovery kept to the MCP
-/// specification (`False` lists the deviations custody tolerated).
+/// Condition (MCPServer): whether the server's answers at the last discovery, and the tool
+/// results sweeps got, kept to the MCP specification (`False` lists the deviations custody
+/// tolerated).
 pub const CONFORMANT: &str = "Conformant";
 /// Reason (`Conformant`): no deviation from the specification was seen.
 pub const NO_DEVIATIONS: &str = "NoDeviations";
 /// Reason (`Conformant`) and Event (Warning): the server answered in a way the specification
 /// does not allow but custody could use (see `status.conformanceWarnings`).
 pub const NON_CONFORMANT: &str = "NonConformant";
+/// Reason (`Conformant`) and Event (Warning): the controller's discovery saw no deviation, but
+/// a sweep got a tool result off the tool's `outputSchema` (`status.sweepConformance`).
+pub const RESULT_OFF_SCHEMA: &str = "ResultOffSchema";
 /// Reason (`Healthy`): the health check was answered.
 pub const ANSWERED: &str = "Answered";
 /// Reason (`Healthy`): the health check failed without a category (not seen in practice: every

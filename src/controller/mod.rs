@@ -51,8 +51,10 @@ pub struct Options {
     /// Name of the coordination.k8s.io Lease used for leader election.
     #[arg(long, default_value = "custody-controller")]
     pub lease_name: String,
-    /// Namespace of the Lease (the controller's own).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    /// Namespace of the Lease: the controller's own in a cluster (`POD_NAMESPACE`); out of
+    /// cluster, the install's namespace, so a controller run from a laptop contends for the one
+    /// Lease with the installed replicas instead of leading beside them.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "custody-system")]
     pub lease_namespace: String,
     /// This replica's identity in the Lease (the pod name in a cluster).
     #[arg(long, env = "POD_NAME")]
@@ -450,6 +452,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             () = controllers(ctx.clone()) => {}
             () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
             () = ctx.lease.lost() => tracing::warn!(%identity, "lost the leader lease (seen before a write): stopping controllers"),
+            why = lapsed(&ctx.lease, recheck, Duration::from_secs(opts.lease_seconds)) => {
+                tracing::warn!(%identity, %why, "no longer shown to lead: stopping controllers");
+            }
             () = &mut shutdown => {
                 ctx.metrics.leader.set(0);
                 return finish(leader, lease_task, server).await;
@@ -475,6 +480,31 @@ fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
         }
     }
     problems.clone_into(reported);
+}
+
+/// Resolves, with why, once this replica cannot show that it leads: the Lease names another
+/// holder or has expired, or it could not be read for a whole lease duration (revoked
+/// credentials, an API server out of reach). kube-lease-manager keeps retrying a renewal that
+/// fails and keeps saying leading meanwhile, so without this a leader whose ServiceAccount was
+/// deleted reported `ready: leading` and `custody_leader 1` long after its Lease expired.
+async fn lapsed(lease: &LeaseFence, every: Duration, duration: Duration) -> String {
+    let mut shown = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        match lease.check().await {
+            Ok(()) => shown = std::time::Instant::now(),
+            Err(Error::LostLease(holder)) => {
+                return format!("the Lease is held by {holder} or has expired");
+            }
+            Err(e) if shown.elapsed() >= duration => {
+                return format!(
+                    "the Lease could not be read for {} s: {e}",
+                    shown.elapsed().as_secs()
+                );
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 /// A kube-lease-manager on the Lease for `identity`, watching: its leadership channel and task.
@@ -838,7 +868,7 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
 
 /// What a 404 of a list or watch means for a person: a kind is not served, most likely a custody
 /// CRD that is not (or no longer) installed.
-const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side -f crds/crds.yaml)";
+const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side --force-conflicts -f crds/crds.yaml)";
 
 /// [`watch_text`], with what a 404 means ([`NOT_SERVED_HINT`]: the API server's own text is
 /// "404 page not found").
@@ -950,7 +980,7 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
         EventType::Warning,
         conditions::STATUS_REFUSED,
         format!(
-            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side -f crds/crds.yaml)",
+            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side --force-conflicts -f crds/crds.yaml)",
             refused.code,
             refused.message,
             env!("CARGO_PKG_VERSION")

@@ -134,7 +134,7 @@ pub fn crd_problems(
     installed: &[(CustomResourceDefinition, Option<CustomResourceDefinition>)],
 ) -> Vec<String> {
     let fix = format!(
-        "apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml (or helm upgrade with crds.templated)",
+        "apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml (or helm upgrade with crds.templated)",
         env!("CARGO_PKG_VERSION")
     );
     let mut problems = Vec::new();
@@ -235,7 +235,7 @@ mod tests {
         let missing = crd_problems(&[(want.clone(), None)]);
         assert_eq!(missing.len(), 1);
         assert!(
-            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
+            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
             "{missing:?}"
         );
 
