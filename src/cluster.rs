@@ -603,9 +603,9 @@ pub const MAX_SWEEP_EVENTS: usize = 50;
 
 impl CollectingSink {
     /// Notes a HandleClass the sweep left out (a Warning `HandleClassSkipped` Event on the store,
-    /// naming the field); the sweep goes on with the other classes.
+    /// naming the field); the sweep goes on with the other classes. Not logged: the sweep's
+    /// report says it once, in its warnings.
     pub fn class_skipped(&self, class: &str, why: &LoadError) {
-        tracing::warn!(class, error = %why, "HandleClass left out of the sweep");
         self.events
             .lock()
             .expect("sink lock")

@@ -1431,6 +1431,48 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
         }
     })
     .await;
+    // While it runs, CRDs of another release again: it checks every 30 s, says so in
+    // /readyz and logs it, and is ready again once they are right.
+    let errors_before = replica
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(crd))
+        .count();
+    c.kubectl(
+        &[
+            "annotate",
+            "--overwrite",
+            &format!("crd/{crd}"),
+            "custody.dev/schema-sha256=fedcba9876543210",
+        ],
+        None,
+    )
+    .ok();
+    eventually_within(
+        Duration::from_secs(90),
+        "a running controller notices the CRD",
+        async || match replica.get("/readyz") {
+            Some((503, body)) if body.contains("fedcba987654") => Ok(()),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        },
+    )
+    .await;
+    let errors = replica
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(crd))
+        .count();
+    assert!(errors > errors_before, "{}", replica.log_tail());
+    reapply_crds();
+    eventually_within(
+        Duration::from_secs(90),
+        "ready again once the CRDs are applied",
+        async || match replica.get("/readyz") {
+            Some((200, body)) if body == "ready: standby" => Ok(()),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        },
+    )
+    .await;
     drop(replica);
 
     // An installed schema that refuses what the serving controller writes.

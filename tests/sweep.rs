@@ -293,6 +293,38 @@ fn human_table_has_every_column_and_a_summary() {
     );
 }
 
+/// A sweep without rows (parked threads, none holding the class's `statePath`) prints the
+/// table's header once: a batch without rows used to write it, and the store's end again.
+#[test]
+fn an_empty_sweep_prints_the_header_once() {
+    use support::fixtures::{basket_class, merged, object, write_resources};
+    let server = BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object(
+            "HandleClass",
+            "basket",
+            merged(basket_class(), json!({"statePath": "nowhere"})),
+        )],
+    );
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("THREAD")).count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains(" 0 handles: "), "{text}");
+    // A sweep's warning is said once, in the report, not in a log line as well.
+    let warning = "no parked thread holds statePath \"nowhere\" of HandleClass basket";
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains(warning), "{stderr}");
+}
+
 /// Both readers agree on the same graph runs: the PostgreSQL reader takes most of what it needs
 /// from projected columns (the document only for edited or oddly shaped checkpoints), the
 /// SQLite reader decodes every document. Same threads, same parked reason, same channels with

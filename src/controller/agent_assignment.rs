@@ -69,6 +69,15 @@ struct Validated<'a> {
     missing: Vec<String>,
     /// Required servers that are not ready, one line each for `Ready`.
     unavailable: Vec<String>,
+    /// Final names of every tool the catalogs of `listed_by` list, before any allowlist (a
+    /// name in `interruptOn` for a tool the allowlist leaves out is no typo).
+    offered: BTreeSet<String>,
+    /// The assigned servers whose catalogs `offered` holds, as `name (alias_*)`.
+    listed_by: Vec<String>,
+    /// Aliases of assigned servers whose tools cannot be checked: never discovered, or a
+    /// private catalog the spec chose no names of (a warning that a name is unknown would tell
+    /// which names it lists).
+    unchecked_aliases: Vec<String>,
 }
 
 /// How long after an assignment's creation a server it names may still be missing without a
@@ -254,6 +263,7 @@ pub(super) async fn reconcile(
     };
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
+    let interrupts = interrupt_on_known(a, validated.as_ref());
     let ready = ready(&valid, &policy, &config, validated.as_ref(), &cm_name);
     // 5. Events for what changed since the persisted status (API)
     report(
@@ -266,11 +276,12 @@ pub(super) async fn reconcile(
         &ctx,
     )
     .await;
+    report_interrupts(a, &current, &interrupts, &ctx).await;
     // 6. status, applied when changed (API)
     let status = AgentAssignmentStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, valid, policy, degraded, config],
+            vec![ready, valid, policy, degraded, interrupts, config],
             a.metadata.generation,
             &time(Utc::now()),
         ),
@@ -414,7 +425,8 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
 /// Events about what changed since the persisted status, so a requeue or a controller restart
 /// does not repeat them: the assignment turning not ready (or for another reason), tools
 /// withheld by the policy, optional servers left out or back, and a new configuration. (A
-/// refused ConfigMap has its own Event, [`config_refused`].)
+/// refused ConfigMap has its own Event, [`config_refused`]; unknown names in `interruptOn`,
+/// [`report_interrupts`].)
 async fn report(
     a: &AgentAssignment,
     current: &AgentAssignmentStatus,
@@ -478,6 +490,27 @@ async fn report(
                 "ConfigMap {}-mcp-config changed (digest {now}); agents read it at startup: roll their Deployment",
                 a.name_any()
             ),
+        )
+        .await;
+    }
+}
+
+/// A Warning Event when `InterruptOnKnown` turns `False` or names other tools than the persisted
+/// status did: once per change, not on every recheck.
+async fn report_interrupts(
+    a: &AgentAssignment,
+    current: &AgentAssignmentStatus,
+    interrupts: &Cond,
+    ctx: &Context,
+) {
+    let unchanged = conditions::find(&current.conditions, conditions::INTERRUPT_ON_KNOWN)
+        .is_some_and(|p| p.status == interrupts.status && p.message == interrupts.message);
+    if interrupts.status == conditions::FALSE && !unchanged {
+        ctx.event(
+            a,
+            EventType::Warning,
+            conditions::UNKNOWN_INTERRUPT_TOOLS,
+            interrupts.message.clone(),
         )
         .await;
     }
@@ -566,6 +599,9 @@ async fn validate_assignment<'a>(
     let mut private = false;
     let mut left_out = Vec::new();
     let mut unavailable = Vec::new();
+    let mut offered = BTreeSet::new();
+    let mut listed_by = Vec::new();
+    let mut unchecked_aliases = Vec::new();
     let mut missing = Vec::new();
     let mut finals: BTreeMap<String, (String, bool)> = BTreeMap::new();
     let new =
@@ -595,6 +631,15 @@ async fn validate_assignment<'a>(
                 "MCPServer {} has not been checked yet",
                 s.server_ref
             )));
+        }
+        match catalog {
+            Some(c)
+                if c.cache_scope != Some(CacheScope::Private) || !s.tool_allowlist.is_empty() =>
+            {
+                offered.extend(c.tools.iter().map(|t| format!("{}_{}", s.alias(), t.name)));
+                listed_by.push(format!("{} ({}_*)", s.server_ref, s.alias()));
+            }
+            _ => unchecked_aliases.push(s.alias().to_owned()),
         }
         let down = not_ready(&server);
         if let Some(why) = &down {
@@ -690,6 +735,9 @@ async fn validate_assignment<'a>(
         left_out,
         missing,
         unavailable,
+        offered,
+        listed_by,
+        unchecked_aliases,
     }))
 }
 
@@ -754,6 +802,52 @@ fn policy(a: &AgentAssignment, v: &Validated<'_>) -> (Cond, BTreeSet<String>) {
             message,
         ),
         missing,
+    )
+}
+
+/// `InterruptOnKnown`: whether every name in `interruptOn` is a final tool name the servers
+/// list. A name of a server whose tools cannot be checked (`unchecked_aliases`) is not called
+/// unknown. Advisory only: what is published is decided by [`policy`] alone (fail closed).
+fn interrupt_on_known(a: &AgentAssignment, v: Option<&Validated<'_>>) -> Cond {
+    let Some(v) = v else {
+        return Cond::unknown(
+            conditions::INTERRUPT_ON_KNOWN,
+            conditions::NOT_VALIDATED,
+            "the assignment is not valid yet",
+        );
+    };
+    let unknown: BTreeSet<&str> = a
+        .spec
+        .interrupt_on
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !v.offered.contains(*n))
+        .filter(|n| {
+            !v.unchecked_aliases.iter().any(|alias| {
+                n.strip_prefix(alias.as_str())
+                    .is_some_and(|r| r.starts_with('_'))
+            })
+        })
+        .collect();
+    let checked = if v.listed_by.is_empty() {
+        "none".to_owned()
+    } else {
+        v.listed_by.join(", ")
+    };
+    if unknown.is_empty() {
+        return Cond::yes(
+            conditions::INTERRUPT_ON_KNOWN,
+            conditions::INTERRUPT_TOOLS_LISTED,
+            format!("every tool in interruptOn is listed by a server (servers checked: {checked})"),
+        );
+    }
+    Cond::no(
+        conditions::INTERRUPT_ON_KNOWN,
+        conditions::UNKNOWN_INTERRUPT_TOOLS,
+        format!(
+            "spec.interruptOn names tools no assigned server lists: {} (servers checked: {checked}; a final name is alias_tool)",
+            unknown.into_iter().collect::<Vec<_>>().join(", ")
+        ),
     )
 }
 
@@ -886,7 +980,42 @@ mod tests {
             left_out: vec![],
             missing: vec![],
             unavailable: vec![],
+            offered: ["shop_create_basket", "shop_get_basket", "shop_add_item"]
+                .map(String::from)
+                .into(),
+            listed_by: vec!["basket (shop_*)".into()],
+            unchecked_aliases: vec![],
         }
+    }
+
+    /// A name in `interruptOn` no server lists is named with the servers checked; a tool the
+    /// allowlist leaves out is listed all the same, and a server that cannot be checked (never
+    /// discovered, a private catalog) makes no name of its alias unknown.
+    #[test]
+    fn interrupt_on_names_no_server_lists_are_named() {
+        let a = assignment(&["shop_create_basket", "shop_add_item"]);
+        let v = validated(&a, false);
+        let c = interrupt_on_known(&a, Some(&v));
+        assert_eq!((c.status, c.reason), ("True", "InterruptToolsListed"));
+
+        let a = assignment(&["shop_create_baskett", "shop_create_basket", "cart_add", "a"]);
+        let c = interrupt_on_known(&a, Some(&validated(&a, false)));
+        assert_eq!((c.status, c.reason), ("False", "UnknownInterruptTools"));
+        assert_eq!(
+            c.message,
+            "spec.interruptOn names tools no assigned server lists: a, cart_add, shop_create_baskett \
+             (servers checked: basket (shop_*); a final name is alias_tool)"
+        );
+        let mut v = validated(&a, false);
+        v.unchecked_aliases = vec!["cart".into()];
+        let c = interrupt_on_known(&a, Some(&v));
+        assert!(
+            c.message.contains("lists: a, shop_create_baskett (servers"),
+            "{}",
+            c.message
+        );
+        let c = interrupt_on_known(&a, None);
+        assert_eq!((c.status, c.reason), ("Unknown", "NotValidated"));
     }
 
     fn servers(data: &BTreeMap<String, String>) -> Value {

@@ -76,6 +76,10 @@ pub const POLICY_COMPLIANT: &str = "PolicyCompliant";
 /// Condition type of an AgentAssignment: `True` while optional servers that are not ready are
 /// left out of its configuration.
 pub const DEGRADED: &str = "Degraded";
+/// Condition type of an AgentAssignment: every name in `interruptOn` is a final tool name of a
+/// tool its servers list (a typo would otherwise be silent: the tool it meant is still withheld
+/// when it may write, or unguarded when it is read-only).
+pub const INTERRUPT_ON_KNOWN: &str = "InterruptOnKnown";
 /// Condition type of a HandleClass: the probe tool declares `readOnlyHint`.
 pub const PROBE_READ_ONLY: &str = "ProbeReadOnly";
 /// Condition type of an MCPServer: the catalog was listed.
@@ -147,6 +151,10 @@ pub const REQUIRED_SERVER_UNAVAILABLE: &str = "RequiredServerUnavailable";
 pub const OPTIONAL_SERVER_UNAVAILABLE: &str = "OptionalServerUnavailable";
 /// Reason (`Degraded`, Event): every assigned server is in the configuration.
 pub const ALL_SERVERS_AVAILABLE: &str = "AllServersAvailable";
+/// Reason (`InterruptOnKnown`): the assigned servers list every tool `interruptOn` names.
+pub const INTERRUPT_TOOLS_LISTED: &str = "InterruptToolsListed";
+/// Reason (`InterruptOnKnown`, Event): `interruptOn` names tools no assigned server lists.
+pub const UNKNOWN_INTERRUPT_TOOLS: &str = "UnknownInterruptTools";
 /// Reason (Event): tools that may write and are not in `interruptOn` were withheld.
 pub const WRITE_TOOLS_WITHHELD: &str = "WriteToolsWithheld";
 /// Reason (Event): the rendered configuration changed.

@@ -367,12 +367,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     loop {
         let problems = readiness::check_crds(&client).await;
         let fine = problems.is_empty();
-        if !fine && problems != reported {
-            for problem in &problems {
-                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
-            }
-            reported.clone_from(&problems);
-        }
+        log_crd_problems(&mut reported, &problems);
         ctx.readiness.set_crd_problems(problems);
         if fine {
             break;
@@ -385,9 +380,18 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             }
         }
     }
-    if !reported.is_empty() {
-        tracing::info!("the installed CRDs are the ones this controller serves now");
-    }
+    // ... and checked again while it runs: CRDs replaced by another release's (a rollback, a
+    // stray `kubectl apply`) make it not ready and are logged, as at startup. The task ends with
+    // the process.
+    let (recheck_client, readiness) = (client.clone(), ctx.readiness.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(readiness::CRD_RECHECK_RUNNING).await;
+            let problems = readiness::check_crds(&recheck_client).await;
+            log_crd_problems(&mut reported, &problems);
+            readiness.set_crd_problems(problems);
+        }
+    });
 
     let (mut leader, mut lease_task) = lease_manager(&client, &opts, &identity).await?;
     // How long to wait before asking the Lease again when the lease manager says this replica
@@ -462,6 +466,24 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         }
         ctx.metrics.leader.set(0);
     }
+}
+
+/// Logs the problems of a CRD check when they differ from those logged last (`reported`), each
+/// at ERROR, and once at INFO when they are gone; a check that finds what the last one found
+/// logs nothing, so a recheck every few seconds does not repeat itself.
+fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
+    match readiness::crd_change(reported, problems) {
+        readiness::CrdChange::Same => {}
+        readiness::CrdChange::Problems => {
+            for problem in problems {
+                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
+            }
+        }
+        readiness::CrdChange::Fixed => {
+            tracing::info!("the installed CRDs are the ones this controller serves now");
+        }
+    }
+    problems.clone_into(reported);
 }
 
 /// Resolves, with why, once this replica cannot show that it leads: the Lease names another
