@@ -906,6 +906,7 @@ fn helm_install_grants_least_privilege() {
         (&controller, "get", "mcpservers.custody.dev", None),
         (&controller, "watch", "checkpointstores.custody.dev", None),
         (&controller, "get", "checkpointstores.custody.dev", None),
+        (&controller, "get", "agentassignments.custody.dev", None),
         (&controller, "patch", "mcpservers.custody.dev/status", None),
         (
             &controller,

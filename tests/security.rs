@@ -703,6 +703,13 @@ const JUSTIFIED: &[(&str, &str, &str, &str)] = &[
     (
         "get",
         "custody.dev",
+        "agentassignments",
+        "read only when an assignment's conditions change, to decide its Events against the \
+         current status instead of a cache that may predate the previous status write",
+    ),
+    (
+        "get",
+        "custody.dev",
         "checkpointstores",
         "read only when a store's Warning Event is due (unreachable, a missed run, a failed \
          sweep), to decide it against the current status; whether the test's store warns is timing",
