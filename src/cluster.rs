@@ -8,8 +8,14 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use crate::checkpoint::Shard;
-use crate::crd::{CheckpointStore, HandleClass, MCPServer, SecretKeyRef, ShardSweep, SweepSummary};
+use std::collections::BTreeMap;
+
+use crate::crd::{
+    CheckpointStore, HandleClass, MCPServer, SecretKeyRef, ShardSweep, SweepDeviation, SweepSummary,
+};
 use crate::mcp::ServerConfig;
+use crate::mcp::conformance::Kind;
+use crate::mcp::sessions::ServerContact;
 use crate::plan::Target;
 use crate::plan::{LeftOutClass, LoadError, Resources};
 
@@ -134,6 +140,9 @@ pub struct StoreTarget {
     /// Classes of the namespace that cannot be used, by name, with why (the field and the
     /// problem): the sweep goes on without them and reports them.
     pub left_out: Vec<LeftOutClass>,
+    /// Each MCPServer's `status.sweepConformance` entries of this store, by server name, as
+    /// read at the start: what [`write_conformance`] merges this sweep's evidence into.
+    pub conformance: BTreeMap<String, Vec<SweepDeviation>>,
 }
 
 /// Builds the sweep target of one CheckpointStore from the API: the store, every HandleClass and
@@ -167,6 +176,19 @@ pub async fn store_target(
             .flat_map(|s| s.spec.headers_from.iter().map(|h| &h.secret_key_ref)),
     );
     let secrets = secrets(client, ns, refs).await?;
+    let conformance = servers
+        .iter()
+        .map(|s| {
+            let entries = s
+                .status
+                .iter()
+                .flat_map(|st| &st.sweep_conformance)
+                .filter(|d| d.store == name)
+                .cloned()
+                .collect();
+            (s.name_any(), entries)
+        })
+        .collect();
     let resources = Resources {
         servers,
         classes,
@@ -175,7 +197,155 @@ pub async fn store_target(
         ..Resources::default()
     };
     let (target, left_out) = resources.targets_without_bad_classes()?.remove(0);
-    Ok(StoreTarget { target, left_out })
+    Ok(StoreTarget {
+        target,
+        left_out,
+        conformance,
+    })
+}
+
+/// Field manager of one store's entries in an MCPServer's `status.sweepConformance`: one per
+/// store, so server-side apply keeps every store's entries and the controller's status (an
+/// apply drops the entries its manager wrote before and leaves out now, which is how an entry
+/// is cleared). At most 128 characters, as [`lifetime_field_manager`].
+pub fn conformance_field_manager(store: &str) -> String {
+    let name = format!("custody-conformance-{store}");
+    if name.len() <= 128 {
+        return name;
+    }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(store.as_bytes());
+    format!("custody-conformance-{}", hex::encode(&digest[..16]))
+}
+
+/// Most `status.sweepConformance` entries one store keeps per server (as
+/// [`crate::mcp::conformance::MAX_KEPT`] per connection); the most recently seen are kept.
+pub const MAX_SWEEP_DEVIATIONS: usize = 16;
+
+/// Longest message of an entry, in characters (the CRD's `maxLength`): a schema path can be
+/// long, and an entry is for a person's screen.
+pub const MAX_DEVIATION_MESSAGE: usize = 300;
+
+/// A store's entries for one server after a sweep, from its entries before (`previous`, this
+/// store's only) and how contacting the server went this sweep (`contact`, `None` when the
+/// sweep did not call it).
+///
+/// The rule: a tool whose results were off its `outputSchema` this sweep gets an entry (the
+/// count adds this sweep's results to the entry's, `lastSeen` is `now`, the message is this
+/// sweep's first one, cut to [`MAX_DEVIATION_MESSAGE`]); an earlier entry is removed when the sweep got a
+/// conforming result of its tool and none off schema ([`ServerContact::conforming_tools`]);
+/// every other entry stays as it was: a sweep that did not call the tool, or could not reach
+/// the server, has no evidence either way. Only `output_schema` warnings are recorded: the
+/// controller's discovery sees a server's notification answers itself.
+///
+/// [`ServerContact::conforming_tools`]: crate::mcp::sessions::ServerContact::conforming_tools
+pub fn merge_deviations(
+    store: &str,
+    previous: &[SweepDeviation],
+    contact: Option<&ServerContact>,
+    now: &str,
+) -> Vec<SweepDeviation> {
+    let Some(contact) = contact.filter(|c| c.error.is_none()) else {
+        return previous.to_vec();
+    };
+    let kind = Kind::OutputSchema.label();
+    let mut next: Vec<SweepDeviation> = contact
+        .conformance
+        .iter()
+        .filter(|w| w.kind == Kind::OutputSchema)
+        .map(|w| {
+            let before = previous
+                .iter()
+                .find(|d| d.kind == kind && d.tool == w.subject);
+            SweepDeviation {
+                store: store.to_owned(),
+                kind: kind.to_owned(),
+                tool: w.subject.clone(),
+                message: bounded(&w.message, MAX_DEVIATION_MESSAGE),
+                count: before.map_or(0, |d| d.count) + w.count,
+                last_seen: now.to_owned(),
+            }
+        })
+        .collect();
+    for d in previous {
+        let seen = next.iter().any(|n| n.kind == d.kind && n.tool == d.tool);
+        let cleared = d.kind == kind && contact.conforming_tools.contains(&d.tool);
+        if !seen && !cleared {
+            next.push(d.clone());
+        }
+    }
+    // RFC 3339 in UTC with whole seconds: text order is time order.
+    next.sort_by(|a, b| b.last_seen.cmp(&a.last_seen).then(a.tool.cmp(&b.tool)));
+    next.truncate(MAX_SWEEP_DEVIATIONS);
+    next.sort_by(|a, b| (&a.kind, &a.tool).cmp(&(&b.kind, &b.tool)));
+    next
+}
+
+/// `text`, cut to `max` characters with `…` when longer.
+fn bounded(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut out: String = text.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
+/// Writes each server's entries of this store in `status.sweepConformance` where this sweep
+/// changed them ([`merge_deviations`]; server-side apply under [`conformance_field_manager`]).
+/// A server deleted since the sweep began is skipped.
+///
+/// # Errors
+/// An API call failed.
+pub async fn write_conformance(
+    client: &Client,
+    ns: &str,
+    store: &str,
+    previous: &BTreeMap<String, Vec<SweepDeviation>>,
+    contacts: &[ServerContact],
+    now: &str,
+) -> Result<(), ClusterError> {
+    let api: Api<MCPServer> = Api::namespaced(client.clone(), ns);
+    let manager = conformance_field_manager(store);
+    for contact in contacts {
+        let before = previous
+            .get(&contact.server)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let next = merge_deviations(store, before, Some(contact), now);
+        if next == before {
+            continue;
+        }
+        // An apply without the field releases this manager's entries; one with an empty list
+        // would make it own the list itself.
+        let status = if next.is_empty() {
+            json!({})
+        } else {
+            json!({"sweepConformance": next})
+        };
+        let patch = json!({
+            "apiVersion": "custody.dev/v1alpha1",
+            "kind": "MCPServer",
+            "status": status,
+        });
+        match api
+            .patch_status(
+                &contact.server,
+                &PatchParams::apply(&manager).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            r => {
+                r.map_err(api_err(format!(
+                    "patch MCPServer {ns}/{} status",
+                    contact.server
+                )))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes a sweep's summary to the CheckpointStore's `status.lastSweep` (server-side apply under
@@ -370,7 +540,7 @@ struct Collected {
     /// (warning, reason, note), at most [`MAX_SWEEP_EVENTS`].
     kept: Vec<(bool, &'static str, String)>,
     /// Events left out, by reason.
-    left_out: std::collections::BTreeMap<&'static str, u64>,
+    left_out: BTreeMap<&'static str, u64>,
 }
 
 impl Collected {
@@ -433,9 +603,9 @@ pub const MAX_SWEEP_EVENTS: usize = 50;
 
 impl CollectingSink {
     /// Notes a HandleClass the sweep left out (a Warning `HandleClassSkipped` Event on the store,
-    /// naming the field); the sweep goes on with the other classes.
+    /// naming the field); the sweep goes on with the other classes. Not logged: the sweep's
+    /// report says it once, in its warnings.
     pub fn class_skipped(&self, class: &str, why: &LoadError) {
-        tracing::warn!(class, error = %why, "HandleClass left out of the sweep");
         self.events
             .lock()
             .expect("sink lock")
@@ -573,6 +743,113 @@ mod tests {
         let collected = sink.events.lock().unwrap();
         assert_eq!(collected.kept.len(), MAX_SWEEP_EVENTS);
         assert_eq!(collected.left_out.get("HandleEscalated"), Some(&7));
+    }
+
+    fn deviation(tool: &str, count: u64, last_seen: &str) -> SweepDeviation {
+        SweepDeviation {
+            store: "orders".into(),
+            kind: "output_schema".into(),
+            tool: tool.into(),
+            message: format!("tools/call {tool}: off"),
+            count,
+            last_seen: last_seen.into(),
+        }
+    }
+
+    fn contact(off: &[(&str, u64)], conforming: &[&str]) -> ServerContact {
+        use crate::mcp::conformance::Warning;
+        let mut conformance: Vec<Warning> = off
+            .iter()
+            .map(|(tool, count)| Warning {
+                kind: Kind::OutputSchema,
+                subject: (*tool).into(),
+                count: *count,
+                message: format!("tools/call {tool}: off again"),
+            })
+            .collect();
+        conformance.push(Warning {
+            kind: Kind::NotificationStatus,
+            subject: "notifications/initialized".into(),
+            count: 1,
+            message: "200 OK".into(),
+        });
+        ServerContact {
+            server: "basket".into(),
+            protocol_version: Some("2025-11-25".into()),
+            connect_ms: Some(1),
+            error: None,
+            conformance,
+            conforming_tools: conforming.iter().map(|t| (*t).to_owned()).collect(),
+        }
+    }
+
+    /// The merge and clear rule of `status.sweepConformance`: a result off schema adds to the
+    /// count and moves `lastSeen`; a conforming result alone clears; no call, or no contact,
+    /// keeps; a notification warning is the controller's, never written; bounded.
+    #[test]
+    fn sweep_deviations_count_clear_only_on_a_conforming_result_and_stay_bounded() {
+        let t0 = "2026-12-02T01:00:00Z";
+        let t1 = "2026-12-02T02:00:00Z";
+        let before = vec![deviation("get_basket", 2, t0), deviation("peek", 1, t0)];
+
+        let next = merge_deviations(
+            "orders",
+            &before,
+            Some(&contact(&[("get_basket", 3)], &[])),
+            t1,
+        );
+        assert_eq!(next.len(), 2, "{next:?}");
+        assert_eq!((next[0].count, next[0].last_seen.as_str()), (5, t1));
+        assert_eq!(next[0].message, "tools/call get_basket: off again");
+        assert_eq!(next[1], before[1], "peek was not called: kept");
+
+        // A conforming result clears, unless the same sweep also got one off schema.
+        let next = merge_deviations(
+            "orders",
+            &before,
+            Some(&contact(&[("get_basket", 1)], &["get_basket", "peek"])),
+            t1,
+        );
+        assert_eq!(
+            next.iter().map(|d| d.tool.as_str()).collect::<Vec<_>>(),
+            ["get_basket"]
+        );
+        assert!(
+            merge_deviations(
+                "orders",
+                &before,
+                Some(&contact(&[], &["get_basket", "peek"])),
+                t1
+            )
+            .is_empty()
+        );
+
+        // No contact, or one that failed: no evidence either way.
+        assert_eq!(merge_deviations("orders", &before, None, t1), before);
+        let mut failed = contact(&[("get_basket", 1)], &["peek"]);
+        failed.error = Some("connection refused".into());
+        assert_eq!(
+            merge_deviations("orders", &before, Some(&failed), t1),
+            before
+        );
+
+        // New entries: message cut to its bound; at most MAX_SWEEP_DEVIATIONS, the newest kept.
+        let mut long = contact(&[("get_basket", 1)], &[]);
+        long.conformance[0].message = "x".repeat(1000);
+        let next = merge_deviations("orders", &[], Some(&long), t1);
+        assert_eq!(next[0].message.chars().count(), MAX_DEVIATION_MESSAGE);
+        assert!(next[0].message.ends_with('…'));
+        let many: Vec<SweepDeviation> = (0..MAX_SWEEP_DEVIATIONS)
+            .map(|i| deviation(&format!("old{i:02}"), 1, t0))
+            .collect();
+        let next = merge_deviations("orders", &many, Some(&contact(&[("new", 1)], &[])), t1);
+        assert_eq!(next.len(), MAX_SWEEP_DEVIATIONS);
+        assert!(next.iter().any(|d| d.tool == "new"), "{next:?}");
+        assert!(!next.iter().any(|d| d.tool == "old15"), "{next:?}");
+        assert!(
+            next.iter()
+                .all(|d| d.store == "orders" && d.kind == "output_schema")
+        );
     }
 
     fn shard(index: u32, count: u32, run: &str, ok: u64, finished: &str) -> ShardSweep {

@@ -31,14 +31,15 @@ enum Command {
 #[derive(clap::Args)]
 struct DiscoverArgs {
     /// Resource YAML file, or directory of them (local mode): MCPServers and the Secrets they
-    /// reference.
+    /// reference. Repeat it to read several, as one set of resources.
     #[arg(
         short = 'f',
         long = "filename",
         value_name = "PATH",
-        env = "CUSTODY_RESOURCES"
+        env = "CUSTODY_RESOURCES",
+        required = true
     )]
-    dir: PathBuf,
+    paths: Vec<PathBuf>,
     /// Servers discovered at once (at least 1: none at once would discover nothing).
     #[arg(long, default_value_t = 8, value_parser = at_least_one)]
     concurrency: usize,
@@ -58,7 +59,8 @@ struct DiscoverArgs {
 #[derive(clap::Args)]
 struct SweepArgs {
     /// Resource YAML file, or directory of them (local mode): MCPServers, HandleClasses,
-    /// CheckpointStores and the Secrets they reference.
+    /// CheckpointStores and the Secrets they reference. Repeat it to read several, as one set
+    /// of resources (a resource defined in two of them is an error naming both files).
     #[arg(
         short = 'f',
         long = "filename",
@@ -67,12 +69,14 @@ struct SweepArgs {
         required_unless_present = "store",
         conflicts_with = "store"
     )]
-    dir: Option<PathBuf>,
+    paths: Vec<PathBuf>,
     /// Sweep one CheckpointStore of the cluster (`namespace/name`), reading its resources from
     /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     store: Option<String>,
-    /// Print verdicts and the planned actions; change nothing.
+    /// Print verdicts and the planned actions; write nothing to checkpoints, custody's tables or
+    /// the cluster. Probes still call each class's read-only probe tool (never one that declares
+    /// `destructiveHint`).
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
     /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;
@@ -180,11 +184,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The `-f` paths for a message: `a, b`.
+fn shown(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
-    let resources = Resources::load(&args.dir)?;
+    let resources = Resources::load_all(&args.paths)?;
     let mut servers = resources.server_configs()?;
     if servers.is_empty() {
-        anyhow::bail!("no MCPServer in {}", args.dir.display());
+        anyhow::bail!("no MCPServer in {}", shown(&args.paths));
     }
     for (cfg, _) in &mut servers {
         cfg.max_response_bytes = args.max_response_bytes;
@@ -226,26 +239,25 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         None => None,
     };
     let events = custody::cluster::CollectingSink::default();
-    // HandleClasses of the store's namespace that cannot be used: left out, reported in the
-    // sweep's warnings, `status.lastSweep.skippedClasses` and an Event each.
-    let mut left_out = Vec::new();
-    let targets = match (&cluster, &args.dir) {
-        (Some((client, ns, name)), _) => {
+    let mut conformance = std::collections::BTreeMap::new();
+    let targets = match &cluster {
+        Some((client, ns, name)) => {
             let t = custody::cluster::store_target(client, ns, name).await?;
+            // HandleClasses of the store's namespace that cannot be used: left out, an Event
+            // each (the sweep names them in its warnings and `status.lastSweep.skippedClasses`).
             for (class, why) in &t.left_out {
                 events.class_skipped(class, why);
-                left_out.push((class.clone(), why.to_string()));
             }
+            conformance = t.conformance;
             vec![t.target]
         }
-        (None, Some(dir)) => {
-            let targets = Resources::load(dir)?.targets()?;
+        None => {
+            let targets = Resources::load_all(&args.paths)?.targets()?;
             if targets.is_empty() {
-                anyhow::bail!("no CheckpointStore in {}", dir.display());
+                anyhow::bail!("no CheckpointStore in {}", shown(&args.paths));
             }
             targets
         }
-        (None, None) => unreachable!("clap requires --filename or --store"),
     };
     let now = args.now.unwrap_or_else(chrono::Utc::now);
     let mut finished = Vec::new();
@@ -275,20 +287,12 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         let applies = options.apply;
         out.begin_store(&target.store);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
-            Ok(mut f) => {
+            Ok(f) => {
                 if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
                     events.gone_not_acted_on(&f.summary, "spec.mode is observe");
                 } else if cluster.is_some() && !applies {
                     events.gone_not_acted_on(&f.summary, "a dry run");
                 }
-                let mut warnings: Vec<String> = left_out
-                    .iter()
-                    .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
-                    .collect();
-                warnings.append(&mut f.warnings);
-                f.warnings = warnings;
-                f.summary.skipped_classes = left_out.iter().map(|(c, _)| c.clone()).collect();
-                f.summary.skipped_classes.sort_unstable();
                 out.end_store(Ok(&f));
                 finished.push(f);
             }
@@ -319,6 +323,9 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         // store's Events of a sweep that happened.
         events.publish(client, ns, name).await;
         custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
+        let seen = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        custody::cluster::write_conformance(client, ns, name, &conformance, &r.servers, &seen)
+            .await?;
     }
     out.finish(&failures)?;
     // Printed once, on stderr (the table leaves it out; JSON lists it under `errors` for

@@ -263,6 +263,11 @@ impl<W: Write + Send> SweepWriter<W> {
 
 impl<W: Write + Send> RowSink for SweepWriter<W> {
     fn rows(&mut self, rows: Vec<Row>) {
+        // A batch without rows writes nothing: the table's header waits for the first row, or
+        // for the store's end (which writes it when no row came).
+        if rows.is_empty() {
+            return;
+        }
         let Some(mut store) = self.current.take() else {
             return;
         };
@@ -957,6 +962,31 @@ mod tests {
             !text.contains("cannot connect"),
             "the caller prints a store's error, once: {text}"
         );
+
+        // Batches without rows: the header once, at the store's end.
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
+        w.begin_store("ns/a");
+        w.rows(vec![]);
+        w.rows(vec![]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&[]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "store ns/a", "{text}");
+        assert!(lines[1].starts_with("THREAD"), "{text}");
+        assert_eq!(lines[2], "warning: a warning", "{text}");
+        // ... and before the first row when a batch without rows came first.
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
+        w.begin_store("ns/a");
+        w.rows(vec![]);
+        w.rows(vec![row("t1")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&[]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert_eq!(text.matches("THREAD").count(), 1, "{text}");
+        assert!(text.lines().nth(2).unwrap().starts_with("t1 "), "{text}");
 
         let mut buf = Vec::new();
         super::SweepWriter::new(&mut buf, super::Format::Json)

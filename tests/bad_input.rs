@@ -1596,3 +1596,37 @@ fn an_observing_sweep_writes_nothing_next_to_a_wal_database() {
         ["checkpoints.sqlite", "checkpoints.sqlite-wal"]
     );
 }
+
+/// A PostgreSQL database whose LangGraph migrations are missing or old is refused with the
+/// migration it holds in words, never Rust's `None`/`Some(1)`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_checkpoint_schema_is_named_in_words() {
+    let dsn = support::fresh_pg_database("oldschema").await;
+    let mut conn = sqlx::PgConnection::connect(&dsn).await.unwrap();
+    sqlx::query("CREATE TABLE checkpoint_migrations (v INTEGER PRIMARY KEY)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    let args = ["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()];
+    for (setup, want) in [
+        (
+            "",
+            "checkpoint_migrations records no LangGraph migration, older than",
+        ),
+        (
+            "INSERT INTO checkpoint_migrations VALUES (0), (1)",
+            "the latest LangGraph checkpoint migration recorded is 1, older than",
+        ),
+    ] {
+        if !setup.is_empty() {
+            sqlx::query(setup).execute(&mut conn).await.unwrap();
+        }
+        let out = support::custody(&args);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{err}");
+        assert!(err.contains(want), "{err}");
+        assert!(!err.contains("None") && !err.contains("Some("), "{err}");
+    }
+}

@@ -230,6 +230,56 @@ fn filename_takes_a_single_file() {
     );
 }
 
+/// `-f` given several times reads them all as one set of resources, as `kubectl apply -f a -f
+/// b` does (a directory and a file here); a resource defined in two of them is an error naming
+/// both files, as within one directory.
+#[test]
+fn filename_may_be_given_several_times() {
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    let other = tempfile::tempdir().unwrap();
+    let store = other.path().join("store.yaml");
+    std::fs::rename(dir.path().join("store.yaml"), &store).unwrap();
+    let (dir_arg, store_arg) = (dir.path().to_str().unwrap(), store.to_str().unwrap());
+    let out = support::custody(&[
+        "sweep",
+        "--dry-run",
+        "-f",
+        dir_arg,
+        "-f",
+        store_arg,
+        "-o",
+        "json",
+    ]);
+    let report = support::sweep_report(&out);
+    assert_eq!(report["stores"][0]["store"], "default/orders", "{report}");
+    assert_eq!(
+        report["stores"][0]["summary"]["parkedThreads"], 6,
+        "{report}"
+    );
+
+    let copy = other.path().join("server-copy.yaml");
+    std::fs::copy(dir.path().join("server.yaml"), &copy).unwrap();
+    let out = support::custody(&[
+        "sweep",
+        "--dry-run",
+        "-f",
+        dir_arg,
+        "-f",
+        copy.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(&format!(
+            "{}: document 1 (MCPServer default/basket): defined twice: also in {} document 1",
+            copy.display(),
+            dir.path().join("server.yaml").display()
+        )),
+        "{err}"
+    );
+}
+
 /// `sweep --store` and `controller` without a reachable cluster say where custody looked, once.
 #[test]
 fn no_cluster_names_kubeconfig_once() {
@@ -273,6 +323,26 @@ fn a_controller_concurrency_of_zero_is_refused() {
         err.contains("invalid value '0' for '--concurrency <CONCURRENCY>'"),
         "{err}"
     );
+}
+
+/// Out of cluster (no `POD_NAMESPACE`), the Lease is looked for in the install's namespace, so
+/// a controller started from a laptop waits for the installed replicas' Lease instead of
+/// creating one of its own in `default` and leading beside them (README, "The controller").
+#[test]
+fn the_lease_namespace_defaults_to_the_install_namespace() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["controller", "--help"])
+        .env_remove("POD_NAMESPACE")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let lease = help
+        .split("--lease-namespace")
+        .nth(1)
+        .and_then(|rest| rest.split("\n      --").next())
+        .unwrap_or_default();
+    assert!(lease.contains("[default: custody-system]"), "{lease}");
 }
 
 /// A `--metrics-addr` already taken stops the controller at once with the address, instead of a
@@ -418,6 +488,28 @@ fn header_values_are_checked_at_load_without_printing_them() {
         assert!(
             !err.contains(value.lines().next().unwrap()) && !stdout.contains("Bearer"),
             "{err}{stdout}"
+        );
+    }
+    // One final newline in a Secret (`kubectl create secret --from-file` of an `echo`-written
+    // file) is dropped, as a DSN's is: the server is tried, and only its port fails.
+    for ending in ["\n", "\r\n"] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
+                            "secretKeyRef": {"name": "token", "key": "authorization"}}]});
+        let docs = [
+            support::fixtures::object("MCPServer", "basket", server),
+            support::fixtures::secret(
+                "token",
+                json!({"authorization": format!("Bearer t{ending}")}),
+            ),
+        ];
+        support::fixtures::write_resources(dir.path(), "server.yaml", &docs);
+        let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(
+            err.trim(),
+            "error: discovery failed for basket",
+            "{ending:?}: {err}"
         );
     }
 }

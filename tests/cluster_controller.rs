@@ -1364,6 +1364,79 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
     );
 }
 
+/// When the only HandleClass of the namespace is left out, the sweep says so and why, not that
+/// no class applies (which pointed at `spec.handleClassSelector`, a selector that was fine).
+#[tokio::test]
+async fn a_sweep_whose_only_class_is_left_out_says_so() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "e2e-onlybad").await;
+    let (_server, _manifest) = sweep_fixture(infra, &client, &ns, "e2e_onlybad").await;
+    let typo = merged(
+        basket_class(),
+        json!({"probe": {"arguments": {"basket_id": "{{handel}}"}}}),
+    );
+    apply(&client, &ns, &object("HandleClass", "basket", typo)).await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
+    )
+    .await;
+    let cron = eventually("the CronJob orders-sweep", async || {
+        Api::<CronJob>::namespaced(client.clone(), &ns)
+            .get_opt("orders-sweep")
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let warnings: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("warning: "))
+        .collect();
+    assert!(
+        warnings.first().is_some_and(|w| w.starts_with(&format!(
+            "warning: HandleClass basket left out: HandleClass {}/basket: spec.probe.arguments.basket_id: ",
+            &*ns
+        ))),
+        "{stdout}"
+    );
+    assert!(
+        warnings.contains(
+            &"warning: no HandleClass left to sweep: every one this store selects was left out \
+              (basket; why above), so no handle was probed"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("handleClassSelector"), "{stdout}");
+    // Said once, in the report: no log line repeats it on stderr.
+    assert_eq!(
+        stdout.matches("HandleClass basket left out").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(!stderr.contains("left out"), "{stderr}");
+}
+
 /// Objects the CRD accepts but custody's validation rejects: the condition names the field.
 #[tokio::test]
 async fn invalid_objects_name_the_field_in_conditions() {
@@ -1836,6 +1909,33 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
             && valid["message"].as_str().unwrap().contains("main-token"),
         "{valid}"
     );
+
+    // The optional server's MCPServer is deleted: an agent configured with it could not start,
+    // so it leaves the configuration, and the assignment says which reference is dangling.
+    Api::<custody::crd::MCPServer>::namespaced(client.clone(), &ns)
+        .delete("extra", &DeleteParams::default())
+        .await
+        .unwrap();
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("Valid", "False"), ("Ready", "False")],
+    )
+    .await;
+    let valid = condition(&aa, "Valid").unwrap();
+    assert_eq!(valid["reason"], "UnknownServer", "{valid}");
+    assert_eq!(
+        valid["message"],
+        format!(
+            "spec.servers[1].serverRef: no MCPServer extra in namespace {}; left out of the configuration",
+            &*ns
+        )
+    );
+    let (servers, agents, _) = rendered(&client, &ns, "agent").await;
+    assert!(servers.get("extra").is_none(), "{servers}");
+    assert_eq!(agents, json!({"create-agent": ["main"]}));
 }
 
 /// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not
@@ -1929,6 +2029,115 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
             .len(),
         5
     );
+}
+
+/// A name in `interruptOn` that no assigned server lists (a typo) is not silent:
+/// `InterruptOnKnown=False` names it and the servers checked, with one Warning Event; what is
+/// published is unchanged (the write tool the typo meant is still withheld). Fixing the typo
+/// makes the condition `True`.
+#[tokio::test]
+async fn interrupt_on_names_no_server_lists_are_reported() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "interrupt-typo").await;
+    let server = BasketServer::start(&[]);
+    let spec = |interrupt_on: &[&str]| {
+        json!({"agent": "create-agent", "servers": [{"serverRef": "basket"}],
+               "interruptOn": interrupt_on})
+    };
+    apply_assignment(
+        &client,
+        &ns,
+        &server,
+        spec(&[
+            "basket_create_baskett",
+            "basket_add_item",
+            "basket_delete_basket",
+        ]),
+    )
+    .await;
+    let aa = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("InterruptOnKnown", "False"), ("PolicyCompliant", "False")],
+    )
+    .await;
+    let known = condition(&aa, "InterruptOnKnown").unwrap();
+    assert_eq!(known["reason"], "UnknownInterruptTools", "{known}");
+    assert_eq!(
+        known["message"],
+        "spec.interruptOn names tools no assigned server lists: basket_create_baskett \
+         (servers checked: basket (basket_*); a final name is alias_tool)"
+    );
+    let policy = condition(&aa, "PolicyCompliant").unwrap();
+    assert!(
+        policy["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("withheld from the configuration: basket_create_basket"),
+        "fail closed as before: {policy}"
+    );
+    wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "UnknownInterruptTools",
+        "Warning",
+    )
+    .await;
+    // Another reconcile (a label change) publishes no second Event.
+    c_label(&ns, "AgentAssignment", "agent");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let warned = events(&client, &ns, "AgentAssignment", "agent")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnknownInterruptTools"))
+        .count();
+    assert_eq!(warned, 1);
+
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "agent",
+            spec(&[
+                "basket_create_basket",
+                "basket_add_item",
+                "basket_delete_basket",
+            ]),
+        ),
+    )
+    .await;
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        &[("InterruptOnKnown", "True"), ("Ready", "True")],
+    )
+    .await;
+}
+
+/// Labels `kind/name` in `ns` with kubectl, which makes the controller reconcile it again.
+fn c_label(ns: &str, kind: &str, name: &str) {
+    cluster::cluster()
+        .kubectl(
+            &[
+                "label",
+                "--overwrite",
+                "-n",
+                ns,
+                &format!("{}/{name}", kind.to_lowercase()),
+                "custody.dev/poke=1",
+            ],
+            None,
+        )
+        .ok();
 }
 
 /// The sweep CronJob bounds its runs (`startingDeadlineSeconds`, the Job's
@@ -2323,6 +2532,143 @@ async fn an_unchanged_store_does_not_rewrite_its_cron_job() {
         container(c).get("env").is_none()
     })
     .await;
+}
+
+/// A store's first reconciles publish its `ConnectFailed` Event once: the reconcile the
+/// CronJob's creation queues runs before the watch brings the first status write, and used to
+/// decide its Events against the store as it was before that write. Several stores, since the
+/// race is lost only sometimes.
+#[tokio::test]
+async fn a_first_reconcile_publishes_its_warning_once() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "warn-once").await;
+    let names: Vec<String> = (0..6).map(|i| format!("down-{i}")).collect();
+    for name in &names {
+        // Port 1 on loopback: refused at once.
+        apply(
+            &client,
+            &ns,
+            &object(
+                "CheckpointStore",
+                name,
+                json!({"backend": "postgres", "dsn": "postgres://custody@127.0.0.1:1/checkpoints"}),
+            ),
+        )
+        .await;
+    }
+    for name in &names {
+        let obj = wait_conditions(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            &[("Reachable", "False")],
+        )
+        .await;
+        assert_eq!(
+            condition(&obj, "Reachable").unwrap()["reason"],
+            "ConnectFailed"
+        );
+        wait_event(
+            &client,
+            &ns,
+            "CheckpointStore",
+            name,
+            "ConnectFailed",
+            "Warning",
+        )
+        .await;
+    }
+    // The reconciles the first one's writes queue have run.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for name in &names {
+        let notes: Vec<_> = events(&client, &ns, "CheckpointStore", name)
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ConnectFailed"))
+            .map(|e| e.note)
+            .collect();
+        assert_eq!(notes.len(), 1, "{name}: {notes:?}");
+    }
+}
+
+/// A schedule the API server takes but that never fires (the 30th of February) is
+/// `Scheduled=False ScheduleNeverFires` naming `spec.schedule`, `Ready=False` for it, with a
+/// Warning Event; a schedule that fires is `Scheduled=True` again.
+#[tokio::test]
+async fn a_schedule_that_never_fires_is_not_scheduled() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "never-fires").await;
+    let dsn = support::fresh_pg_database("e2e_never_fires").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |schedule: &str| {
+        object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": schedule}),
+        )
+    };
+    apply(&client, &ns, &store("0 0 30 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "ScheduleNeverFires", "{scheduled}");
+    assert_eq!(
+        scheduled["message"],
+        "spec.schedule: \"0 0 30 2 *\" has no run in the next 5 years (in UTC), so CronJob orders-sweep never starts a sweep; is the day of the month one that exists?"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "ScheduleNeverFires"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ScheduleNeverFires",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event
+            .note
+            .as_deref()
+            .is_some_and(|n| n.starts_with("spec.schedule: ")),
+        "{event:?}"
+    );
+    apply(&client, &ns, &store("0 0 29 2 *")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Scheduled", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "Scheduled").unwrap()["reason"],
+        "CronJobApplied"
+    );
 }
 
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`

@@ -1324,6 +1324,26 @@ async fn watches_refused_by_rbac_make_the_controller_not_ready() {
         body.contains(&format!("system:serviceaccount:{}:{sa}", &*ns)),
         "{body}"
     );
+    // Its ServiceAccount is deleted (as `helm uninstall` does under a running replica): every
+    // request is refused, the Lease can be neither renewed nor read, and within a lease
+    // duration the replica stops saying it leads, so an alert on custody_leader sees it.
+    c.kubectl(
+        &["delete", "serviceaccount", sa, "-n", &ns, "--wait=false"],
+        None,
+    )
+    .ok();
+    eventually_within(
+        Duration::from_secs(60),
+        "custody_leader drops to 0 once the Lease cannot be shown held",
+        async || {
+            let m = replica.get("/metrics").map(|(_, m)| m).unwrap_or_default();
+            match metric(&m, "custody_leader") {
+                Some(0.0) => Ok(()),
+                other => Err(format!("{other:?}\n{}", replica.log_tail())),
+            }
+        },
+    )
+    .await;
     drop(replica);
     c.kubectl(
         &[
@@ -1392,7 +1412,7 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
     );
     assert!(
         body.contains(&format!(
-            "apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml",
+            "apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml",
             env!("CARGO_PKG_VERSION")
         )),
         "{body}"
@@ -1410,6 +1430,48 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
             other => Err(format!("{other:?}\n{}", replica.log_tail())),
         }
     })
+    .await;
+    // While it runs, CRDs of another release again: it checks every 30 s, says so in
+    // /readyz and logs it, and is ready again once they are right.
+    let errors_before = replica
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(crd))
+        .count();
+    c.kubectl(
+        &[
+            "annotate",
+            "--overwrite",
+            &format!("crd/{crd}"),
+            "custody.dev/schema-sha256=fedcba9876543210",
+        ],
+        None,
+    )
+    .ok();
+    eventually_within(
+        Duration::from_secs(90),
+        "a running controller notices the CRD",
+        async || match replica.get("/readyz") {
+            Some((503, body)) if body.contains("fedcba987654") => Ok(()),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        },
+    )
+    .await;
+    let errors = replica
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(crd))
+        .count();
+    assert!(errors > errors_before, "{}", replica.log_tail());
+    reapply_crds();
+    eventually_within(
+        Duration::from_secs(90),
+        "ready again once the CRDs are applied",
+        async || match replica.get("/readyz") {
+            Some((200, body)) if body == "ready: standby" => Ok(()),
+            other => Err(format!("{other:?}\n{}", replica.log_tail())),
+        },
+    )
     .await;
     drop(replica);
 
@@ -1438,7 +1500,7 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
     );
     assert!(note.contains("observedGeneration"), "{note}");
     assert!(
-        note.contains("kubectl apply --server-side -f crds/crds.yaml"),
+        note.contains("kubectl apply --server-side --force-conflicts -f crds/crds.yaml"),
         "{note}"
     );
     assert!(failures(&infra.metrics().await, "HandleClass", "StatusRefused") >= 1.0);
@@ -1542,6 +1604,34 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
             "AgentAssignment",
             "ConfigMapRefused"
         ) >= 1.0
+    );
+
+    // A write tool the policy withholds is withheld from a rendering that was never written:
+    // the condition says the ConfigMap in the cluster may still publish it.
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "writer",
+            basket_assignment("writer", &["get_basket", "delete_basket"]),
+        ),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "writer",
+        &[("PolicyCompliant", "False"), ("ConfigRendered", "False")],
+    )
+    .await;
+    let policy = condition(&obj, "PolicyCompliant").unwrap();
+    assert!(
+        policy["message"].as_str().unwrap().ends_with(
+            "; but ConfigMap writer-mcp-config could not be written (see ConfigRendered), so the one in the cluster may still publish them"
+        ),
+        "{policy}"
     );
 
     drop(restore);

@@ -5,6 +5,11 @@
 //! lifetime metrics from it, and leaves the sweep's field alone. The sweeps run on a clock the
 //! test controls (the hidden `--now`), shared with a real basket server whose baskets live
 //! exactly 1800 s; real LangGraph threads in PostgreSQL.
+//!
+//! The same for a sweep's conformance evidence (issue 17, item 13): a real basket server whose
+//! `get_basket` result is off its `outputSchema`, found only by the sweep, reaches the
+//! MCPServer's `status.sweepConformance`, the `Conformant` condition, a Warning Event and the
+//! conformance metric, and a later sweep's conforming result clears it.
 
 #[path = "support/apiserver.rs"]
 mod apiserver;
@@ -18,7 +23,9 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
-use apiserver::{TestNs, apply, client, condition, eventually, get, wait_conditions, wait_event};
+use apiserver::{
+    TestNs, apply, client, condition, events, eventually, get, wait_conditions, wait_event,
+};
 use cluster::{metric, token_kubeconfig};
 use serde_json::json;
 use suite::{ISOLATION, Suite};
@@ -324,4 +331,236 @@ async fn sweeps_report_lifetimes_and_the_controller_judges_the_declared_ttl() {
         "{managers:?}"
     );
     drop(server);
+}
+
+/// Issue 17, item 13: a result off its tool's `outputSchema`, which the controller's discovery
+/// cannot see (it calls no tools), reaches `kubectl describe mcpserver` through the sweep:
+/// `status.sweepConformance` (written as the sweep ServiceAccount under its own field manager),
+/// `Conformant=False ResultOffSchema`, one `ResultOffSchema` Warning Event and
+/// `custody_server_conformance_warnings{kind="output_schema"}`. Neither status writer erases the
+/// other's fields; a later sweep that gets a conforming result clears the entry.
+#[tokio::test]
+async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_a_conforming_one() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "conformance").await;
+    let off = BasketServer::start(&[("BASKET_OFF_SCHEMA", "1")]);
+    let plain = BasketServer::start(&[]);
+    let dsn = support::fresh_pg_database("cluster_conformance").await;
+    // One live basket on each server, in threads of the same store.
+    for (server, prefix) in [(&off, "off-"), (&plain, "plain-")] {
+        support::write_some_fixtures(
+            &server.url(),
+            support::Db::Postgres(&dsn),
+            Some("t-live"),
+            prefix,
+        );
+    }
+    let class = object("HandleClass", "basket", observing_basket_class());
+    let sa = infra
+        .sweep_namespace(&client, &ns, &off.url(), &dsn, &class)
+        .await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            store_from("orders-checkpoints"),
+        ),
+    )
+    .await;
+    wait_conditions(&client, &ns, "HandleClass", "basket", &[("Ready", "True")]).await;
+    // Discovery alone sees nothing wrong.
+    wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[("Ready", "True"), ("Conformant", "True")],
+    )
+    .await;
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, &sa);
+    let sweep = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(["sweep", "--store", &format!("{}/orders", &*ns)])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let series = format!(
+        "custody_server_conformance_warnings{{namespace=\"{}\",name=\"basket\",kind=\"output_schema\"}}",
+        &*ns
+    );
+    let gauge = async |want: f64| {
+        eventually(&format!("{series} = {want}"), async || {
+            match metric(&infra.metrics().await, &series) {
+                Some(v) if v == want => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    };
+    gauge(0.0).await;
+
+    sweep();
+    let server = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[("Ready", "True"), ("Conformant", "False")],
+    )
+    .await;
+    let entries = server["status"]["sweepConformance"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = &entries[0];
+    assert_eq!(
+        (
+            &entry["store"],
+            &entry["kind"],
+            &entry["tool"],
+            &entry["count"]
+        ),
+        (
+            &json!("orders"),
+            &json!("output_schema"),
+            &json!("get_basket"),
+            &json!(1)
+        ),
+        "{entry}"
+    );
+    let message = entry["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "tools/call get_basket: structuredContent does not match the declared outputSchema: \
+             at /item_count: fails `type`"
+        ),
+        "{message}"
+    );
+    assert!(chrono::DateTime::parse_from_rfc3339(entry["lastSeen"].as_str().unwrap()).is_ok());
+    let cond = condition(&server, "Conformant").unwrap();
+    assert_eq!(cond["reason"], "ResultOffSchema", "{cond}");
+    let said = format!("seen by sweeps of store orders: {message}");
+    assert!(cond["message"].as_str().unwrap().contains(&said), "{cond}");
+    assert_eq!(
+        server["status"]["conformanceWarnings"],
+        json!([{"kind": "output_schema", "message": said}])
+    );
+    let managers = server["metadata"]["managedFields"].as_array().unwrap();
+    assert!(
+        managers
+            .iter()
+            .any(|m| m["manager"] == "custody-conformance-orders" && m["subresource"] == "status"),
+        "{managers:?}"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        "ResultOffSchema",
+        "Warning",
+    )
+    .await;
+    assert!(
+        event.note.as_deref().is_some_and(|n| n.contains(&said)),
+        "{event:?}"
+    );
+    gauge(1.0).await;
+
+    // A controller status write (a new generation) keeps the sweep's entry ...
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "basket",
+            json!({"url": off.url(), "timeoutSeconds": 7}),
+        ),
+    )
+    .await;
+    let server = eventually("the controller's status of generation 2", async || {
+        let o = get(&client, &ns, "MCPServer", "basket").await.unwrap();
+        match o["status"]["observedGeneration"].as_i64() {
+            Some(2) => Ok(o),
+            other => Err(format!("{other:?}: {}", o["status"])),
+        }
+    })
+    .await;
+    assert_eq!(server["status"]["sweepConformance"][0], *entry);
+    // ... and a sweep's write keeps the controller's: the count grows, nothing else moves.
+    sweep();
+    let after = eventually("the second sweep's count", async || {
+        let o = get(&client, &ns, "MCPServer", "basket").await.unwrap();
+        match o["status"]["sweepConformance"][0]["count"].as_u64() {
+            Some(2) => Ok(o),
+            other => Err(format!("{other:?}: {}", o["status"])),
+        }
+    })
+    .await;
+    for field in [
+        "conditions",
+        "observedGeneration",
+        "conformanceWarnings",
+        "catalogDigest",
+    ] {
+        assert_eq!(after["status"][field], server["status"][field], "{field}");
+    }
+
+    // The server fixed: its conforming result clears the entry (the off server's basket is
+    // unknown there, which is no evidence).
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "basket",
+            json!({"url": plain.url(), "timeoutSeconds": 7}),
+        ),
+    )
+    .await;
+    eventually("the controller's status of generation 3", async || {
+        let o = get(&client, &ns, "MCPServer", "basket").await.unwrap();
+        match o["status"]["observedGeneration"].as_i64() {
+            Some(3) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    sweep();
+    let server = wait_conditions(
+        &client,
+        &ns,
+        "MCPServer",
+        "basket",
+        &[("Ready", "True"), ("Conformant", "True")],
+    )
+    .await;
+    assert!(
+        server["status"].get("sweepConformance").is_none(),
+        "{}",
+        server["status"]
+    );
+    assert!(
+        server["status"].get("conformanceWarnings").is_none(),
+        "{}",
+        server["status"]
+    );
+    gauge(0.0).await;
+    // Said once: the second sweep's count and the controller's rewrites repeated no Event.
+    let n = events(&client, &ns, "MCPServer", "basket")
+        .await
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("ResultOffSchema"))
+        .count();
+    assert_eq!(n, 1);
+    drop((off, plain));
 }

@@ -905,6 +905,7 @@ fn helm_install_grants_least_privilege() {
         (&controller, "list", "handleclasses.custody.dev", None),
         (&controller, "get", "mcpservers.custody.dev", None),
         (&controller, "watch", "checkpointstores.custody.dev", None),
+        (&controller, "get", "checkpointstores.custody.dev", None),
         (&controller, "patch", "mcpservers.custody.dev/status", None),
         (
             &controller,
@@ -952,6 +953,7 @@ fn helm_install_grants_least_privilege() {
             Some(ns),
         ),
         (&sweep, "list", "mcpservers.custody.dev", Some(ns)),
+        (&sweep, "patch", "mcpservers.custody.dev/status", Some(ns)),
         (&sweep, "list", "handleclasses.custody.dev", Some(ns)),
         (&sweep, "get", "secrets", Some(ns)),
         (&sweep, "create", "events.events.k8s.io", Some(ns)),
@@ -998,7 +1000,6 @@ fn helm_install_grants_least_privilege() {
         (&sweep, "get", "secrets", Some(other)),
         (&sweep, "list", "checkpointstores.custody.dev", Some(ns)),
         (&sweep, "update", "checkpointstores.custody.dev", Some(ns)),
-        (&sweep, "patch", "mcpservers.custody.dev/status", Some(ns)),
         (&sweep, "create", "cronjobs.batch", Some(ns)),
         (&sweep, "get", "checkpointstores.custody.dev", Some(other)),
     ];
@@ -1048,4 +1049,49 @@ fn templated_crds_refuse_unmanaged_crds() {
         "{err}"
     );
     assert!(err.contains("--skip-crds"), "{err}");
+}
+
+/// README, "Uninstall": the kubectl path keeps the CRDs (and so every custody resource) because
+/// its label selector matches every object of deploy/base except the CRDs and the namespace.
+#[test]
+fn kubectl_uninstall_keeps_the_crds() {
+    let c = cluster();
+    c.ensure_crds();
+    c.ensure_namespace("custody-system");
+    let selector = "app.kubernetes.io/instance=custody";
+    for doc in yaml_docs(&c.kubectl(&["kustomize", "deploy/base"], None).ok()) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let instance = &doc["metadata"]["labels"]["app.kubernetes.io/instance"];
+        if kind == "CustomResourceDefinition" || kind == "Namespace" {
+            assert!(instance.is_null(), "{kind} must not match {selector}");
+        } else {
+            assert_eq!(
+                instance, "custody",
+                "{kind} {} escapes {selector}",
+                doc["metadata"]["name"]
+            );
+        }
+    }
+    let delete = |extra: &[&str]| {
+        let mut args = vec![
+            "delete",
+            "--dry-run=server",
+            "--ignore-not-found",
+            "-o",
+            "name",
+            "-k",
+            "deploy/base",
+        ];
+        args.extend_from_slice(extra);
+        c.kubectl(&args, None).ok()
+    };
+    let crd = "customresourcedefinition.apiextensions.k8s.io/mcpservers.custody.dev";
+    let everything = delete(&[]);
+    assert!(
+        everything.contains(crd),
+        "without the selector the CRDs go:\n{everything}"
+    );
+    let kept = delete(&["-l", selector]);
+    assert!(!kept.contains("customresourcedefinition"), "{kept}");
+    assert!(!kept.contains("namespace/custody-system"), "{kept}");
 }

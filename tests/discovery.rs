@@ -365,7 +365,7 @@ fn discover_cli_says_the_credentials_were_refused() {
 async fn misbehaving_servers_fail_cleanly() {
     let timeout = Duration::from_secs(4);
     // (case, Ok(()) for a correct catalog or Err(category), a fragment of the error text)
-    let cases: [(&str, Result<(), &str>, &str); 21] = [
+    let cases: [(&str, Result<(), &str>, &str); 24] = [
         ("ok", Ok(()), ""),
         ("notifications_first", Ok(()), ""),
         ("forget_session", Ok(()), ""),
@@ -379,6 +379,11 @@ async fn misbehaving_servers_fail_cleanly() {
         ("cursor_loop", Ok(()), ""),
         ("jsonrpc_error", Err("rpc_error"), "internal error"),
         ("http_500", Err("transport"), "500"),
+        // A failing server before any session, and credentials refused without a challenge:
+        // their own causes, not a connect failure or a protocol error (issue 15, item 8).
+        ("init_500", Err("transport"), "500"),
+        ("unauthorized", Err("auth"), "401"),
+        ("forbidden", Err("auth"), "403"),
         // Issue 17, item 14: a stream the server closes mid-reply (and again on each resume) is
         // its own cause, not a timeout.
         (
@@ -644,7 +649,7 @@ async fn a_notification_answered_without_202_is_a_conformance_warning() {
 /// Issue 17, item 13: a `tools/call` result whose structuredContent does not match the tool's
 /// declared outputSchema (the Python SDK's own check is pydantic's lax mode, which lets a string
 /// of digits through for an integer) is used and recorded, naming the tool and the path, never
-/// the value; a conforming result records nothing.
+/// the value; a conforming result records nothing but that the tool conformed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_result_off_its_output_schema_is_a_conformance_warning() {
     for (off, mode) in [
@@ -671,13 +676,21 @@ async fn a_result_off_its_output_schema_is_a_conformance_warning() {
             basket.as_str()
         );
         let w = conn.conformance();
+        let conforming = conn.conforming_tools();
         conn.close().await;
         if off == "0" {
             assert_eq!(w, [], "{mode:?}");
+            assert_eq!(
+                conforming,
+                ["get_basket"],
+                "{mode:?}: the evidence that clears"
+            );
             continue;
         }
+        assert_eq!(conforming, Vec::<String>::new(), "{mode:?}");
         assert_eq!(w.len(), 1, "{mode:?}: {w:?}");
         assert_eq!(w[0].kind.label(), "output_schema");
+        assert_eq!((w[0].subject.as_str(), w[0].count), ("get_basket", 1));
         assert!(
             w[0].message.starts_with(
                 "tools/call get_basket: structuredContent does not match the declared \

@@ -1,13 +1,14 @@
 //! The shipped local-mode PostgreSQL example (deploy/examples/local-postgres) sweeps real
 //! LangGraph PostgresSaver checkpoints, with only its server URL and DSN pointed at this test's
 //! basket server and database. Its dry run predicts what `--apply` does on a `mode: act` copy,
-//! and that copy acts.
+//! and that copy acts. The cluster example's HandleClass (deploy/examples/basket) acts too.
 
 mod support;
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
+use support::fixtures::{merged, object, store_spec};
 use support::{BasketServer, Db};
 
 #[tokio::test]
@@ -92,5 +93,59 @@ async fn local_postgres_example_sweeps_postgres_checkpoints() {
     );
     for (thread, action) in &acted {
         assert_eq!(action, "\"escalate\" \"escalated\"", "{thread}: {applied}");
+    }
+}
+
+/// The cluster example's HandleClass (deploy/examples/basket/handleclass.yaml, copied as it
+/// ships) on an acting store: `--apply` escalates every gone or absent handle, none is left
+/// with "no verdictPath" (the example once had none, and `mode: act` skipped every row).
+#[test]
+fn cluster_example_handle_class_acts() {
+    let server = BasketServer::start(&[]);
+    let (dir, _manifest) = support::sqlite_basket_dir(&server.url());
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/examples/basket/handleclass.yaml");
+    std::fs::copy(&example, dir.path().join("class.yaml")).unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::fixtures::write_resources(
+        dir.path(),
+        "store.yaml",
+        &[object(
+            "CheckpointStore",
+            "orders",
+            merged(
+                store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                serde_json::json!({"mode": "act"}),
+            ),
+        )],
+    );
+    let out = support::custody(&[
+        "sweep",
+        "--apply",
+        "-f",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    let report = support::sweep_report(&out);
+    assert!(!report.to_string().contains("no verdictPath"), "{report}");
+    let acted: Vec<(String, String)> = report["stores"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["verdict"] == "gone" || r["verdict"] == "absent")
+        .map(|r| {
+            (
+                r["thread_id"].as_str().unwrap().to_owned(),
+                r["action"]["outcome"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    assert!(!acted.is_empty(), "{report}");
+    for (thread, outcome) in &acted {
+        assert_eq!(outcome, "escalated", "{thread}: {report}");
     }
 }

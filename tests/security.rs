@@ -701,11 +701,26 @@ const JUSTIFIED: &[(&str, &str, &str, &str)] = &[
         "the same, for the sweep CronJobs",
     ),
     (
+        "get",
+        "custody.dev",
+        "checkpointstores",
+        "read only when a store's Warning Event is due (unreachable, a missed run, a failed \
+         sweep), to decide it against the current status; whether the test's store warns is timing",
+    ),
+    (
         "patch",
         "events.k8s.io",
         "events",
         "kube-runtime's Recorder patches an Event's series when the same Event repeats within \
          its cache window; whether a run repeats one is timing",
+    ),
+    (
+        "patch",
+        "custody.dev",
+        "mcpservers/status",
+        "the sweep writes a server's status only when it got a result off its tool's \
+         outputSchema, or clears one; the servers here conform (tests/cluster_lifetimes.rs \
+         sees it used)",
     ),
     (
         "list",

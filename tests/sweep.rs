@@ -176,6 +176,26 @@ fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
         }
     }
 
+    // A probe tool that declares itself destructive is never called, not even by a plan-only
+    // sweep: were delete_basket called, the live basket would be gone in the sweep below.
+    let destructive = merged(basket_class(), json!({"probe": {"tool": "delete_basket"}}));
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", destructive)],
+    );
+    let got = support::verdicts(&support::sweep_json(dir.path()));
+    for probed in ["t-live", "t-expired", "t-updated"] {
+        assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
+        assert!(
+            got[probed].1.contains(
+                "tool delete_basket declares destructiveHint; custody never calls a destructive tool as a probe"
+            ),
+            "{:?}",
+            got[probed]
+        );
+    }
+
     // The same class with the tool spelt right and still no goneWhen: the live basket is ok.
     write_resources(
         dir.path(),
@@ -271,6 +291,38 @@ fn human_table_has_every_column_and_a_summary() {
         text.contains("6 parked threads, 6 handles: 3 ok, 2 gone, 1 absent, 0 unknown; 4 probes"),
         "{text}"
     );
+}
+
+/// A sweep without rows (parked threads, none holding the class's `statePath`) prints the
+/// table's header once: a batch without rows used to write it, and the store's end again.
+#[test]
+fn an_empty_sweep_prints_the_header_once() {
+    use support::fixtures::{basket_class, merged, object, write_resources};
+    let server = BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object(
+            "HandleClass",
+            "basket",
+            merged(basket_class(), json!({"statePath": "nowhere"})),
+        )],
+    );
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("THREAD")).count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains(" 0 handles: "), "{text}");
+    // A sweep's warning is said once, in the report, not in a log line as well.
+    let warning = "no parked thread holds statePath \"nowhere\" of HandleClass basket";
+    assert_eq!(text.matches(warning).count(), 1, "{text}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains(warning), "{stderr}");
 }
 
 /// Both readers agree on the same graph runs: the PostgreSQL reader takes most of what it needs

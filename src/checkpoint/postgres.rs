@@ -341,15 +341,20 @@ impl Reader {
                     );
                 }
                 let plan = detect_plan(&pool).await.map_err(StoreError::Query)?;
-                tracing::info!(
+                // Debug: the controller connects on every store reconcile.
+                tracing::debug!(
                     dsn = %shown,
                     plan = ?plan,
-                    "PostgreSQL scan plan (Indexed with the optional partial indexes custody_interrupts and custody_updates)"
+                    "PostgreSQL scan plan (Indexed: the optional partial indexes custody_interrupts and custody_updates are there; Full: the plain scan)"
                 );
                 Ok(Self { pool, plan })
             }
             Ok(v) => Err(StoreError::Schema(format!(
-                "{shown}: LangGraph checkpoint migration {v:?} is older than {REQUIRED_MIGRATION}; run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x"
+                "{shown}: {}, older than {REQUIRED_MIGRATION}; run PostgresSaver.setup() with langgraph-checkpoint-postgres 3.x",
+                match v {
+                    Some(v) => format!("the latest LangGraph checkpoint migration recorded is {v}"),
+                    None => "checkpoint_migrations records no LangGraph migration".to_owned(),
+                }
             ))),
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
                 Err(StoreError::Schema(format!(

@@ -64,9 +64,25 @@ struct Validated<'a> {
     private: bool,
     /// Optional servers left out because they are not ready, one line each for `Degraded`.
     left_out: Vec<String>,
+    /// Servers the spec names that do not exist, one line each for `Valid=False`: left out of
+    /// the configuration, since an agent configured with them cannot start at all.
+    missing: Vec<String>,
     /// Required servers that are not ready, one line each for `Ready`.
     unavailable: Vec<String>,
+    /// Final names of every tool the catalogs of `listed_by` list, before any allowlist (a
+    /// name in `interruptOn` for a tool the allowlist leaves out is no typo).
+    offered: BTreeSet<String>,
+    /// The assigned servers whose catalogs `offered` holds, as `name (alias_*)`.
+    listed_by: Vec<String>,
+    /// Aliases of assigned servers whose tools cannot be checked: never discovered, or a
+    /// private catalog the spec chose no names of (a warning that a name is unknown would tell
+    /// which names it lists).
+    unchecked_aliases: Vec<String>,
 }
+
+/// How long after an assignment's creation a server it names may still be missing without a
+/// Warning: `kubectl apply -k` of an agent's resources creates them in no particular order.
+const NEW_ASSIGNMENT_GRACE_SECONDS: i64 = 30;
 
 /// The tool names the ConfigMap may carry for one server: the tools that survived the policy
 /// (`kept`), unless the catalog is private and the spec chose no names.
@@ -129,6 +145,18 @@ pub(super) async fn reconcile(
             None,
             WAITING,
         ),
+        Check::Valid(v) if !v.missing.is_empty() => {
+            ctx.count_unusable("AgentAssignment", conditions::UNKNOWN_SERVER);
+            (
+                Cond::no(
+                    conditions::VALID,
+                    conditions::UNKNOWN_SERVER,
+                    format!("{}; left out of the configuration", v.missing.join("; ")),
+                ),
+                Some(v),
+                RECHECK,
+            )
+        }
         Check::Valid(v) => (
             Cond::yes(
                 conditions::VALID,
@@ -220,8 +248,22 @@ pub(super) async fn reconcile(
     } else {
         requeue
     };
+    // What was withheld is withheld from the rendering; when the ConfigMap could not be
+    // written, the one in the cluster is an older rendering and may still publish it.
+    let policy = if policy.status == conditions::FALSE && config.status == conditions::FALSE {
+        Cond {
+            message: format!(
+                "{}; but ConfigMap {cm_name} could not be written (see ConfigRendered), so the one in the cluster may still publish them",
+                policy.message
+            ),
+            ..policy
+        }
+    } else {
+        policy
+    };
     // 4. status (pure)
     let degraded = degraded(validated.as_ref());
+    let interrupts = interrupt_on_known(a, validated.as_ref());
     let ready = ready(&valid, &policy, &config, validated.as_ref(), &cm_name);
     // 5. Events for what changed since the persisted status (API)
     report(
@@ -234,11 +276,12 @@ pub(super) async fn reconcile(
         &ctx,
     )
     .await;
+    report_interrupts(a, &current, &interrupts, &ctx).await;
     // 6. status, applied when changed (API)
     let status = AgentAssignmentStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, valid, policy, degraded, config],
+            vec![ready, valid, policy, degraded, interrupts, config],
             a.metadata.generation,
             &time(Utc::now()),
         ),
@@ -382,7 +425,8 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
 /// Events about what changed since the persisted status, so a requeue or a controller restart
 /// does not repeat them: the assignment turning not ready (or for another reason), tools
 /// withheld by the policy, optional servers left out or back, and a new configuration. (A
-/// refused ConfigMap has its own Event, [`config_refused`].)
+/// refused ConfigMap has its own Event, [`config_refused`]; unknown names in `interruptOn`,
+/// [`report_interrupts`].)
 async fn report(
     a: &AgentAssignment,
     current: &AgentAssignmentStatus,
@@ -446,6 +490,27 @@ async fn report(
                 "ConfigMap {}-mcp-config changed (digest {now}); agents read it at startup: roll their Deployment",
                 a.name_any()
             ),
+        )
+        .await;
+    }
+}
+
+/// A Warning Event when `InterruptOnKnown` turns `False` or names other tools than the persisted
+/// status did: once per change, not on every recheck.
+async fn report_interrupts(
+    a: &AgentAssignment,
+    current: &AgentAssignmentStatus,
+    interrupts: &Cond,
+    ctx: &Context,
+) {
+    let unchanged = conditions::find(&current.conditions, conditions::INTERRUPT_ON_KNOWN)
+        .is_some_and(|p| p.status == interrupts.status && p.message == interrupts.message);
+    if interrupts.status == conditions::FALSE && !unchanged {
+        ctx.event(
+            a,
+            EventType::Warning,
+            conditions::UNKNOWN_INTERRUPT_TOOLS,
+            interrupts.message.clone(),
         )
         .await;
     }
@@ -534,16 +599,26 @@ async fn validate_assignment<'a>(
     let mut private = false;
     let mut left_out = Vec::new();
     let mut unavailable = Vec::new();
+    let mut offered = BTreeSet::new();
+    let mut listed_by = Vec::new();
+    let mut unchecked_aliases = Vec::new();
+    let mut missing = Vec::new();
     let mut finals: BTreeMap<String, (String, bool)> = BTreeMap::new();
+    let new =
+        a.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            Utc::now().timestamp() - t.0.as_second() < NEW_ASSIGNMENT_GRACE_SECONDS
+        });
     for (i, s) in a.spec.servers.iter().enumerate() {
         let Some(server) = servers_api.get_opt(&s.server_ref).await? else {
-            return Ok(Check::Invalid(
-                conditions::UNKNOWN_SERVER,
-                format!(
-                    "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
-                    s.server_ref
-                ),
-            ));
+            let line = format!(
+                "spec.servers[{i}].serverRef: no MCPServer {} in namespace {ns}",
+                s.server_ref
+            );
+            if new {
+                return Ok(Check::Waiting(format!("{line} yet")));
+            }
+            missing.push(line);
+            continue;
         };
         let catalog = observed
             .get(&format!("{ns}/{}", s.server_ref))
@@ -556,6 +631,15 @@ async fn validate_assignment<'a>(
                 "MCPServer {} has not been checked yet",
                 s.server_ref
             )));
+        }
+        match catalog {
+            Some(c)
+                if c.cache_scope != Some(CacheScope::Private) || !s.tool_allowlist.is_empty() =>
+            {
+                offered.extend(c.tools.iter().map(|t| format!("{}_{}", s.alias(), t.name)));
+                listed_by.push(format!("{} ({}_*)", s.server_ref, s.alias()));
+            }
+            _ => unchecked_aliases.push(s.alias().to_owned()),
         }
         let down = not_ready(&server);
         if let Some(why) = &down {
@@ -638,13 +722,22 @@ async fn validate_assignment<'a>(
             names_private: catalog_private && s.tool_allowlist.is_empty(),
         });
     }
+    if servers.is_empty()
+        && let Some(first) = missing.first()
+    {
+        return Ok(Check::Invalid(conditions::UNKNOWN_SERVER, first.clone()));
+    }
     let final_tools = finals.into_iter().map(|(name, (_, w))| (name, w)).collect();
     Ok(Check::Valid(Validated {
         servers,
         final_tools,
         private,
         left_out,
+        missing,
         unavailable,
+        offered,
+        listed_by,
+        unchecked_aliases,
     }))
 }
 
@@ -709,6 +802,52 @@ fn policy(a: &AgentAssignment, v: &Validated<'_>) -> (Cond, BTreeSet<String>) {
             message,
         ),
         missing,
+    )
+}
+
+/// `InterruptOnKnown`: whether every name in `interruptOn` is a final tool name the servers
+/// list. A name of a server whose tools cannot be checked (`unchecked_aliases`) is not called
+/// unknown. Advisory only: what is published is decided by [`policy`] alone (fail closed).
+fn interrupt_on_known(a: &AgentAssignment, v: Option<&Validated<'_>>) -> Cond {
+    let Some(v) = v else {
+        return Cond::unknown(
+            conditions::INTERRUPT_ON_KNOWN,
+            conditions::NOT_VALIDATED,
+            "the assignment is not valid yet",
+        );
+    };
+    let unknown: BTreeSet<&str> = a
+        .spec
+        .interrupt_on
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !v.offered.contains(*n))
+        .filter(|n| {
+            !v.unchecked_aliases.iter().any(|alias| {
+                n.strip_prefix(alias.as_str())
+                    .is_some_and(|r| r.starts_with('_'))
+            })
+        })
+        .collect();
+    let checked = if v.listed_by.is_empty() {
+        "none".to_owned()
+    } else {
+        v.listed_by.join(", ")
+    };
+    if unknown.is_empty() {
+        return Cond::yes(
+            conditions::INTERRUPT_ON_KNOWN,
+            conditions::INTERRUPT_TOOLS_LISTED,
+            format!("every tool in interruptOn is listed by a server (servers checked: {checked})"),
+        );
+    }
+    Cond::no(
+        conditions::INTERRUPT_ON_KNOWN,
+        conditions::UNKNOWN_INTERRUPT_TOOLS,
+        format!(
+            "spec.interruptOn names tools no assigned server lists: {} (servers checked: {checked}; a final name is alias_tool)",
+            unknown.into_iter().collect::<Vec<_>>().join(", ")
+        ),
     )
 }
 
@@ -839,8 +978,44 @@ mod tests {
             ],
             private,
             left_out: vec![],
+            missing: vec![],
             unavailable: vec![],
+            offered: ["shop_create_basket", "shop_get_basket", "shop_add_item"]
+                .map(String::from)
+                .into(),
+            listed_by: vec!["basket (shop_*)".into()],
+            unchecked_aliases: vec![],
         }
+    }
+
+    /// A name in `interruptOn` no server lists is named with the servers checked; a tool the
+    /// allowlist leaves out is listed all the same, and a server that cannot be checked (never
+    /// discovered, a private catalog) makes no name of its alias unknown.
+    #[test]
+    fn interrupt_on_names_no_server_lists_are_named() {
+        let a = assignment(&["shop_create_basket", "shop_add_item"]);
+        let v = validated(&a, false);
+        let c = interrupt_on_known(&a, Some(&v));
+        assert_eq!((c.status, c.reason), ("True", "InterruptToolsListed"));
+
+        let a = assignment(&["shop_create_baskett", "shop_create_basket", "cart_add", "a"]);
+        let c = interrupt_on_known(&a, Some(&validated(&a, false)));
+        assert_eq!((c.status, c.reason), ("False", "UnknownInterruptTools"));
+        assert_eq!(
+            c.message,
+            "spec.interruptOn names tools no assigned server lists: a, cart_add, shop_create_baskett \
+             (servers checked: basket (shop_*); a final name is alias_tool)"
+        );
+        let mut v = validated(&a, false);
+        v.unchecked_aliases = vec!["cart".into()];
+        let c = interrupt_on_known(&a, Some(&v));
+        assert!(
+            c.message.contains("lists: a, shop_create_baskett (servers"),
+            "{}",
+            c.message
+        );
+        let c = interrupt_on_known(&a, None);
+        assert_eq!((c.status, c.reason), ("Unknown", "NotValidated"));
     }
 
     fn servers(data: &BTreeMap<String, String>) -> Value {

@@ -51,10 +51,10 @@ pub(super) async fn reconcile(
         })
         .inc();
     let ns = store.namespace().unwrap_or_default();
-    let current = store.status.clone().unwrap_or_default();
+    let mut current = store.status.clone().unwrap_or_default();
 
-    // 1. reachability and schema (API for the Secret, then DB); Events and counts (API). A
-    //    SQLite store cannot be swept in a cluster: a sweep Job has no volume with the file.
+    // 1. reachability and schema (API for the Secret, then DB), counted. A SQLite store cannot
+    //    be swept in a cluster: a sweep Job has no volume with the file.
     let in_cluster = supported_in_cluster(store);
     let (reachable, schema) = match &in_cluster {
         Ok(()) => check(store, &ctx).await?,
@@ -73,19 +73,6 @@ pub(super) async fn reconcile(
     };
     if reachable.status == conditions::FALSE {
         ctx.count_unusable("CheckpointStore", reachable.reason);
-        let was = current
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::REACHABLE);
-        if was.is_none_or(|c| c.status != conditions::FALSE || c.reason != reachable.reason) {
-            ctx.event(
-                store,
-                EventType::Warning,
-                reachable.reason,
-                reachable.message.clone(),
-            )
-            .await;
-        }
     }
     // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
     // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
@@ -99,6 +86,16 @@ pub(super) async fn reconcile(
             message,
         ),
         Ok(applied) => match applied.await {
+            Ok(_) if schedule::never_fires(&store.spec.schedule, Utc::now()) => Cond::no(
+                conditions::SCHEDULED,
+                conditions::SCHEDULE_NEVER_FIRES,
+                format!(
+                    "spec.schedule: {:?} has no run in the next {} years (in UTC), so CronJob {}-sweep never starts a sweep; is the day of the month one that exists?",
+                    store.spec.schedule,
+                    schedule::FIRES_WITHIN_YEARS,
+                    store.name_any()
+                ),
+            ),
             Ok(cron) => {
                 let runs = runs(store, &cron, Utc::now());
                 if let Some(soon) = runs.recheck {
@@ -139,42 +136,19 @@ pub(super) async fn reconcile(
             Err(e) => return Err(e),
         },
     };
-    if scheduled.reason == conditions::MISSED_SCHEDULE {
-        ctx.count_unusable("CheckpointStore", conditions::MISSED_SCHEDULE);
-        let was = current
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::SCHEDULED);
-        if was.is_none_or(|c| c.message != scheduled.message) {
-            ctx.event(
-                store,
-                EventType::Warning,
-                conditions::MISSED_SCHEDULE,
-                scheduled.message.clone(),
-            )
-            .await;
-        }
+    if [
+        conditions::MISSED_SCHEDULE,
+        conditions::SCHEDULE_NEVER_FIRES,
+    ]
+    .contains(&scheduled.reason)
+    {
+        ctx.count_unusable("CheckpointStore", scheduled.reason);
     }
-    // 3. how the latest finished sweep Job ended (API read, pure), an Event when it failed
+    // 3. how the latest finished sweep Job ended (API read, pure)
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
         .await?;
     let last_run = last_sweep(&jobs.items);
-    let was = current
-        .conditions
-        .iter()
-        .find(|c| c.type_ == conditions::LAST_SWEEP_SUCCEEDED);
-    if last_run.status == conditions::FALSE
-        && was.is_none_or(|c| c.status != conditions::FALSE || c.message != last_run.message)
-    {
-        ctx.event(
-            store,
-            EventType::Warning,
-            last_run.reason,
-            last_run.message.clone(),
-        )
-        .await;
-    }
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
     //    CronJob that exists has an interval (one that skipped a run exists).
@@ -196,8 +170,22 @@ pub(super) async fn reconcile(
         interval,
         last_run.status == conditions::FALSE,
     );
-    // 5. status (pure), applied when changed (API). lastSweep and shards belong to the sweeps'
-    //    field managers.
+    // 5. the status this one follows (pure; API when an Event is due). The cached object can be
+    //    older than the previous reconcile's status write (a reconcile the CronJob's creation
+    //    queued starts before the watch brings that write), and an Event decided against it
+    //    repeats the previous reconcile's: one that is due is decided again against the store
+    //    as the API server has it.
+    let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
+    let news = [&reachable, &scheduled, &last_run];
+    if !warnings(&current, &news).is_empty()
+        && let Some(fresh) = api.get_opt(&store.name_any()).await?
+    {
+        current = fresh.status.unwrap_or_default();
+    }
+    let events: Vec<Cond> = warnings(&current, &news).into_iter().cloned().collect();
+    // 6. status (pure), applied when changed (API), then its Events (API): a status write that
+    //    fails is retried with its Events, never after them. lastSweep and shards belong to the
+    //    sweeps' field managers.
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
@@ -212,7 +200,6 @@ pub(super) async fn reconcile(
     let mut before = current.clone();
     before.last_sweep = None;
     before.shards = Vec::new();
-    let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
     apply_status(
         &ctx,
         &api,
@@ -221,7 +208,46 @@ pub(super) async fn reconcile(
         serde_json::to_value(status)?,
     )
     .await?;
+    for c in events {
+        ctx.event(store, EventType::Warning, c.reason, c.message)
+            .await;
+    }
     Ok(Action::requeue(requeue))
+}
+
+/// The conditions among `news` (`Reachable`, `Scheduled`, `LastSweepSucceeded`) that call for a
+/// Warning Event against the persisted status `current`: `Reachable=False` of another reason
+/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run) or
+/// `ScheduleNeverFires`, a
+/// `LastSweepSucceeded=False` about another Job or failure.
+fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
+    news.iter()
+        .copied()
+        .filter(|new| {
+            let was = conditions::find(&current.conditions, new.type_);
+            match new.type_ {
+                conditions::SCHEDULED => {
+                    [
+                        conditions::MISSED_SCHEDULE,
+                        conditions::SCHEDULE_NEVER_FIRES,
+                    ]
+                    .contains(&new.reason)
+                        && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
+                }
+                conditions::REACHABLE => {
+                    new.status == conditions::FALSE
+                        && was
+                            .is_none_or(|c| c.status != conditions::FALSE || c.reason != new.reason)
+                }
+                _ => {
+                    new.status == conditions::FALSE
+                        && was.is_none_or(|c| {
+                            c.status != conditions::FALSE || c.message != new.message
+                        })
+                }
+            }
+        })
+        .collect()
 }
 
 /// What the applied CronJob's status says about its runs.
@@ -891,6 +917,135 @@ mod tests {
         assert!(!covers(&older, &want));
         // Nothing else moves the digest.
         assert_eq!(desired(&store), want);
+    }
+
+    #[test]
+    fn a_warning_is_due_once_per_new_cause() {
+        let status = |conds: &[&Cond]| CheckpointStoreStatus {
+            conditions: merge(
+                &[],
+                conds.iter().map(|c| (*c).clone()).collect(),
+                Some(1),
+                &time(Utc::now()),
+            ),
+            ..CheckpointStoreStatus::default()
+        };
+        let refused = Cond::no(conditions::REACHABLE, conditions::CONNECT_FAILED, "refused");
+        let reasons = |current: &CheckpointStoreStatus, news: &[&Cond]| {
+            warnings(current, news)
+                .iter()
+                .map(|c| c.reason)
+                .collect::<Vec<_>>()
+        };
+        let fresh = CheckpointStoreStatus::default();
+        assert_eq!(reasons(&fresh, &[&refused]), ["ConnectFailed"]);
+        // Written already: the same cause is not published again, whatever its message.
+        let again = Cond::no(
+            conditions::REACHABLE,
+            conditions::CONNECT_FAILED,
+            "timed out",
+        );
+        assert!(reasons(&status(&[&refused]), &[&again]).is_empty());
+        let secret = Cond::no(conditions::REACHABLE, conditions::SECRET_NOT_RESOLVED, "m");
+        assert_eq!(
+            reasons(&status(&[&refused]), &[&secret]),
+            ["SecretNotResolved"]
+        );
+        let scheduled = Cond::yes(conditions::SCHEDULED, conditions::CRON_JOB_APPLIED, "m");
+        let missed = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:06");
+        assert!(reasons(&fresh, &[&scheduled]).is_empty());
+        assert_eq!(reasons(&fresh, &[&missed]), ["MissedSchedule"]);
+        assert!(reasons(&status(&[&missed]), &[&missed]).is_empty());
+        let never = Cond::no(conditions::SCHEDULED, conditions::SCHEDULE_NEVER_FIRES, "m");
+        assert_eq!(reasons(&fresh, &[&never]), ["ScheduleNeverFires"]);
+        assert!(reasons(&status(&[&never]), &[&never]).is_empty());
+        let later = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:07");
+        assert_eq!(reasons(&status(&[&missed]), &[&later]), ["MissedSchedule"]);
+        let failed = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            "DeadlineExceeded",
+            "Job a",
+        );
+        let other = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            "DeadlineExceeded",
+            "Job b",
+        );
+        assert!(reasons(&status(&[&failed]), &[&failed]).is_empty());
+        assert_eq!(
+            reasons(&status(&[&failed]), &[&other]),
+            ["DeadlineExceeded"]
+        );
+    }
+
+    /// The reconcile queued by the CronJob's creation gets the store from before the first
+    /// status write: the Event that store calls for is decided again against the store as the
+    /// API server has it, which already says so, and is not published twice.
+    #[tokio::test]
+    async fn a_stale_store_does_not_repeat_an_event() {
+        use crate::controller::fixtures::{context, expect, expect_lease};
+        let (ctx, mut api) = context();
+        let meta = json!({"name": "orders", "namespace": "agents", "uid": "u1", "generation": 1});
+        let stale: CheckpointStore = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+        }))
+        .unwrap();
+        let written = json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": meta, "spec": {"backend": "postgres"},
+            "status": {"conditions": [{"type": "Reachable", "status": "False",
+                "reason": "InvalidSpec", "message": "spec.dsn: set exactly one of dsn and dsnFrom",
+                "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}]},
+        });
+        let server = tokio::spawn(async move {
+            expect_lease(&mut api).await;
+            let now = time(Utc::now());
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/batch/v1/namespaces/agents/cronjobs/orders-sweep",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                          "metadata": {"name": "orders-sweep", "creationTimestamp": now}}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/batch/v1/namespaces/agents/jobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders",
+                200,
+                written.clone(),
+            )
+            .await;
+            expect_lease(&mut api).await;
+            expect(
+                &mut api,
+                "PATCH",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders/status",
+                200,
+                written,
+            )
+            .await;
+            api
+        });
+        reconcile(Arc::new(kube::core::DeserializeGuard(Ok(stale))), ctx)
+            .await
+            .unwrap();
+        let mut api = server.await.unwrap();
+        // The reconcile is over (its client dropped): any request left is one it made.
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the status write: {}", request.uri());
+        }
     }
 
     #[test]

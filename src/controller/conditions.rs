@@ -76,6 +76,10 @@ pub const POLICY_COMPLIANT: &str = "PolicyCompliant";
 /// Condition type of an AgentAssignment: `True` while optional servers that are not ready are
 /// left out of its configuration.
 pub const DEGRADED: &str = "Degraded";
+/// Condition type of an AgentAssignment: every name in `interruptOn` is a final tool name of a
+/// tool its servers list (a typo would otherwise be silent: the tool it meant is still withheld
+/// when it may write, or unguarded when it is read-only).
+pub const INTERRUPT_ON_KNOWN: &str = "InterruptOnKnown";
 /// Condition type of a HandleClass: the probe tool declares `readOnlyHint`.
 pub const PROBE_READ_ONLY: &str = "ProbeReadOnly";
 /// Condition type of an MCPServer: the catalog was listed.
@@ -93,6 +97,9 @@ pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
 /// Reason (`Scheduled`, `Ready`, Event): the CronJob skipped a sweep that could not start
 /// within `spec.startingDeadlineSeconds` of its time.
 pub const MISSED_SCHEDULE: &str = "MissedSchedule";
+/// Reason (`Scheduled`, `Ready`, Event): `spec.schedule` has no run within
+/// [`super::schedule::FIRES_WITHIN_YEARS`] years (`0 0 30 2 *`), so the CronJob never starts one.
+pub const SCHEDULE_NEVER_FIRES: &str = "ScheduleNeverFires";
 /// Condition type of an AgentAssignment: its ConfigMap was applied.
 pub const CONFIG_RENDERED: &str = "ConfigRendered";
 /// `ConfigRendered=True`: the API server took the ConfigMap.
@@ -118,6 +125,9 @@ pub const SERVER_NOT_USABLE: &str = "ServerNotUsable";
 pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
 /// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
 pub const WAITING_FOR_DISCOVERY: &str = "WaitingForDiscovery";
+/// Reason (`Valid`, Event): the MCPServer has never been discovered and its last check failed,
+/// so the tools cannot be checked until it answers.
+pub const SERVER_NOT_DISCOVERED: &str = "ServerNotDiscovered";
 /// Reason (`PolicyCompliant`, `Degraded`, `Ready`): `Valid` is not `True` yet.
 pub const NOT_VALIDATED: &str = "NotValidated";
 
@@ -141,6 +151,10 @@ pub const REQUIRED_SERVER_UNAVAILABLE: &str = "RequiredServerUnavailable";
 pub const OPTIONAL_SERVER_UNAVAILABLE: &str = "OptionalServerUnavailable";
 /// Reason (`Degraded`, Event): every assigned server is in the configuration.
 pub const ALL_SERVERS_AVAILABLE: &str = "AllServersAvailable";
+/// Reason (`InterruptOnKnown`): the assigned servers list every tool `interruptOn` names.
+pub const INTERRUPT_TOOLS_LISTED: &str = "InterruptToolsListed";
+/// Reason (`InterruptOnKnown`, Event): `interruptOn` names tools no assigned server lists.
+pub const UNKNOWN_INTERRUPT_TOOLS: &str = "UnknownInterruptTools";
 /// Reason (Event): tools that may write and are not in `interruptOn` were withheld.
 pub const WRITE_TOOLS_WITHHELD: &str = "WriteToolsWithheld";
 /// Reason (Event): the rendered configuration changed.
@@ -163,14 +177,18 @@ pub const CATALOG_INCOMPLETE: &str = "CatalogIncomplete";
 /// Event (Warning): discovery left tools out of the catalog (names that cannot be exposed); the
 /// note names them and why, unless the catalog is private.
 pub const TOOLS_LEFT_OUT: &str = "ToolsLeftOut";
-/// Condition (MCPServer): whether the server's answers at the last discovery kept to the MCP
-/// specification (`False` lists the deviations custody tolerated).
+/// Condition (MCPServer): whether the server's answers at the last discovery, and the tool
+/// results sweeps got, kept to the MCP specification (`False` lists the deviations custody
+/// tolerated).
 pub const CONFORMANT: &str = "Conformant";
 /// Reason (`Conformant`): no deviation from the specification was seen.
 pub const NO_DEVIATIONS: &str = "NoDeviations";
 /// Reason (`Conformant`) and Event (Warning): the server answered in a way the specification
 /// does not allow but custody could use (see `status.conformanceWarnings`).
 pub const NON_CONFORMANT: &str = "NonConformant";
+/// Reason (`Conformant`) and Event (Warning): the controller's discovery saw no deviation, but
+/// a sweep got a tool result off the tool's `outputSchema` (`status.sweepConformance`).
+pub const RESULT_OFF_SCHEMA: &str = "ResultOffSchema";
 /// Reason (`Healthy`): the health check was answered.
 pub const ANSWERED: &str = "Answered";
 /// Reason (`Healthy`): the health check failed without a category (not seen in practice: every

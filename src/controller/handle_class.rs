@@ -83,13 +83,9 @@ pub(super) async fn reconcile(
                 {
                     None => {
                         requeue = WAITING;
-                        conds.push(Cond::unknown(
-                            conditions::VALID,
-                            conditions::WAITING_FOR_DISCOVERY,
-                            format!(
-                                "MCPServer {} has not been discovered yet",
-                                class.spec.server_ref
-                            ),
+                        conds.push(not_discovered(
+                            &class.spec.server_ref,
+                            server.as_ref().and_then(conditions::server_ready),
                         ));
                     }
                     Some(catalog) => conds.extend(check_tools(class, catalog)),
@@ -213,6 +209,30 @@ async fn forget_deleted_stores(
     Ok(Some(class))
 }
 
+/// `Valid=Unknown` while the server has no catalog: waiting for its first check, or (reason
+/// `ServerNotDiscovered`, with a Warning Event) its checks fail, with the server's own reason,
+/// so `kubectl describe` says why the class is not ready rather than that it waits.
+fn not_discovered(
+    server: &str,
+    ready: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+) -> Cond {
+    match ready.filter(|c| c.status == conditions::FALSE) {
+        Some(c) => Cond::unknown(
+            conditions::VALID,
+            conditions::SERVER_NOT_DISCOVERED,
+            format!(
+                "MCPServer {server} has not been discovered: its checks fail ({}: {}); the tools are checked once it answers",
+                c.reason, c.message
+            ),
+        ),
+        None => Cond::unknown(
+            conditions::VALID,
+            conditions::WAITING_FOR_DISCOVERY,
+            format!("MCPServer {server} has not been discovered yet"),
+        ),
+    }
+}
+
 /// `Ready` from `Valid`: a class sweeps can use. `ProbeReadOnly=False` is a warning, not a
 /// failure: a probe tool without `readOnlyHint` may still be the right one.
 fn ready(conds: &[Cond]) -> Cond {
@@ -232,12 +252,14 @@ fn ready(conds: &[Cond]) -> Cond {
     }
 }
 
-/// A Warning Event when `Valid` turns `False` (or for another reason) and when `ProbeReadOnly`
-/// turns `False`, compared with the persisted status so a requeue or a restart does not repeat it.
+/// A Warning Event when `Valid` turns `False` (or for another reason), `ServerNotDiscovered`
+/// or `ProbeReadOnly` turns `False`, compared with the persisted status so a requeue or a restart does not repeat it.
 async fn report(class: &HandleClass, current: &HandleClassStatus, conds: &[Cond], ctx: &Context) {
-    for c in conds.iter().filter(|c| c.status == conditions::FALSE) {
+    let warns =
+        |c: &Cond| c.status == conditions::FALSE || c.reason == conditions::SERVER_NOT_DISCOVERED;
+    for c in conds.iter().filter(|c| warns(c)) {
         let was = current.conditions.iter().find(|p| p.type_ == c.type_);
-        if was.is_none_or(|p| p.status != conditions::FALSE || p.reason != c.reason) {
+        if was.is_none_or(|p| p.status != c.status || p.reason != c.reason) {
             ctx.event(class, EventType::Warning, c.reason, c.message.clone())
                 .await;
         }
@@ -273,7 +295,7 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
             conditions::PROBE_READ_ONLY,
             conditions::PROBE_MAY_WRITE,
             format!(
-                "probe tool {} does not declare readOnlyHint; probing may change server state",
+                "probe tool {} does not declare readOnlyHint; probing may change server state (a sweep refuses a probe tool that declares destructiveHint)",
                 probe.name
             ),
         )
@@ -283,9 +305,13 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
             conditions::VALID,
             conditions::TOOLS_OFFERED,
             format!(
-                "{} tools found on MCPServer {}",
-                wanted.len(),
-                class.spec.server_ref
+                "MCPServer {} offers {}",
+                class.spec.server_ref,
+                wanted
+                    .iter()
+                    .map(|(_, tool)| *tool)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             ),
         ),
         read_only,
@@ -297,6 +323,30 @@ mod tests {
     use super::*;
     use crate::controller::fixtures::{context, expect, expect_lease};
     use serde_json::json;
+
+    /// A class whose server never answered says why, with the server's reason, instead of
+    /// waiting without a word (the third new-user review of issue 15).
+    #[test]
+    fn a_server_that_never_answered_is_named_with_its_failure() {
+        let failing: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition =
+            serde_json::from_value(json!({
+                "type": "Ready", "status": "False", "reason": "Timeout",
+                "message": "no answer within 5s", "lastTransitionTime": "2026-12-02T00:00:00Z",
+            }))
+            .unwrap();
+        let c = not_discovered("hang", Some(&failing));
+        assert_eq!(
+            (c.status, c.reason),
+            (conditions::UNKNOWN, conditions::SERVER_NOT_DISCOVERED)
+        );
+        assert!(
+            c.message.contains("MCPServer hang has not been discovered: its checks fail (Timeout: no answer within 5s)"),
+            "{}",
+            c.message
+        );
+        let waiting = not_discovered("hang", None);
+        assert_eq!(waiting.reason, conditions::WAITING_FOR_DISCOVERY);
+    }
 
     fn class(spec: serde_json::Value) -> Arc<Guard<HandleClass>> {
         let obj: HandleClass = serde_json::from_value(json!({

@@ -171,11 +171,13 @@ pub(super) async fn reconcile(
     }
     ctx.observed.write().await.insert(key, observed.clone());
 
-    // 5. report: Events and metrics (API)
-    report(server, &current, &observed, &ctx).await;
-
-    // 6. status (pure), applied when it changed (API)
+    // 5. status (pure)
     let status = status(server, &current, &observed, now);
+
+    // 6. report: Events and metrics (API)
+    report(server, &current, &observed, &status, &ctx).await;
+
+    // 7. status, applied when it changed (API)
     apply_status(
         &ctx,
         &api,
@@ -258,6 +260,8 @@ fn broken(
             &time(now),
         ),
         observed_generation: server.metadata.generation,
+        // The sweeps' field: never part of the controller's apply, which would co-own it.
+        sweep_conformance: Vec::new(),
         ..current.clone()
     }
 }
@@ -332,8 +336,11 @@ fn status(
     };
     let catalog = o.catalog.as_ref();
     let private = catalog.is_some_and(|c| c.cache_scope == Some(CacheScope::Private));
-    let warnings = catalog.map(conformance_warnings).unwrap_or_default();
-    let conformant = conformant(catalog.map(|_| warnings.as_slice()));
+    let discovered_warnings = catalog.map(conformance_warnings);
+    let swept = swept_warnings(&current.sweep_conformance);
+    let conformant = conformant(discovered_warnings.as_deref(), &swept);
+    let mut warnings = discovered_warnings.unwrap_or_default();
+    warnings.extend(swept);
     MCPServerStatus {
         conditions: merge(
             &current.conditions,
@@ -376,6 +383,7 @@ fn status(
         },
         consecutive_failures: o.consecutive_failures,
         conformance_warnings: warnings,
+        sweep_conformance: Vec::new(),
     }
 }
 
@@ -398,24 +406,43 @@ fn conformance_warnings(c: &discovery::Catalog) -> Vec<ConformanceWarning> {
         .collect()
 }
 
-/// `Conformant`: `Unknown` before a discovery succeeded (`None`), `True` without warnings,
-/// `False` naming each.
-fn conformant(warnings: Option<&[ConformanceWarning]>) -> Cond {
-    match warnings {
-        None => Cond::unknown(
+/// The sweeps' entries (`status.sweepConformance`) as published warnings: the message says
+/// which store's sweeps saw it; the count and time stay in the entry, so a sweep that sees the
+/// same deviation again changes nothing here.
+fn swept_warnings(entries: &[crate::crd::SweepDeviation]) -> Vec<ConformanceWarning> {
+    entries
+        .iter()
+        .map(|d| ConformanceWarning {
+            kind: d.kind.clone(),
+            message: format!("seen by sweeps of store {}: {}", d.store, d.message),
+        })
+        .collect()
+}
+
+/// `Conformant` from the last discovery's warnings (`None` before a discovery succeeded) and
+/// the sweeps' ([`swept_warnings`]): `False` naming each, with reason `NonConformant` when the
+/// discovery saw a deviation, else `ResultOffSchema` when only sweeps did; `True` when neither
+/// did; `Unknown` before a discovery without a sweep's deviation.
+fn conformant(discovered: Option<&[ConformanceWarning]>, swept: &[ConformanceWarning]) -> Cond {
+    let all = || {
+        let mut all = discovered.unwrap_or_default().to_vec();
+        all.extend_from_slice(swept);
+        conformance_message(&all)
+    };
+    match (discovered, swept) {
+        (Some(d), _) if !d.is_empty() => {
+            Cond::no(conditions::CONFORMANT, conditions::NON_CONFORMANT, all())
+        }
+        (_, [_, ..]) => Cond::no(conditions::CONFORMANT, conditions::RESULT_OFF_SCHEMA, all()),
+        (None, []) => Cond::unknown(
             conditions::CONFORMANT,
             conditions::PENDING,
             "not discovered yet",
         ),
-        Some([]) => Cond::yes(
+        (Some(_), []) => Cond::yes(
             conditions::CONFORMANT,
             conditions::NO_DEVIATIONS,
-            "no deviation from the MCP specification seen at the last discovery",
-        ),
-        Some(w) => Cond::no(
-            conditions::CONFORMANT,
-            conditions::NON_CONFORMANT,
-            conformance_message(w),
+            "no deviation from the MCP specification seen at the last discovery nor by a sweep",
         ),
     }
 }
@@ -433,12 +460,26 @@ fn conformance_message(w: &[ConformanceWarning]) -> String {
     )
 }
 
-/// The note of a Warning `NonConformant` Event: when the discovery's warnings differ from the
-/// persisted status's (so neither a rediscovery nor a controller restart repeats it).
-fn conformance_event(current: &MCPServerStatus, c: &discovery::Catalog) -> Option<String> {
-    let warnings = conformance_warnings(c);
-    (!warnings.is_empty() && warnings != current.conformance_warnings)
-        .then(|| conformance_message(&warnings))
+/// The reason and note of a Warning Event (`NonConformant` or `ResultOffSchema`, as the
+/// `Conformant` condition's): when a published warning (`status`'s) is not among the persisted
+/// status's (so neither a rediscovery, a controller restart, a sweep seeing the same deviation
+/// again nor one going away repeats it).
+fn conformance_event(
+    current: &MCPServerStatus,
+    status: &MCPServerStatus,
+) -> Option<(&'static str, String)> {
+    let new = status
+        .conformance_warnings
+        .iter()
+        .any(|w| !current.conformance_warnings.contains(w));
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::CONFORMANT)?;
+    let reason = [conditions::NON_CONFORMANT, conditions::RESULT_OFF_SCHEMA]
+        .into_iter()
+        .find(|r| *r == cond.reason)?;
+    new.then(|| (reason, cond.message.clone()))
 }
 
 /// `N tools via V`, then the tools left out (named unless the catalog is private, whose names
@@ -521,7 +562,13 @@ fn reason_of(category: &str) -> &'static str {
 
 /// Events when the catalog changes or health flips, compared with the persisted status (so a
 /// controller restart does not repeat them), and the per-server gauges.
-async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx: &Context) {
+async fn report(
+    server: &MCPServer,
+    current: &MCPServerStatus,
+    o: &Observed,
+    status: &MCPServerStatus,
+    ctx: &Context,
+) {
     let labels = ObjectLabels {
         namespace: server.namespace().unwrap_or_default(),
         name: server.name_any(),
@@ -562,9 +609,14 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
         ctx.event(server, EventType::Warning, conditions::TOOLS_LEFT_OUT, note)
             .await;
     }
-    if let Some(c) = &o.catalog {
+    // Published once there is something to count: a discovery, or a sweep's deviation.
+    if o.catalog.is_some() || !current.sweep_conformance.is_empty() {
         for kind in <Kind as strum::IntoEnumIterator>::iter() {
-            let n = c.conformance.iter().filter(|w| w.kind == kind).count();
+            let n = status
+                .conformance_warnings
+                .iter()
+                .filter(|w| w.kind == kind.label())
+                .count();
             ctx.metrics
                 .server_conformance_warnings
                 .get_or_create(&super::metrics::ConformanceLabels {
@@ -574,9 +626,8 @@ async fn report(server: &MCPServer, current: &MCPServerStatus, o: &Observed, ctx
                 })
                 .set(n as i64);
         }
-        if let Some(note) = conformance_event(current, c) {
-            ctx.event(server, EventType::Warning, conditions::NON_CONFORMANT, note)
-                .await;
+        if let Some((reason, note)) = conformance_event(current, status) {
+            ctx.event(server, EventType::Warning, reason, note).await;
         }
     }
     if let Some(h) = &o.health {
@@ -717,68 +768,141 @@ mod tests {
 
     /// Issue 17, item 13: conformance warnings reach `status.conformanceWarnings`, the
     /// `Conformant` condition and a `NonConformant` Event once; a private catalog's tool names
-    /// are withheld; a conformant catalog is `Conformant=True`.
+    /// are withheld; a conformant catalog is `Conformant=True`. A sweep's entries
+    /// (`status.sweepConformance`) are folded in: `ResultOffSchema` when discovery saw nothing,
+    /// a `ResultOffSchema` Event when an entry is new (not when a later sweep counts it again),
+    /// and the controller's status never carries the sweeps' field.
     #[test]
     fn conformance_warnings_reach_status_condition_and_event_once() {
         use crate::mcp::conformance::Warning;
-        let mut c = discovery::Catalog {
-            server: "basket".into(),
-            protocol_version: Some("2025-11-25".into()),
-            server_name: None,
-            server_version: None,
-            tools: Vec::new(),
-            ttl_ms: None,
-            cache_scope: None,
-            left_out: Vec::new(),
-            incomplete: None,
-            conformance: vec![
-                Warning {
-                    kind: Kind::NotificationStatus,
-                    message: "notifications/initialized was answered with HTTP 200 OK".into(),
-                },
-                Warning {
-                    kind: Kind::OutputSchema,
-                    message: "tool get_basket: the declared outputSchema is not valid".into(),
-                },
-            ],
-            digest: String::new(),
-            pages: 1,
-            latency_ms: 1,
+        let server: MCPServer = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+            "metadata": {"name": "basket", "namespace": "shop", "generation": 1},
+            "spec": {"url": "http://127.0.0.1:1/mcp"},
+        }))
+        .unwrap();
+        let now = Utc::now();
+        let mut o = Observed {
+            generation: Some(1),
+            fingerprint: String::new(),
+            catalog: Some(discovery::Catalog {
+                server: "basket".into(),
+                protocol_version: Some("2025-11-25".into()),
+                server_name: None,
+                server_version: None,
+                tools: Vec::new(),
+                ttl_ms: None,
+                cache_scope: None,
+                left_out: Vec::new(),
+                incomplete: None,
+                conformance: vec![
+                    Warning {
+                        kind: Kind::NotificationStatus,
+                        subject: "notifications/initialized".into(),
+                        count: 1,
+                        message: "notifications/initialized was answered with HTTP 200 OK".into(),
+                    },
+                    Warning {
+                        kind: Kind::OutputSchema,
+                        subject: "get_basket".into(),
+                        count: 1,
+                        message: "tool get_basket: the declared outputSchema is not valid".into(),
+                    },
+                ],
+                digest: String::new(),
+                pages: 1,
+                latency_ms: 1,
+            }),
+            discovery_error: None,
+            discovered_at: now,
+            health: None,
+            health_at: now,
+            consecutive_failures: 0,
         };
-        let warnings = conformance_warnings(&c);
-        assert_eq!(warnings[0].kind, "notification_status");
-        let cond = conformant(Some(&warnings));
+        let conformant_of = |s: &MCPServerStatus| {
+            let c = conditions::find(&s.conditions, conditions::CONFORMANT).unwrap();
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        let mut current = MCPServerStatus::default();
+        let next = status(&server, &current, &o, now);
+        assert_eq!(next.conformance_warnings[0].kind, "notification_status");
+        let (st, reason, message) = conformant_of(&next);
+        assert_eq!((st.as_str(), reason.as_str()), ("False", "NonConformant"));
         assert_eq!(
-            (cond.status, cond.reason),
-            (conditions::FALSE, conditions::NON_CONFORMANT)
-        );
-        assert_eq!(
-            cond.message,
+            message,
             "2 deviations from the MCP specification custody tolerated: notification_status: \
              notifications/initialized was answered with HTTP 200 OK; output_schema: tool \
              get_basket: the declared outputSchema is not valid"
         );
-        let mut status = MCPServerStatus::default();
-        assert_eq!(conformance_event(&status, &c), Some(cond.message.clone()));
-        status.conformance_warnings = warnings;
-        assert_eq!(conformance_event(&status, &c), None, "said once");
+        assert_eq!(
+            conformance_event(&current, &next),
+            Some((conditions::NON_CONFORMANT, message.clone()))
+        );
+        current = next;
+        let again = status(&server, &current, &o, now);
+        assert_eq!(conformance_event(&current, &again), None, "said once");
 
-        c.cache_scope = Some(CacheScope::Private);
-        let private = conformance_warnings(&c);
+        let catalog = o.catalog.as_mut().unwrap();
+        catalog.cache_scope = Some(CacheScope::Private);
+        let private = conformance_warnings(catalog);
         assert!(!private[1].message.contains("get_basket"), "{private:?}");
+        let next = status(&server, &current, &o, now);
         assert!(
-            conformance_event(&status, &c).is_some(),
+            conformance_event(&current, &next).is_some(),
             "the published words changed"
         );
 
-        c.conformance.clear();
-        let cond = conformant(Some(&conformance_warnings(&c)));
+        // Discovery sees nothing; a sweep of store orders got a result off schema.
+        o.catalog.as_mut().unwrap().conformance.clear();
+        let next = status(&server, &current, &o, now);
+        assert_eq!(conformant_of(&next).1, "NoDeviations");
+        assert_eq!(conformance_event(&current, &next), None);
+        current = next;
+        let entry = crate::crd::SweepDeviation {
+            store: "orders".into(),
+            kind: "output_schema".into(),
+            tool: "get_basket".into(),
+            message: "tools/call get_basket: structuredContent does not match".into(),
+            count: 1,
+            last_seen: "2026-12-02T01:00:00Z".into(),
+        };
+        current.sweep_conformance = vec![entry.clone()];
+        let next = status(&server, &current, &o, now);
+        assert!(next.sweep_conformance.is_empty(), "the sweeps' field");
+        let (st, reason, message) = conformant_of(&next);
+        assert_eq!((st.as_str(), reason.as_str()), ("False", "ResultOffSchema"));
         assert_eq!(
-            (cond.status, cond.reason),
-            (conditions::TRUE, conditions::NO_DEVIATIONS)
+            message,
+            "1 deviations from the MCP specification custody tolerated: output_schema: seen by \
+             sweeps of store orders: tools/call get_basket: structuredContent does not match"
         );
-        assert_eq!(conformance_event(&status, &c), None);
-        assert_eq!(conformant(None).status, conditions::UNKNOWN);
+        assert_eq!(
+            conformance_event(&current, &next),
+            Some((conditions::RESULT_OFF_SCHEMA, message))
+        );
+        // Written; a later sweep counts it again: no new Event.
+        current.conformance_warnings = next.conformance_warnings.clone();
+        current.conditions = next.conditions.clone();
+        current.sweep_conformance = vec![crate::crd::SweepDeviation {
+            count: 5,
+            last_seen: "2026-12-02T02:00:00Z".into(),
+            ..entry
+        }];
+        let again = status(&server, &current, &o, now);
+        assert_eq!(again, next, "nothing to write");
+        assert_eq!(conformance_event(&current, &again), None);
+
+        // Before a discovery: Unknown, unless a sweep saw a deviation.
+        o.catalog = None;
+        assert_eq!(
+            conformant_of(&status(&server, &current, &o, now)).1,
+            "ResultOffSchema"
+        );
+        current.sweep_conformance.clear();
+        assert_eq!(
+            conformant_of(&status(&server, &current, &o, now)).0,
+            "Unknown"
+        );
     }
 
     #[tokio::test]

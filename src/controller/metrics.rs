@@ -208,6 +208,7 @@ impl Metrics {
                 registry.sub_registry_with_prefix("custody"),
             ),
         };
+        registry.register_collector(Box::new(ProcessCollector));
         let r = registry.sub_registry_with_prefix("custody");
         r.register(
             "reconciles",
@@ -480,9 +481,119 @@ impl Metrics {
     }
 }
 
+/// The standard process metrics, unprefixed as every exporter names them
+/// (<https://prometheus.io/docs/instrumenting/writing_clientlibs/#process-metrics>):
+/// `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+/// `process_virtual_memory_max_bytes`, `process_open_fds`, `process_max_fds`,
+/// `process_start_time_seconds`, `process_threads`. Read from `/proc/self` at each scrape by
+/// `metrics-process`; a value the platform does not give is left out.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::registry::Unit;
+        let m = metrics_process::collector::collect();
+        if let Some(v) = m.cpu_seconds_total {
+            let c = ConstCounter::new(v);
+            c.encode(encoder.encode_descriptor(
+                "process_cpu",
+                "Total user and system CPU time spent in seconds",
+                Some(&Unit::Seconds),
+                c.metric_type(),
+            )?)?;
+        }
+        let gauges = [
+            (
+                "process_resident_memory",
+                "Resident memory size in bytes",
+                Some(Unit::Bytes),
+                m.resident_memory_bytes,
+            ),
+            (
+                "process_virtual_memory",
+                "Virtual memory size in bytes",
+                Some(Unit::Bytes),
+                m.virtual_memory_bytes,
+            ),
+            (
+                "process_virtual_memory_max",
+                "Maximum amount of virtual memory available in bytes (0: unlimited)",
+                Some(Unit::Bytes),
+                m.virtual_memory_max_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                None,
+                m.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors (0: unlimited)",
+                None,
+                m.max_fds,
+            ),
+            (
+                "process_start_time",
+                "Start time of the process since the Unix epoch in seconds",
+                Some(Unit::Seconds),
+                m.start_time_seconds,
+            ),
+            (
+                "process_threads",
+                "Number of OS threads in the process",
+                None,
+                m.threads,
+            ),
+        ];
+        for (name, help, unit, value) in gauges {
+            if let Some(v) = value {
+                let g = ConstGauge::new(v);
+                g.encode(encoder.encode_descriptor(name, help, unit.as_ref(), g.metric_type())?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dashboards and alerts read the standard names (issue 15, item 10).
+    #[test]
+    fn process_metrics_are_exported_under_their_standard_names() {
+        let mut registry = Registry::default();
+        Metrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+            "process_threads",
+        ] {
+            let value = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+            // A fresh test process may not have used a clock tick of CPU yet.
+            let least = if name == "process_cpu_seconds_total" {
+                0.0
+            } else {
+                1.0
+            };
+            assert!(value.parse::<f64>().unwrap() >= least, "{name} {value}");
+        }
+    }
 
     #[test]
     fn build_info_names_the_version() {

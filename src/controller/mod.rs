@@ -51,8 +51,10 @@ pub struct Options {
     /// Name of the coordination.k8s.io Lease used for leader election.
     #[arg(long, default_value = "custody-controller")]
     pub lease_name: String,
-    /// Namespace of the Lease (the controller's own).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    /// Namespace of the Lease: the controller's own in a cluster (`POD_NAMESPACE`); out of
+    /// cluster, the install's namespace, so a controller run from a laptop contends for the one
+    /// Lease with the installed replicas instead of leading beside them.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "custody-system")]
     pub lease_namespace: String,
     /// This replica's identity in the Lease (the pod name in a cluster).
     #[arg(long, env = "POD_NAME")]
@@ -365,12 +367,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     loop {
         let problems = readiness::check_crds(&client).await;
         let fine = problems.is_empty();
-        if !fine && problems != reported {
-            for problem in &problems {
-                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
-            }
-            reported.clone_from(&problems);
-        }
+        log_crd_problems(&mut reported, &problems);
         ctx.readiness.set_crd_problems(problems);
         if fine {
             break;
@@ -383,9 +380,18 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             }
         }
     }
-    if !reported.is_empty() {
-        tracing::info!("the installed CRDs are the ones this controller serves now");
-    }
+    // ... and checked again while it runs: CRDs replaced by another release's (a rollback, a
+    // stray `kubectl apply`) make it not ready and are logged, as at startup. The task ends with
+    // the process.
+    let (recheck_client, readiness) = (client.clone(), ctx.readiness.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(readiness::CRD_RECHECK_RUNNING).await;
+            let problems = readiness::check_crds(&recheck_client).await;
+            log_crd_problems(&mut reported, &problems);
+            readiness.set_crd_problems(problems);
+        }
+    });
 
     let (mut leader, mut lease_task) = lease_manager(&client, &opts, &identity).await?;
     // How long to wait before asking the Lease again when the lease manager says this replica
@@ -450,12 +456,58 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             () = controllers(ctx.clone()) => {}
             () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
             () = ctx.lease.lost() => tracing::warn!(%identity, "lost the leader lease (seen before a write): stopping controllers"),
+            why = lapsed(&ctx.lease, recheck, Duration::from_secs(opts.lease_seconds)) => {
+                tracing::warn!(%identity, %why, "no longer shown to lead: stopping controllers");
+            }
             () = &mut shutdown => {
                 ctx.metrics.leader.set(0);
                 return finish(leader, lease_task, server).await;
             }
         }
         ctx.metrics.leader.set(0);
+    }
+}
+
+/// Logs the problems of a CRD check when they differ from those logged last (`reported`), each
+/// at ERROR, and once at INFO when they are gone; a check that finds what the last one found
+/// logs nothing, so a recheck every few seconds does not repeat itself.
+fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
+    match readiness::crd_change(reported, problems) {
+        readiness::CrdChange::Same => {}
+        readiness::CrdChange::Problems => {
+            for problem in problems {
+                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
+            }
+        }
+        readiness::CrdChange::Fixed => {
+            tracing::info!("the installed CRDs are the ones this controller serves now");
+        }
+    }
+    problems.clone_into(reported);
+}
+
+/// Resolves, with why, once this replica cannot show that it leads: the Lease names another
+/// holder or has expired, or it could not be read for a whole lease duration (revoked
+/// credentials, an API server out of reach). kube-lease-manager keeps retrying a renewal that
+/// fails and keeps saying leading meanwhile, so without this a leader whose ServiceAccount was
+/// deleted reported `ready: leading` and `custody_leader 1` long after its Lease expired.
+async fn lapsed(lease: &LeaseFence, every: Duration, duration: Duration) -> String {
+    let mut shown = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        match lease.check().await {
+            Ok(()) => shown = std::time::Instant::now(),
+            Err(Error::LostLease(holder)) => {
+                return format!("the Lease is held by {holder} or has expired");
+            }
+            Err(e) if shown.elapsed() >= duration => {
+                return format!(
+                    "the Lease could not be read for {} s: {e}",
+                    shown.elapsed().as_secs()
+                );
+            }
+            Err(_) => {}
+        }
     }
 }
 
@@ -832,7 +884,7 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
 
 /// What a 404 of a list or watch means for a person: a kind is not served, most likely a custody
 /// CRD that is not (or no longer) installed.
-const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side -f crds/crds.yaml)";
+const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side --force-conflicts -f crds/crds.yaml)";
 
 /// [`watch_text`], with what a 404 means ([`NOT_SERVED_HINT`]: the API server's own text is
 /// "404 page not found").
@@ -944,7 +996,7 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
         EventType::Warning,
         conditions::STATUS_REFUSED,
         format!(
-            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side -f crds/crds.yaml)",
+            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side --force-conflicts -f crds/crds.yaml)",
             refused.code,
             refused.message,
             env!("CARGO_PKG_VERSION")

@@ -1,5 +1,5 @@
 //! What `/readyz` answers: not ready while the installed CRDs are not the ones this binary
-//! serves (checked at startup, [`crd_problems`]) or while the leader's watches of its kinds fail
+//! serves (checked at startup and every [`CRD_RECHECK_RUNNING`] after, [`crd_problems`]) or while the leader's watches of its kinds fail
 //! (a 403 from RBAC, a CRD deleted meanwhile), with the reason in the body.
 
 use std::collections::BTreeMap;
@@ -21,6 +21,30 @@ pub const WATCH_ERROR_WINDOW: Duration = Duration::from_secs(90);
 /// CRDs makes the controller ready without a restart.
 pub const CRD_RECHECK: Duration = Duration::from_secs(10);
 
+/// How often a running controller checks the installed CRDs again, so CRDs replaced by another
+/// release's while it runs show in `/readyz` and the log (one `get` of each of the four CRDs).
+pub const CRD_RECHECK_RUNNING: Duration = Duration::from_secs(30);
+
+/// What a CRD check found against the one before it, for the log.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CrdChange {
+    /// The same problems as before, or still none: nothing to log.
+    Same,
+    /// Problems, other than before: log each.
+    Problems,
+    /// No problems, after some: log that they are gone.
+    Fixed,
+}
+
+/// [`CrdChange`] of the problems `now` after `before`.
+pub fn crd_change(before: &[String], now: &[String]) -> CrdChange {
+    match (before == now, now.is_empty()) {
+        (true, _) => CrdChange::Same,
+        (false, false) => CrdChange::Problems,
+        (false, true) => CrdChange::Fixed,
+    }
+}
+
 /// The controller's readiness, shared by the HTTP server and the controllers.
 #[derive(Debug, Default)]
 pub struct Readiness {
@@ -36,7 +60,7 @@ struct State {
 }
 
 impl Readiness {
-    /// Records the outcome of a startup check of the CRDs (empty: they are the ones served).
+    /// Records the outcome of a check of the CRDs (empty: they are the ones served).
     pub fn set_crd_problems(&self, problems: Vec<String>) {
         self.state.lock().expect("not poisoned").crds = Some(problems);
     }
@@ -110,7 +134,7 @@ pub fn crd_problems(
     installed: &[(CustomResourceDefinition, Option<CustomResourceDefinition>)],
 ) -> Vec<String> {
     let fix = format!(
-        "apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml (or helm upgrade with crds.templated)",
+        "apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml (or helm upgrade with crds.templated)",
         env!("CARGO_PKG_VERSION")
     );
     let mut problems = Vec::new();
@@ -176,6 +200,23 @@ fn short(hash: &str) -> &str {
 mod tests {
     use super::*;
 
+    /// A recheck logs only what changed: new or other problems, and their end once.
+    #[test]
+    fn crd_checks_log_what_changed() {
+        let p = |s: &str| vec![s.to_owned()];
+        assert_eq!(crd_change(&[], &[]), CrdChange::Same);
+        assert_eq!(crd_change(&[], &p("old schema")), CrdChange::Problems);
+        assert_eq!(
+            crd_change(&p("old schema"), &p("old schema")),
+            CrdChange::Same
+        );
+        assert_eq!(
+            crd_change(&p("old schema"), &p("not installed")),
+            CrdChange::Problems
+        );
+        assert_eq!(crd_change(&p("old schema"), &[]), CrdChange::Fixed);
+    }
+
     fn installed(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
         crd.status = serde_json::from_value(serde_json::json!({
             "conditions": [{"type": "Established", "status": "True"}],
@@ -194,7 +235,7 @@ mod tests {
         let missing = crd_problems(&[(want.clone(), None)]);
         assert_eq!(missing.len(), 1);
         assert!(
-            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
+            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
             "{missing:?}"
         );
 

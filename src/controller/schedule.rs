@@ -47,6 +47,24 @@ pub fn longest_gap(schedule: &str, now: DateTime<Utc>) -> Option<u64> {
     longest
 }
 
+/// Years ahead a schedule must have a run within: Kubernetes' cron library (robfig/cron's
+/// `Next`) looks five years ahead and, finding nothing, the CronJob controller starts nothing.
+pub const FIRES_WITHIN_YEARS: i64 = 5;
+
+/// Whether `schedule` (five fields or a macro, as [`cron`] reads it) has no run within
+/// [`FIRES_WITHIN_YEARS`] after `now`, in UTC (the CronJob's `timeZone`): a day that does not
+/// exist (`0 0 30 2 *`, `0 0 31 4 *`). `false` for `@every` (it always runs) and for what does
+/// not parse (the API server refuses that CronJob; `Scheduled=False CronJobRefused` says so).
+/// A schedule that fires finds its next run at once; one that never does costs croner's search
+/// up to its last year (5000), under a second even in a debug build.
+pub fn never_fires(schedule: &str, now: DateTime<Utc>) -> bool {
+    let Some(cron) = cron(schedule) else {
+        return false;
+    };
+    let horizon = now + chrono::Duration::days(FIRES_WITHIN_YEARS * 366);
+    cron.iter_after(now).next().is_none_or(|run| run > horizon)
+}
+
 /// A CronJob schedule of five fields or a macro other than `@every`, as Kubernetes' cron library
 /// reads it; `None` for anything else.
 pub fn cron(schedule: &str) -> Option<croner::Cron> {
@@ -131,6 +149,28 @@ mod tests {
         );
         // the 29th of February: four years (2028 to 2032)
         assert_eq!(longest_gap("0 0 29 2 *", now), Some((4 * 365 + 1) * 86_400));
+    }
+
+    #[test]
+    fn a_day_that_does_not_exist_never_fires() {
+        let now = at("2026-12-01T10:07:00Z");
+        for never in ["0 0 30 2 *", "0 0 31 4 *", "15 3 31 2,4,6,9,11 *"] {
+            assert!(never_fires(never, now), "{never}");
+        }
+        // The 29th of February is four years away at most; the 31st exists in some months; a
+        // restricted day of the week makes the day of the month either.
+        for fires in [
+            "0 0 29 2 *",
+            "0 0 31 * *",
+            "0 0 30 2 1",
+            "*/15 * * * *",
+            "@yearly",
+            "@midnight",
+            "@every 1h",
+            "61 * * * *",
+        ] {
+            assert!(!never_fires(fires, now), "{fires}");
+        }
     }
 
     #[test]

@@ -189,12 +189,45 @@ pub struct MCPServerStatus {
     /// Failed discoveries or health checks in a row.
     #[serde(default)]
     pub consecutive_failures: u32,
-    /// What the server answered at the last discovery in a way the MCP specification does not
-    /// allow but custody could use (issue 17, item 13): a notification answered with another
-    /// 2xx than 202 Accepted, a declared `outputSchema` that is not a valid JSON Schema. At most
-    /// 16; empty for a conformant server. The `Conformant` condition summarizes it.
+    /// What the server answered in a way the MCP specification does not allow but custody
+    /// could use (issue 17, item 13), as the controller last summarized it: from its last
+    /// discovery (a notification answered with another 2xx than 202 Accepted, a declared
+    /// `outputSchema` that is not a valid JSON Schema; at most 16), then each entry of
+    /// `sweepConformance` (a result off its tool's `outputSchema`). Empty for a conformant
+    /// server. The `Conformant` condition summarizes it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conformance_warnings: Vec<ConformanceWarning>,
+    /// Written by sweeps, never by the controller: tool results off their tool's declared
+    /// `outputSchema` that sweeps of a CheckpointStore of this namespace got from this server
+    /// (the controller's discovery calls no tools, so only a sweep sees one). One entry per
+    /// store, kind and tool, each store's under a field manager of its own
+    /// (`custody-conformance-<store>`), at most 16 per store. A later sweep of the same store
+    /// that gets a result of the tool that conforms, and none that does not, removes the entry;
+    /// a sweep that does not call the tool, or cannot reach the server, leaves it as it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["store", "kind", "tool"]))]
+    pub sweep_conformance: Vec<SweepDeviation>,
+}
+
+/// One deviation a store's sweeps saw, in `status.sweepConformance`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SweepDeviation {
+    /// The CheckpointStore (same namespace) whose sweeps saw it.
+    pub store: String,
+    /// `output_schema`.
+    pub kind: String,
+    /// The tool, by its name on the server (a tool a HandleClass or an audit rule of the
+    /// namespace names, so no private catalog's name is revealed).
+    pub tool: String,
+    /// How the last sweep's first result off schema deviated: the schema path and keyword
+    /// that failed, never a value (at most 300 characters).
+    #[schemars(length(max = 300))]
+    pub message: String,
+    /// Results off schema seen by the store's sweeps since the entry was written.
+    pub count: u64,
+    /// When the last sweep that saw one ran (RFC 3339).
+    pub last_seen: String,
 }
 
 /// One conformance warning as published in status.

@@ -1,7 +1,8 @@
 //! Local mode: the same resources as in a cluster, read from YAML files.
 //!
 //! `-f PATH` names one YAML file or a directory: every `*.yaml`/`*.yml` file in it (not
-//! recursive), as `kubectl apply -f` reads either. A file may hold several documents. Kinds
+//! recursive), as `kubectl apply -f` reads either; `-f` given several times reads them all, as
+//! one set of resources. A file may hold several documents. Kinds
 //! custody knows (`MCPServer`, `HandleClass`, `CheckpointStore` of `custody.dev/v1alpha1`, and
 //! `v1` `Secret`) are parsed into the cluster types and validated; documents of other kinds are
 //! ignored with a warning. A resource without a namespace is in `default`. Two documents naming
@@ -23,27 +24,41 @@ impl Resources {
     /// # Errors
     /// [`LoadError::Io`] or [`LoadError::Invalid`] naming the file, document and field.
     pub fn load(path: &Path) -> Result<Self, LoadError> {
+        Self::load_all(&[path])
+    }
+
+    /// [`Self::load`] of each path (`-f` given several times), into one set of resources: a
+    /// resource defined in two of them is an error naming both files, as within one directory.
+    ///
+    /// # Errors
+    /// As [`Self::load`].
+    pub fn load_all<P: AsRef<Path>>(paths: &[P]) -> Result<Self, LoadError> {
         let io = |path: &Path| {
             let path = path.to_owned();
             move |source| LoadError::Io { path, source }
         };
-        if std::fs::metadata(path).map_err(io(path))?.is_file() {
-            let text = std::fs::read_to_string(path).map_err(io(path))?;
-            return Self::parse(path, &text);
-        }
-        let dir = path;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(io(dir))?
-            .filter_map(Result::ok)
-            .map(|e| e.path())
-            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-            .collect();
-        files.sort();
         let mut out = Self::default();
         let mut seen = Seen::new();
-        for path in files {
-            let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-            out.add_file(&path, &text, &mut seen)?;
+        for path in paths {
+            let path = path.as_ref();
+            let files = if std::fs::metadata(path).map_err(io(path))?.is_file() {
+                vec![path.to_owned()]
+            } else {
+                let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+                    .map_err(io(path))?
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.is_file() && p.extension().is_some_and(|e| e == "yaml" || e == "yml")
+                    })
+                    .collect();
+                files.sort();
+                files
+            };
+            for file in files {
+                let text = std::fs::read_to_string(&file).map_err(io(&file))?;
+                out.add_file(&file, &text, &mut seen)?;
+            }
         }
         Ok(out)
     }

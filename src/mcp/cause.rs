@@ -22,11 +22,14 @@ pub const TLS: &str = "tls";
 pub const TIMEOUT: &str = "timeout";
 /// The server answered with something that is not the MCP reply expected.
 pub const PROTOCOL: &str = "protocol";
+/// The server answered with an HTTP error status of its own (a 5xx, 429): it, or a gateway in
+/// front of it, is failing; the address and credentials may be right.
+pub const TRANSPORT: &str = "transport";
 /// Connecting failed for another reason (a name that does not resolve, a reset connection).
 pub const CONNECT: &str = "connect";
 
 /// Every category [`of_connect`] returns, for metric label sets.
-pub const CONNECT_CAUSES: [&str; 6] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, CONNECT];
+pub const CONNECT_CAUSES: [&str; 7] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, TRANSPORT, CONNECT];
 
 /// `message` led by what its category means for a person, for the category whose text alone
 /// may not say it (rmcp words a 401 with a challenge as "Auth required"). A refused connection,
@@ -123,8 +126,8 @@ pub fn of_connect(e: &Init) -> &'static str {
 }
 
 /// The cause of a failed request's transport error, when it is one of [`AUTH`], [`REFUSED`],
-/// [`TLS`], [`TIMEOUT`] or [`PROTOCOL`]; `None` for any other (an HTTP 5xx, a dropped
-/// connection), which the caller names.
+/// [`TLS`], [`TIMEOUT`], [`PROTOCOL`] or [`TRANSPORT`] (an HTTP 5xx or 429); `None` for any
+/// other (a dropped connection), which the caller names.
 pub fn of_transport(e: &(dyn StdError + 'static)) -> Option<&'static str> {
     of_chain(e)
 }
@@ -152,10 +155,22 @@ fn chain<'a>(
     })
 }
 
+/// A 401 or 403 without a `WWW-Authenticate` challenge. rmcp 3.11 types only the challenged
+/// ones (`AuthRequired`, `InsufficientScope`); an unchallenged one keeps its status only in the
+/// text of `UnexpectedServerResponse`, which rmcp writes as `HTTP {status}: {body}`
+/// (transport/common/reqwest/streamable_http_client.rs), so that prefix is the one piece of
+/// message text read here. tests/discovery.rs `misbehaving_servers_fail_cleanly` (cases
+/// `unauthorized`, `forbidden`) fails if rmcp words it otherwise.
+fn unchallenged_auth(message: &str) -> bool {
+    message.starts_with("HTTP 401 ") || message.starts_with("HTTP 403 ")
+}
+
 fn of_one(e: &(dyn StdError + 'static)) -> Option<&'static str> {
     if let Some(h) = e.downcast_ref::<Http<reqwest::Error>>() {
         return match h {
             Http::AuthRequired(_) | Http::InsufficientScope(_) => Some(AUTH),
+            Http::UnexpectedServerResponse(m) if unchallenged_auth(m) => Some(AUTH),
+            Http::HttpStatus(_) => Some(TRANSPORT),
             Http::Deserialize(_)
             | Http::UnexpectedServerResponse(_)
             | Http::UnexpectedContentType(_)
@@ -226,5 +241,26 @@ mod tests {
         assert_eq!(of_transport(&tls), Some(TLS));
         let other = std::io::Error::other("reset");
         assert_eq!(of_transport(&other), None);
+    }
+
+    #[test]
+    fn http_statuses_name_auth_and_server_failures() {
+        use rmcp::transport::streamable_http_client::HttpStatusError;
+        let unexpected =
+            |m: &'static str| Http::<reqwest::Error>::UnexpectedServerResponse(m.into());
+        assert_eq!(
+            of_transport(&unexpected("HTTP 401 Unauthorized: no")),
+            Some(AUTH)
+        );
+        assert_eq!(
+            of_transport(&unexpected("HTTP 403 Forbidden: no")),
+            Some(AUTH)
+        );
+        assert_eq!(
+            of_transport(&unexpected("HTTP 400 Bad Request: x")),
+            Some(PROTOCOL)
+        );
+        let failing = Http::<reqwest::Error>::HttpStatus(HttpStatusError::new(502, None));
+        assert_eq!(of_transport(&failing), Some(TRANSPORT));
     }
 }

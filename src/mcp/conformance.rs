@@ -15,7 +15,7 @@
 //!   custody reads handles from the text or `structuredContent` as its classes say, so a
 //!   mismatch is reported, not refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -60,6 +60,11 @@ impl Kind {
 pub struct Warning {
     /// What deviated.
     pub kind: Kind,
+    /// The method (`notification_status`) or the tool (`output_schema`) it is about.
+    pub subject: String,
+    /// How many times it was seen on the connection (each notification, each result off
+    /// schema); the message is the first one's.
+    pub count: u64,
     /// What the server did and what the specification requires, e.g. `notifications/initialized
     /// was answered with HTTP 200 OK; the Streamable HTTP transport requires 202 Accepted`. Names
     /// methods, tools and schema paths, never a header value or a tool result's values.
@@ -73,8 +78,13 @@ pub struct Recorder(Arc<Mutex<Kept>>);
 
 #[derive(Debug, Default)]
 struct Kept {
-    by_subject: BTreeMap<(Kind, String), String>,
+    /// The first message and the count, by kind and subject.
+    by_subject: BTreeMap<(Kind, String), (String, u64)>,
     dropped: usize,
+    /// Tools one of whose successful results was checked and kept to the tool's declared
+    /// `outputSchema` (or the tool declares none): the evidence that clears a sweep's earlier
+    /// warning about it ([`crate::cluster::merge_deviations`]).
+    conforming: BTreeSet<String>,
 }
 
 impl Recorder {
@@ -85,11 +95,12 @@ impl Recorder {
     }
 
     /// Records a warning about `subject` (a method or a tool name); the first message per
-    /// (kind, subject) is kept.
+    /// (kind, subject) is kept, later ones are counted.
     pub fn record(&self, kind: Kind, subject: &str, message: String) {
         let mut kept = self.lock();
         let key = (kind, subject.to_owned());
-        if kept.by_subject.contains_key(&key) {
+        if let Some((_, count)) = kept.by_subject.get_mut(&key) {
+            *count += 1;
             return;
         }
         if kept.by_subject.len() >= MAX_KEPT {
@@ -97,7 +108,20 @@ impl Recorder {
             return;
         }
         tracing::warn!(kind = kind.label(), %message, "MCP server deviates from the specification");
-        kept.by_subject.insert(key, message);
+        kept.by_subject.insert(key, (message, 1));
+    }
+
+    /// Notes that a successful result of `tool` kept to its declared `outputSchema`.
+    pub fn conforming(&self, tool: &str) {
+        let mut kept = self.lock();
+        if !kept.conforming.contains(tool) {
+            kept.conforming.insert(tool.to_owned());
+        }
+    }
+
+    /// The tools with a conforming result so far ([`Recorder::conforming`]), by name.
+    pub fn conforming_tools(&self) -> Vec<String> {
+        self.lock().conforming.iter().cloned().collect()
     }
 
     /// The warnings so far, by kind and subject; a last one says how many more were not kept.
@@ -106,8 +130,10 @@ impl Recorder {
         let mut out: Vec<Warning> = kept
             .by_subject
             .iter()
-            .map(|((kind, _), message)| Warning {
+            .map(|((kind, subject), (message, count))| Warning {
                 kind: *kind,
+                subject: subject.clone(),
+                count: *count,
                 message: message.clone(),
             })
             .collect();
@@ -217,6 +243,7 @@ mod tests {
         );
         assert_eq!(r.warnings().len(), 1);
         assert_eq!(r.warnings()[0].message, "first");
+        assert_eq!(r.warnings()[0].count, 2, "the repeat is counted");
         for i in 0..MAX_KEPT + 2 {
             r.record(Kind::OutputSchema, &format!("tool{i:02}"), format!("m{i}"));
         }

@@ -150,6 +150,17 @@ impl DiscoveryError {
             Self::NotOffered { .. } => "allowlist",
         }
     }
+
+    /// The cause a probe reports when listing the server's tools failed, in the vocabulary of
+    /// an `unknown` verdict (README, "How a sweep decides"): a page cap or an allowlist are
+    /// protocol problems there, not categories of their own.
+    pub fn probe_category(&self) -> &'static str {
+        match self {
+            Self::Mcp(e) => e.category(),
+            Self::Timeout { .. } => "timeout",
+            Self::TooManyPages { .. } | Self::NotOffered { .. } => "protocol",
+        }
+    }
 }
 
 /// Discovers one server's tools; everything runs under `cfg.timeout`.
@@ -185,8 +196,8 @@ pub async fn discover(
 }
 
 /// The tools `conn`'s server lists, every page up to [`DEFAULT_PAGE_CAP`], within the server's
-/// timeout, by name, each with its `inputSchema` compiled (`None` when it does not compile):
-/// what a sweep checks a probe against before it trusts an `isError` answer (an "Unknown tool"
+/// timeout, by name, each with its `inputSchema` compiled and its own destructive hint
+/// ([`Offered`]): what a sweep checks a probe against before it trusts an `isError` answer (an "Unknown tool"
 /// or an argument validation error says nothing about the handle it was given). The listing
 /// also gives `conn` the tools' output schemas ([`Connection::learn_schemas`]).
 ///
@@ -197,14 +208,10 @@ pub async fn discover(
 pub async fn tool_inputs(
     conn: &Connection,
     cfg: &ServerConfig,
-) -> Result<HashMap<String, Option<jsonschema::Validator>>, super::Unreachable> {
+) -> Result<HashMap<String, Offered>, super::Unreachable> {
     let failed = |e: DiscoveryError| super::Unreachable {
+        category: e.probe_category(),
         reason: e.to_string(),
-        category: match &e {
-            DiscoveryError::Mcp(e) => e.category(),
-            DiscoveryError::Timeout { .. } => "timeout",
-            DiscoveryError::TooManyPages { .. } | DiscoveryError::NotOffered { .. } => "protocol",
-        },
     };
     let listed = tokio::time::timeout(cfg.timeout, list_all(conn, cfg, DEFAULT_PAGE_CAP))
         .await
@@ -229,12 +236,25 @@ pub async fn tool_inputs(
         .iter()
         .map(|t| {
             let schema = Value::Object((*t.input_schema).clone());
-            (
-                t.name.to_string(),
-                super::conformance::compile(&schema).ok(),
-            )
+            let hints = t.annotations.as_ref();
+            let offered = Offered {
+                input: super::conformance::compile(&schema).ok(),
+                declared_destructive: hints.and_then(|a| a.destructive_hint) == Some(true)
+                    && hints.and_then(|a| a.read_only_hint) != Some(true),
+            };
+            (t.name.to_string(), offered)
         })
         .collect())
+}
+
+/// One listed tool, as a sweep checks a probe against it.
+pub struct Offered {
+    /// Its `inputSchema`, compiled; `None` when it does not compile (arguments go unchecked).
+    pub input: Option<jsonschema::Validator>,
+    /// The tool says so itself: `destructiveHint: true` and not `readOnlyHint: true`. Only an
+    /// explicit hint counts, not the spec's default (`destructiveHint` true when absent), which
+    /// would refuse every tool of a server that annotates nothing.
+    pub declared_destructive: bool,
 }
 
 /// What listing gathered: the tools, pages read, smallest `ttlMs`, cache scope, and why the

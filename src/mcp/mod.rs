@@ -241,9 +241,10 @@ fn request_category(e: &rmcp::ServiceError) -> &'static str {
     }
 }
 
-/// Compiled `outputSchema`s by tool name (tools that declare none are absent); `Err` for a
-/// declared schema that is not a valid JSON Schema.
-type Schemas = HashMap<String, Result<jsonschema::Validator, String>>;
+/// Every listed tool's compiled `outputSchema` by tool name: `None` for a tool that declares
+/// none, `Err` for a declared schema that is not a valid JSON Schema. A tool not listed is
+/// absent.
+type Schemas = HashMap<String, Option<Result<jsonschema::Validator, String>>>;
 
 /// A negotiated session with one server (a stateless one in the 2026-07-28 era).
 pub struct Connection {
@@ -354,12 +355,17 @@ impl Connection {
         self.conformance.warnings()
     }
 
+    /// The tools with a result that kept to their `outputSchema` on this connection so far.
+    pub fn conforming_tools(&self) -> Vec<String> {
+        self.conformance.conforming_tools()
+    }
+
     /// Takes the output schemas of a listing made on this connection (discovery's), recording
     /// every declared schema that is not a valid JSON Schema.
     pub fn learn_schemas(&self, tools: &[rmcp::model::Tool]) {
         let schemas = compiled(tools);
         for (tool, schema) in &schemas {
-            if let Err(why) = schema {
+            if let Some(Err(why)) = schema {
                 self.conformance.record(
                     conformance::Kind::OutputSchema,
                     tool,
@@ -401,7 +407,8 @@ impl Connection {
     }
 
     /// Records a conformance warning when a successful result does not match the tool's
-    /// declared `outputSchema` (or the schema is not valid).
+    /// declared `outputSchema` (or the schema is not valid), and notes a result that conforms
+    /// (a tool that declares no schema conforms). A tool the listing did not name is not judged.
     async fn check_output(&self, tool: &str, result: &ToolResult) {
         if result.is_error {
             // The specification asks conforming structuredContent of results, not of errors.
@@ -409,15 +416,17 @@ impl Connection {
         }
         let why = match self.schemas().await.get(tool) {
             None => return,
-            Some(Ok(schema)) => conformance::mismatch(schema, result.structured.as_ref()),
-            Some(Err(why)) => Some(why.clone()),
+            Some(None) => None,
+            Some(Some(Ok(schema))) => conformance::mismatch(schema, result.structured.as_ref()),
+            Some(Some(Err(why))) => Some(why.clone()),
         };
-        if let Some(why) = why {
-            self.conformance.record(
+        match why {
+            None => self.conformance.conforming(tool),
+            Some(why) => self.conformance.record(
                 conformance::Kind::OutputSchema,
                 tool,
                 format!("tools/call {tool}: {why}"),
-            );
+            ),
         }
     }
 
@@ -537,9 +546,12 @@ impl Connection {
 fn compiled(tools: &[rmcp::model::Tool]) -> Schemas {
     tools
         .iter()
-        .filter_map(|t| {
-            let schema = Value::Object(t.output_schema.as_deref()?.clone());
-            Some((t.name.to_string(), conformance::compile(&schema)))
+        .map(|t| {
+            let schema = t
+                .output_schema
+                .as_deref()
+                .map(|s| conformance::compile(&Value::Object(s.clone())));
+            (t.name.to_string(), schema)
         })
         .collect()
 }

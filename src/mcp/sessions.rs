@@ -40,6 +40,11 @@ pub struct ServerContact {
     /// custody could use ([`super::conformance`]): a notification answered with another 2xx
     /// than 202, a result that does not match its tool's `outputSchema`.
     pub conformance: Vec<super::conformance::Warning>,
+    /// The tools a result of which kept to the tool's `outputSchema` this sweep: what clears
+    /// an earlier sweep's warning about the tool in `MCPServer.status.sweepConformance`
+    /// ([`crate::cluster::merge_deviations`]). Not part of the report.
+    #[serde(skip)]
+    pub conforming_tools: Vec<String>,
 }
 
 struct Slot<'c> {
@@ -47,7 +52,7 @@ struct Slot<'c> {
     session: OnceCell<Result<Connection, Unreachable>>,
     /// The tools the server lists, with their compiled `inputSchema`, listed at the first
     /// [`Sessions::offering`] call.
-    tools: OnceCell<Result<HashMap<String, Option<jsonschema::Validator>>, Unreachable>>,
+    tools: OnceCell<Result<HashMap<String, super::discovery::Offered>, Unreachable>>,
 }
 
 /// The servers one sweep may talk to, each connected at its first call.
@@ -95,7 +100,8 @@ impl<'c> Sessions<'c> {
     /// tool's `inputSchema`. The list is read once per sweep, at the first call. A probe goes
     /// through here: a tool the server does not offer (a typo in `spec.probe.tool`, a server that
     /// dropped it) or arguments it cannot take (a misnamed key in `spec.probe.arguments`) answer
-    /// `isError` whatever the handle, which must not read as gone.
+    /// `isError` whatever the handle, which must not read as gone. A tool that declares
+    /// itself destructive is never called as a probe.
     ///
     /// # Errors
     /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_inputs`]); or category `config`
@@ -128,16 +134,21 @@ impl<'c> Sessions<'c> {
                 None => Err(config(format!(
                     "server {server} does not list tool {tool} in tools/list (check the HandleClass's spec.probe.tool)"
                 ))),
-                Some(Some(schema)) => {
-                    let arguments = serde_json::Value::Object(arguments.clone());
-                    match super::conformance::arguments_mismatch(schema, &arguments) {
-                        Some(why) => Err(config(format!(
-                            "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
-                        ))),
-                        None => Ok(conn),
+                Some(offered) if offered.declared_destructive => Err(config(format!(
+                    "server {server}: tool {tool} declares destructiveHint; custody never calls a destructive tool as a probe, not even in a dry run (check the HandleClass's spec.probe.tool)"
+                ))),
+                Some(offered) => match &offered.input {
+                    Some(schema) => {
+                        let arguments = serde_json::Value::Object(arguments.clone());
+                        match super::conformance::arguments_mismatch(schema, &arguments) {
+                            Some(why) => Err(config(format!(
+                                "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
+                            ))),
+                            None => Ok(conn),
+                        }
                     }
-                }
-                Some(None) => Ok(conn),
+                    None => Ok(conn),
+                },
             },
             Err(e) => Err(Unreachable {
                 reason: format!(
@@ -165,6 +176,7 @@ impl<'c> Sessions<'c> {
                         connect_ms: Some(conn.connect_latency.as_millis() as u64),
                         error: None,
                         conformance: conn.conformance(),
+                        conforming_tools: conn.conforming_tools(),
                     };
                     conn.close().await;
                     contact
@@ -175,6 +187,7 @@ impl<'c> Sessions<'c> {
                     connect_ms: None,
                     error: Some(u.reason),
                     conformance: Vec::new(),
+                    conforming_tools: Vec::new(),
                 },
             });
         }

@@ -180,6 +180,13 @@ impl Resources {
             principal_key: store.spec.principal_key.clone(),
             min_parked: Duration::from_secs(store.spec.min_parked_seconds),
             classes,
+            left_out: left_out
+                .map(|out| {
+                    out.iter()
+                        .map(|(class, why)| (class.clone(), why.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             mode: store.spec.mode,
             audit,
         })
@@ -273,6 +280,7 @@ impl Resources {
         for (i, h) in server.spec.headers_from.iter().enumerate() {
             let field = format!("spec.headersFrom[{i}].secretKeyRef");
             let value = self.secret(&label(server), &field, &ns, &h.secret_key_ref)?;
+            let value = SecretString::from(without_final_newline(value.expose_secret()));
             validate::header_value(value.expose_secret()).map_err(|m| LoadError::Reference {
                 resource: label(server),
                 field: field.clone(),
@@ -329,6 +337,16 @@ impl Resources {
     }
 }
 
+/// A header value read from a Secret, without one final `\n` or `\r\n`: what `kubectl create
+/// secret --from-file` of a file written by `echo` holds. HTTP cannot carry it, and a DSN's is
+/// tolerated too; any other control character is still refused by [`validate::header_value`].
+fn without_final_newline(value: &str) -> &str {
+    value
+        .strip_suffix("\r\n")
+        .or_else(|| value.strip_suffix('\n'))
+        .unwrap_or(value)
+}
+
 /// A checkpoint store, resolved and validated, ready to sweep.
 #[derive(Clone, Debug)]
 pub struct Target {
@@ -344,6 +362,11 @@ pub struct Target {
     pub min_parked: Duration,
     /// Handle classes that apply to this store.
     pub classes: Vec<ClassPlan>,
+    /// HandleClasses the store selects that cannot be used, by name, with why (the field and
+    /// the problem): only from [`Resources::targets_without_bad_classes`] (local files are
+    /// refused whole instead). The sweep names them in its warnings and
+    /// `status.lastSweep.skippedClasses`, and says when they were all it had.
+    pub left_out: Vec<(String, String)>,
     /// Whether sweeps may act (`spec.mode`).
     pub mode: StoreMode,
     /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
@@ -551,5 +574,18 @@ mod tests {
             .unwrap()
         );
         assert!(selects(Some(&sel(None, Some(("team", "Matches", vec![])))), &labels).is_err());
+    }
+
+    /// One final newline of a Secret's header value goes (`echo`-written files); one only, and
+    /// nothing else, so a value with another control character is still refused.
+    #[test]
+    fn a_final_newline_of_a_header_secret_is_dropped() {
+        assert_eq!(without_final_newline("Bearer t\n"), "Bearer t");
+        assert_eq!(without_final_newline("Bearer t\r\n"), "Bearer t");
+        assert_eq!(without_final_newline("Bearer t\n\n"), "Bearer t\n");
+        assert_eq!(without_final_newline("Bearer t\r"), "Bearer t\r");
+        assert_eq!(without_final_newline("Bearer t"), "Bearer t");
+        assert!(validate::header_value(without_final_newline("Bearer t\n\n")).is_err());
+        assert!(validate::header_value(without_final_newline("a\nb\n")).is_err());
     }
 }

@@ -101,8 +101,9 @@ pub struct Report {
     pub audit: Option<audit::AuditReport>,
     /// Threads parked more recently than `minParkedSeconds`, left for the next sweep.
     pub too_recent: u64,
-    /// Configuration that probably does not do what was meant: no HandleClass selected, a
-    /// `statePath` no parked thread holds, a `principalKey` no parked thread carries.
+    /// Configuration that probably does not do what was meant: HandleClasses left out (each
+    /// with why), no HandleClass selected or none left, a `statePath` no parked thread holds, a
+    /// `principalKey` no parked thread carries.
     pub warnings: Vec<String>,
     /// The servers this sweep called (probes, audit lookups, mints, replays), with the
     /// protocol version each negotiated or why it could not be reached.
@@ -462,6 +463,8 @@ pub async fn run_with(
         .map(audit::AuditReport::counts)
         .unwrap_or_default();
     summary.duration_ms = started.elapsed().as_millis() as u64;
+    summary.skipped_classes = target.left_out.iter().map(|(c, _)| c.clone()).collect();
+    summary.skipped_classes.sort_unstable();
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut warnings = warnings(
         target,
@@ -469,10 +472,9 @@ pub async fn run_with(
         principals_seen,
         &classes_seen,
     );
+    // Not logged as well: the report prints them (the table's `warning:` lines, JSON's
+    // `warnings`), and a log line would say each one twice.
     warnings.append(&mut lifetime_warnings);
-    for w in &warnings {
-        tracing::warn!(store = %target.store, "{w}");
-    }
     Ok(Report {
         store: target.store.clone(),
         rows: Vec::new(),
@@ -831,11 +833,26 @@ fn warnings(
     principals_seen: u64,
     classes_seen: &[u64],
 ) -> Vec<String> {
-    let mut out = Vec::new();
-    if target.classes.is_empty() {
+    let mut out: Vec<String> = target
+        .left_out
+        .iter()
+        .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
+        .collect();
+    if target.classes.is_empty() && target.left_out.is_empty() {
         out.push(
             "no HandleClass applies to this store (check spec.handleClassSelector)".to_owned(),
         );
+    } else if target.classes.is_empty() {
+        // The classes exist and are selected: pointing at the selector would mislead.
+        out.push(format!(
+            "no HandleClass left to sweep: every one this store selects was left out ({}; why above), so no handle was probed",
+            target
+                .left_out
+                .iter()
+                .map(|(class, _)| class.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     if parked == 0 {
         return out;
@@ -850,7 +867,8 @@ fn warnings(
         if *seen == 0 {
             out.push(format!(
                 "no parked thread holds statePath {:?} of HandleClass {}",
-                class.state_path, class.name
+                class.state_path.as_str(),
+                class.name
             ));
         }
     }

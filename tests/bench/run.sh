@@ -5,6 +5,7 @@
 #   bash tests/bench/run.sh --sizes 10000 --runs 3  # a quick look
 #   bash tests/bench/run.sh --drop                  # stop the benchmark's PostgreSQL, delete its data
 #   bash tests/bench/run.sh --sizes 1000000 --parked-pct 1 --no-probe   # issue 20's 1%-parked row
+#   bash tests/bench/run.sh --sizes 100000 --build-only   # only the databases (tests/bench/pod.sh)
 #
 # Options:
 #   --sizes N,N,...   default 10000,100000,1000000
@@ -19,6 +20,10 @@
 #                     their build time and size, EXPLAIN (ANALYZE, BUFFERS) of both custody
 #                     statements, LangGraph's write cost without and with them (write_cost.py);
 #                     only a, c and d (custody's statement) are timed, and no shards
+#   --build-only      steps 2-4 only: start PostgreSQL, build the databases that are missing,
+#                     stop; no benchmark binary, no timings, no probe-cost run
+#   --bin PATH        time this benchmark binary (e.g. `cargo build --release --bench scan`'s)
+#                     instead of building one with `cargo bench --no-run`
 #   --no-probe, --probe-only, --out DIR
 #
 # What it does, reusing whatever a previous run left in $CUSTODY_BENCH_DIR (default
@@ -46,6 +51,8 @@ slow_max=100000
 probe=1
 scan=1
 drop=0
+build_only=0
+bin=""
 bench_dir="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
 out=""
 parked_pct=""
@@ -66,6 +73,8 @@ while [[ $# -gt 0 ]]; do
         --out) out="$2"; shift 2 ;;
         --parked-pct) parked_pct="$2"; shift 2 ;;
         --drop) drop=1; shift ;;
+        --build-only) build_only=1; probe=0; shift ;;
+        --bin) bin="$2"; shift 2 ;;
         *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -84,16 +93,18 @@ mkdir -p "$out"
 exec > >(tee -a "$out/run.log") 2>&1
 
 # 1. the benchmark binary
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
-log "building the benchmark binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-bin="$(cd "$repo" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build.log" \
-    | python3 -c 'import json,sys
+if [[ $build_only -eq 0 && -z "$bin" ]]; then
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+    log "building the benchmark binary (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+    bin="$(cd "$repo" && cargo bench --bench scan --no-run --message-format=json 2>"$out/build.log" \
+        | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "scan" and m.get("executable"):
         print(m["executable"])')"
-[[ -x "$bin" ]] || { tail -20 "$out/build.log"; log "no benchmark binary"; exit 1; }
-log "binary: $bin"
+    [[ -x "$bin" ]] || { tail -20 "$out/build.log"; log "no benchmark binary"; exit 1; }
+fi
+[[ -z "$bin" ]] || log "binary: $bin"
 log "custody at $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet HEAD -- src || echo ' + uncommitted src changes'); src/checkpoint/postgres.rs sha256 $(sha256sum "$repo/src/checkpoint/postgres.rs" | cut -c1-12)"
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/ {print $2}') GiB RAM; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -232,7 +243,9 @@ if [[ $scan -eq 1 ]]; then
             UNION ALL SELECT $n, 'database', NULL, pg_database_size(current_database()), pg_size_pretty(pg_database_size(current_database()))"
     done | tee "$out/sizes.tsv"
 
-    if [[ -z "$parked_pct" ]]; then
+    if [[ $build_only -eq 1 ]]; then
+        log "databases built (--build-only)"
+    elif [[ -z "$parked_pct" ]]; then
         plans_and_timings "" full
     else
         # The same sweepers without, then with, the optional indexes custody detects.

@@ -38,6 +38,9 @@ MISBEHAVE_CASE (one per process):
                        -> 404 "Session not found" (once; the session stays forgotten)
   stale_session_400    as forget_session, but the TypeScript SDK's 400 -32000 without id
   http_500             after initialize, every request -> 500 with an HTML body
+  init_500             every POST, the first included -> 500 with an HTML body
+  unauthorized         every POST -> 401 text/plain without a WWW-Authenticate challenge
+  forbidden            every POST -> 403 text/plain without a WWW-Authenticate challenge
   drop_mid_stream      tools/list -> SSE priming event with an id, then the connection closes
                        (a GET resume with Last-Event-ID gets the same treatment)
   slow_bytes           tools/list -> correct SSE reply, one byte every MISBEHAVE_BYTE_DELAY_MS
@@ -142,6 +145,9 @@ CASES = (
     "unterminated_init",
     "refuse_eras",
     "bad_tool_names",
+    "init_500",
+    "unauthorized",
+    "forbidden",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -747,6 +753,16 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
         await send_json_error(conn, 406, {"jsonrpc": "2.0", "id": None, "error": {
             "code": -32600,
             "message": "Not Acceptable: Client must accept both application/json and text/event-stream"}})
+        return
+
+    every_post = {"init_500": 500, "unauthorized": 401, "forbidden": 403}.get(CASE)
+    if every_post is not None:
+        log(f"{what} -> {every_post} (every POST)")
+        if every_post == 500:
+            await send_500(conn)
+        else:
+            phrase = http.HTTPStatus(every_post).phrase
+            await conn.send(every_post, [("content-type", "text/plain")], f"{phrase}\n".encode())
         return
 
     if method == "initialize" and has_id and CASE == "refuse_eras":
