@@ -17,6 +17,9 @@ Phases, all in one run of one controller process:
   outage   one server process stops: time until each of its MCPServers says Healthy=False
   secrets  5 000 unrelated Secrets in another namespace: the controller's RSS before and after
 
+Throughout: the 1-minute load average at each phase (the box is shared), and the controller's
+lost leader leases (its log's "lost the leader lease" lines) in each phase.
+
 Only the standard library: it runs with the tests' venv python but needs none of its packages
 (the LangGraph schema is written by that venv in controller.sh).
 """
@@ -225,6 +228,22 @@ def quantiles(before, after, qs=(0.5, 0.99)):
     return res
 
 
+def counters(text, name):
+    """{label set: value} of a counter family (the label text as printed)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels[len(name) :]] = float(value)
+    return out
+
+
+def lease_losses(path):
+    """Lines of the controller's log that say it lost the leader lease."""
+    with open(path, errors="replace") as f:
+        return sum("lost the leader lease" in line for line in f)
+
+
 def audit(path, user, since, until):
     """Requests of `user` received in [since, until): {verb resource: count}; watches counted
     once when they start."""
@@ -279,6 +298,7 @@ def main():
     p.add_argument("--metrics-port", type=int, required=True)
     p.add_argument("--audit-log", required=True)
     p.add_argument("--user", required=True, help="the controller's user in the audit log")
+    p.add_argument("--controller-log", required=True, help="the controller's log file")
     p.add_argument("--health-interval", type=int, default=60)
     p.add_argument("--window", type=int, default=300)
     p.add_argument("--secrets", type=int, default=5000)
@@ -287,7 +307,8 @@ def main():
     pids = [int(x) for x in a.server_pids.split(",")]
     n = a.servers
     out = {"servers": n, "server_processes": len(urls), "health_interval_s": a.health_interval}
-    loads = [loadavg()]
+    loads = {"start": loadavg()}
+    losses = {}
 
     # --- apply, then wait for Ready ------------------------------------------------------
     tokens, servers, assignments, classes, stores = objects(n, urls, a.dsn)
@@ -296,26 +317,35 @@ def main():
     apply_list(servers + assignments + classes + stores)
     out["apply_s"] = round(time.time() - t0, 1)
     ready_at = {}
+    shown = t0
     while len(ready_at) < len(KINDS):
+        counts = {}
         for kind in KINDS:
             if kind in ready_at:
                 continue
             items = listed(kind)
-            if items and all(cond(o, "Ready") == "True" for o in items):
+            counts[kind] = sum(cond(o, "Ready") == "True" for o in items)
+            if items and counts[kind] == len(items):
                 ready_at[kind] = round(time.time() - t0, 1)
                 log(f"{kind}: all {len(items)} Ready after {ready_at[kind]} s")
+        if time.time() - shown > 60:
+            shown = time.time()
+            log(f"{round(shown - t0)} s: Ready so far {counts}, load {loadavg()}")
         if time.time() - t0 > 1800:
-            raise SystemExit(f"not all Ready after 30 min: {ready_at}")
+            raise SystemExit(f"not all Ready after 30 min: {ready_at}, not yet: {counts}")
         time.sleep(2)
     out["ready_s"] = ready_at
     out["all_ready_s"] = max(ready_at.values())
-    loads.append(loadavg())
+    loads["ready"] = loadavg()
+    losses["apply"] = lease_losses(a.controller_log)
     _, _, peak = proc_stat(a.controller_pid)
     out["rss_peak_after_ready_mib"] = round(peak, 1)
 
     # --- steady state ----------------------------------------------------------------------
     # A first health interval after Ready lets the last Events and discoveries land.
     time.sleep(a.health_interval + 5)
+    loads["window_start"] = loadavg()
+    losses_w0 = lease_losses(a.controller_log)
     rv0, ev0 = versions(), event_versions()
     m0 = scrape(a.metrics_port)
     cpu0, _, _ = proc_stat(a.controller_pid)
@@ -328,7 +358,10 @@ def main():
     cpu1, rss1, peak = proc_stat(a.controller_pid)
     m1 = scrape(a.metrics_port)
     rv1, ev1 = versions(), event_versions()
-    loads.append(loadavg())
+    loads["window_end"] = loadavg()
+    losses["window"] = lease_losses(a.controller_log) - losses_w0
+    f0 = counters(m0, "custody_reconcile_failures_total")
+    f1 = counters(m1, "custody_reconcile_failures_total")
     minutes = (w1 - w0) / 60
     time.sleep(3)  # the audit log is written after the response
     reqs = audit(a.audit_log, a.user, w0, w1)
@@ -351,6 +384,7 @@ def main():
             f"{k[0]}/{k[1]}" for k in rv1 if rv0.get(k) != rv1[k]
         ),
         "events_new_or_changed": sorted(k for k in ev1 if ev0.get(k) != ev1[k]),
+        "reconcile_failures": {k: v - f0.get(k, 0.0) for k, v in f1.items() if v > f0.get(k, 0.0)},
         "reconcile_latency": quantiles(
             histogram(m0, "custody_reconcile_duration_seconds"),
             histogram(m1, "custody_reconcile_duration_seconds"),
@@ -362,6 +396,7 @@ def main():
     log("steady:", json.dumps(out["steady"]))
 
     # --- outage: one server process stops ------------------------------------------------------
+    losses_o0 = lease_losses(a.controller_log)
     victim = urls[0]
     names = {o["metadata"]["name"] for o in servers if o["spec"]["url"] == victim}
     os.kill(pids[0], signal.SIGKILL)
@@ -382,6 +417,8 @@ def main():
         "target_s": a.health_interval + 5,
         "polled_every_s": "1 (plus one list of every MCPServer)",
     }
+    loads["outage_end"] = loadavg()
+    losses["outage"] = lease_losses(a.controller_log) - losses_o0
     log("outage:", json.dumps(out["outage"]))
 
     # --- 5 000 unrelated Secrets -----------------------------------------------------------------
@@ -403,7 +440,7 @@ def main():
     time.sleep(20)
     _, rss_after, peak_after = proc_stat(a.controller_pid)
     cpu_s1 = proc_stat(a.controller_pid)[0]
-    loads.append(loadavg())
+    loads["secrets_end"] = loadavg()
     out["secrets"] = {
         "count": a.secrets,
         "bytes_each": len(payload),
@@ -416,6 +453,8 @@ def main():
     }
     log("secrets:", json.dumps(out["secrets"]))
     out["loadavg_1m_5m_15m"] = loads
+    out["lease_losses"] = losses
+    out["lease_losses_total"] = lease_losses(a.controller_log)
     out["rss_peak_mib"] = round(proc_stat(a.controller_pid)[2], 1)
     print(json.dumps(out, indent=2))
 

@@ -6,7 +6,8 @@
 #
 # Options (after N): --window S (steady-state window, default 300: one CheckpointStore recheck
 # each), --health-interval S (default 60, the controller's default), --lease-seconds S (default
-# 15, the controller's default), --secrets M (default 5000), --out FILE (default
+# 15, the controller's default), --concurrency C (reconciles at once per kind; default: the
+# controller's own, 16), --secrets M (default 5000), --out FILE (default
 # target/bench/controller-N.json).
 #
 # What runs, every part real and on loopback, all stopped on exit:
@@ -24,19 +25,21 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 cd "$repo"
-[[ $# -ge 1 && "$1" =~ ^[0-9]+$ ]] || { echo "usage: $0 N [--window S] [--health-interval S] [--lease-seconds S] [--secrets M] [--out FILE]" >&2; exit 2; }
+[[ $# -ge 1 && "$1" =~ ^[0-9]+$ ]] || { echo "usage: $0 N [--window S] [--health-interval S] [--lease-seconds S] [--concurrency C] [--secrets M] [--out FILE]" >&2; exit 2; }
 n=$1
 shift
 window=300
 interval=60
 lease=15
 secrets=5000
+concurrency=()
 out=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --window) window=$2; shift 2 ;;
     --health-interval) interval=$2; shift 2 ;;
     --lease-seconds) lease=$2; shift 2 ;;
+    --concurrency) concurrency=(--concurrency "$2"); shift 2 ;;
     --secrets) secrets=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -45,6 +48,8 @@ done
 work="${CUSTODY_BENCH_DIR:-$repo/target/bench}"
 mkdir -p "$work"
 out="${out:-$work/controller-$n.json}"
+# The controller's log beside its figures (controller-N.log by default).
+controller_log="${out%.json}.log"
 cluster_dir="$work/controller-cluster"
 pg_dir="$work/controller-pg"
 log() { printf 'controller.sh: %s\n' "$*" >&2; }
@@ -119,7 +124,8 @@ done
 metrics_port=$(free_port)
 KUBECONFIG="$controller_kubeconfig" RUST_LOG=warn "$custody" controller \
   --metrics-addr "127.0.0.1:$metrics_port" --identity bench --lease-namespace default \
-  --health-interval-seconds "$interval" --lease-seconds "$lease" >"$work/controller-$n.log" 2>&1 &
+  --health-interval-seconds "$interval" --lease-seconds "$lease" ${concurrency[@]+"${concurrency[@]}"} \
+  >"$controller_log" 2>&1 &
 controller_pid=$!
 pids+=("$controller_pid")
 for _ in $(seq 120); do
@@ -127,10 +133,11 @@ for _ in $(seq 120); do
   sleep 0.5
 done
 
-log "N=$n: $k basket servers, controller pid $controller_pid, lease $lease s; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+log "N=$n: $k basket servers, controller pid $controller_pid, lease $lease s ${concurrency[*]:-}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 "$python" "$here/controller.py" --servers "$n" \
   --urls "$(IFS=,; echo "${urls[*]}")" --server-pids "$(IFS=,; echo "${server_pids[*]}")" \
   --dsn "$dsn" --controller-pid "$controller_pid" --metrics-port "$metrics_port" \
+  --controller-log "$controller_log" \
   --audit-log "$CUSTODY_AUDIT_LOG" --user system:serviceaccount:default:custody-bench \
   --health-interval "$interval" --window "$window" --secrets "$secrets" | tee "$out"
 log "figures in $out"
