@@ -119,6 +119,37 @@ async fn sweep_fixture(
     (server, manifest)
 }
 
+/// Waits for the sweep CronJob of CheckpointStore `store` and runs its container's command here,
+/// as its Pod would: the same arguments, as the CronJob's ServiceAccount (a token kubeconfig).
+/// Returns the arguments and the process's output.
+async fn run_cron_job_command(
+    infra: &Suite,
+    client: &Client,
+    ns: &str,
+    store: &str,
+) -> (Vec<String>, std::process::Output) {
+    let name = format!("{store}-sweep");
+    let cron = eventually(&format!("the CronJob {name}"), async || {
+        Api::<CronJob>::namespaced(client.clone(), ns)
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .ok_or("absent".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let sa = pod["serviceAccountName"].as_str().unwrap();
+    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{ns}.kubeconfig")), ns, sa);
+    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    (args, out)
+}
+
 const BASKET_TOOLS: [&str; 5] = [
     "add_item",
     "count_baskets",
@@ -1084,26 +1115,8 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
         &[("Reachable", "True"), ("SchemaCompatible", "True")],
     )
     .await;
-    let cron = eventually("the CronJob orders-sweep", async || {
-        Api::<CronJob>::namespaced(client.clone(), &ns)
-            .get_opt("orders-sweep")
-            .await
-            .unwrap()
-            .ok_or("absent".to_owned())
-    })
-    .await;
-    let cron = serde_json::to_value(cron).unwrap();
-    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
-    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    let (args, out) = run_cron_job_command(infra, &client, &ns, "orders").await;
     assert_eq!(args, ["sweep", "--store", &format!("{}/orders", &*ns)]);
-    let sa = pod["serviceAccountName"].as_str().unwrap();
-    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
-
-    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-        .args(&args)
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1246,25 +1259,7 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
             .starts_with("spec.probe.arguments.basket_id: "),
         "{message}"
     );
-    let cron = eventually("the CronJob orders-sweep", async || {
-        Api::<CronJob>::namespaced(client.clone(), &ns)
-            .get_opt("orders-sweep")
-            .await
-            .unwrap()
-            .ok_or("absent".to_owned())
-    })
-    .await;
-    let cron = serde_json::to_value(cron).unwrap();
-    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
-    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
-    let sa = pod["serviceAccountName"].as_str().unwrap();
-    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
-
-    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-        .args(&args)
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .unwrap();
+    let (args, out) = run_cron_job_command(infra, &client, &ns, "orders").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1388,24 +1383,7 @@ async fn a_sweep_whose_only_class_is_left_out_says_so() {
         ),
     )
     .await;
-    let cron = eventually("the CronJob orders-sweep", async || {
-        Api::<CronJob>::namespaced(client.clone(), &ns)
-            .get_opt("orders-sweep")
-            .await
-            .unwrap()
-            .ok_or("absent".to_owned())
-    })
-    .await;
-    let cron = serde_json::to_value(cron).unwrap();
-    let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
-    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
-    let sa = pod["serviceAccountName"].as_str().unwrap();
-    let kubeconfig = token_kubeconfig(&infra.dir.join(format!("{}.kubeconfig", &*ns)), &ns, sa);
-    let out = Command::new(env!("CARGO_BIN_EXE_custody"))
-        .args(&args)
-        .env("KUBECONFIG", &kubeconfig)
-        .output()
-        .unwrap();
+    let (_, out) = run_cron_job_command(infra, &client, &ns, "orders").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
