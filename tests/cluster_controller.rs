@@ -2375,14 +2375,8 @@ fn controller_requests(infra: &Suite, ns: &str) -> Vec<(String, String)> {
         "system:serviceaccount:{}:{}-controller",
         infra.system_ns, infra.release
     );
-    let log = std::path::Path::new(&cluster::var("CUSTODY_TEST_KUBECONFIG"))
-        .parent()
-        .unwrap()
-        .join("audit.log");
-    std::fs::read_to_string(&log)
-        .unwrap_or_else(|e| panic!("{}: {e}", log.display()))
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+    cluster::audit_events()
+        .into_iter()
         .filter(|e| e["user"]["username"] == user.as_str() && e["objectRef"]["namespace"] == ns)
         .map(|e| {
             (

@@ -636,17 +636,10 @@ fn granted(rules: &[serde_json::Value]) -> BTreeSet<Grant> {
 
 /// What each of `users` did according to the API server's audit log: `(verb, group,
 /// resource[/subresource])` per user, and every request RBAC refused.
-fn audited(log: &Path, users: &[&str]) -> (Vec<BTreeSet<Grant>>, Vec<String>) {
-    let text = std::fs::read_to_string(log).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (tests/cluster/up.sh writes the audit log)",
-            log.display()
-        )
-    });
+fn audited(users: &[&str]) -> (Vec<BTreeSet<Grant>>, Vec<String>) {
     let mut used = vec![BTreeSet::new(); users.len()];
     let mut denied = Vec::new();
-    for line in text.lines() {
-        let e: serde_json::Value = serde_json::from_str(line).unwrap();
+    for e in cluster::audit_events() {
         let user = e["user"]["username"].as_str().unwrap_or_default();
         let Some(i) = users.iter().position(|u| *u == user) else {
             continue;
@@ -655,7 +648,7 @@ fn audited(log: &Path, users: &[&str]) -> (Vec<BTreeSet<Grant>>, Vec<String>) {
         // written into another test's namespace while it terminates is `NamespaceTerminating`,
         // authorized and then refused), which says nothing about the chart's grants.
         if e["annotations"]["authorization.k8s.io/decision"] == "forbid" {
-            denied.push(line.to_owned());
+            denied.push(e.to_string());
         }
         let o = &e["objectRef"];
         let Some(resource) = o["resource"].as_str() else {
@@ -1098,11 +1091,7 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
     // RBAC: what the identities did, against what the chart grants.
     let controller_user = format!("system:serviceaccount:{system}:{release}-controller");
     let sweep_user = format!("system:serviceaccount:{ns}:custody-sweep");
-    let audit_log = Path::new(&cluster::var("CUSTODY_TEST_KUBECONFIG"))
-        .parent()
-        .unwrap()
-        .join("audit.log");
-    let (used, denied) = audited(&audit_log, &[&controller_user, &sweep_user]);
+    let (used, denied) = audited(&[&controller_user, &sweep_user]);
     assert!(
         denied.is_empty(),
         "requests refused (403):\n{}",

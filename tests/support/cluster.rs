@@ -543,6 +543,28 @@ pub fn controller_kubeconfig(release: &str, system_ns: &str, path: &Path) -> Pat
 
 /// A kubeconfig at `path` for the cluster that authenticates with a token of ServiceAccount
 /// `ns/sa`.
+/// Every event of the test API server's audit log so far (tests/cluster/up.sh writes it next to
+/// the kubeconfig, one JSON object per line, Metadata level), for tests that check what an
+/// identity did.
+pub fn audit_events() -> Vec<Value> {
+    let log = Path::new(&var("CUSTODY_TEST_KUBECONFIG"))
+        .parent()
+        .unwrap()
+        .join("audit.log");
+    std::fs::read_to_string(&log)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (tests/cluster/up.sh writes the audit log)",
+                log.display()
+            )
+        })
+        // A last line the API server is still writing is not an event yet.
+        .split_inclusive('\n')
+        .filter(|line| line.ends_with('\n'))
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
 pub fn token_kubeconfig(path: &Path, ns: &str, sa: &str) -> PathBuf {
     let token = cluster()
         .kubectl(&["create", "token", sa, "-n", ns, "--duration=2h"], None)
