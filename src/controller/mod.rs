@@ -456,7 +456,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             () = controllers(ctx.clone()) => {}
             () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
             () = ctx.lease.lost() => tracing::warn!(%identity, "lost the leader lease (seen before a write): stopping controllers"),
-            why = lapsed(&ctx.lease, recheck, Duration::from_secs(opts.lease_seconds)) => {
+            why = lapsed(&ctx.lease, Duration::from_secs(opts.lease_seconds)) => {
                 tracing::warn!(%identity, %why, "no longer shown to lead: stopping controllers");
             }
             () = &mut shutdown => {
@@ -491,10 +491,13 @@ fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
 /// credentials, an API server out of reach). kube-lease-manager keeps retrying a renewal that
 /// fails and keeps saying leading meanwhile, so without this a leader whose ServiceAccount was
 /// deleted reported `ready: leading` and `custody_leader 1` long after its Lease expired.
-async fn lapsed(lease: &LeaseFence, every: Duration, duration: Duration) -> String {
+///
+/// The Lease is read once per lease duration (4 reads a minute at the default 15 s, beside
+/// kube-lease-manager's renewals), so a lapse shows within two lease durations.
+async fn lapsed(lease: &LeaseFence, duration: Duration) -> String {
     let mut shown = std::time::Instant::now();
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(duration).await;
         match lease.check().await {
             Ok(()) => shown = std::time::Instant::now(),
             Err(Error::LostLease(holder)) => {
