@@ -265,12 +265,9 @@ pub(super) async fn reconcile(
     let degraded = degraded(validated.as_ref());
     let interrupts = interrupt_on_known(a, validated.as_ref());
     let ready = ready(&valid, &policy, &config, validated.as_ref(), &cm_name);
-    // 5. Events for what changed since the persisted status (API). The cached object can be
-    //    older than the previous reconcile's status write (a reconcile queued by a watch event
-    //    of that write, or of the ConfigMap, can start before the cache has it), and Events
-    //    decided against it repeat the previous reconcile's. So when the conditions differ from
-    //    the cached ones, they are compared with the assignment as the API server has it; an
-    //    unchanged assignment costs no read.
+    // 5. Events for what changed since the persisted status (API): when the conditions differ
+    //    from the cached ones, against the assignment as the API server has it
+    //    ([`super::status_for_events`]).
     let new = [&ready, &valid, &policy, &degraded, &interrupts, &config];
     let differs = |s: &AgentAssignmentStatus| {
         new.iter().any(|c| {
@@ -282,14 +279,9 @@ pub(super) async fn reconcile(
             })
         })
     };
-    let current = if differs(&current) {
-        api.get_opt(&a.name_any())
-            .await?
-            .and_then(|fresh| fresh.status)
-            .unwrap_or(current)
-    } else {
-        current
-    };
+    let current =
+        super::status_for_events(&api, &a.name_any(), current, differs, |fresh| fresh.status)
+            .await?;
     report(
         a,
         &current,

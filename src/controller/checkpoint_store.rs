@@ -51,7 +51,7 @@ pub(super) async fn reconcile(
         })
         .inc();
     let ns = store.namespace().unwrap_or_default();
-    let mut current = store.status.clone().unwrap_or_default();
+    let current = store.status.clone().unwrap_or_default();
 
     // 1. reachability and schema (API for the Secret, then DB), counted. A SQLite store cannot
     //    be swept in a cluster: a sweep Job has no volume with the file.
@@ -177,11 +177,14 @@ pub(super) async fn reconcile(
     //    as the API server has it.
     let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
     let news = [&reachable, &scheduled, &last_run];
-    if !warnings(&current, &news).is_empty()
-        && let Some(fresh) = api.get_opt(&store.name_any()).await?
-    {
-        current = fresh.status.unwrap_or_default();
-    }
+    let current = super::status_for_events(
+        &api,
+        &store.name_any(),
+        current,
+        |s| !warnings(s, &news).is_empty(),
+        |fresh| fresh.status,
+    )
+    .await?;
     let events: Vec<Cond> = warnings(&current, &news).into_iter().cloned().collect();
     // 6. status (pure), applied when changed (API), then its Events (API): a status write that
     //    fails is retried with its Events, never after them. lastSweep and shards belong to the

@@ -486,6 +486,35 @@ fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
     problems.clone_into(reported);
 }
 
+/// The persisted status a reconcile decides its Events against: `cached`, unless `due` says an
+/// Event would follow from it; then the status of `name` as the API server has it now. The
+/// cached object can be older than the previous reconcile's status write (a reconcile queued by
+/// a watch event of that write, or of an owned object, starts before the cache has it), and an
+/// Event decided against it repeats the previous reconcile's. Costs a read only when an Event
+/// is due, never at steady state.
+///
+/// # Errors
+/// The read's.
+pub(super) async fn status_for_events<K, S>(
+    api: &Api<K>,
+    name: &str,
+    cached: S,
+    due: impl Fn(&S) -> bool,
+    status_of: impl FnOnce(K) -> Option<S>,
+) -> Result<S, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Default,
+{
+    if !due(&cached) {
+        return Ok(cached);
+    }
+    Ok(match api.get_opt(name).await? {
+        Some(fresh) => status_of(fresh).unwrap_or_default(),
+        None => cached,
+    })
+}
+
 /// Resolves, with why, once this replica cannot show that it leads: the Lease names another
 /// holder or has expired, or it could not be read for a whole lease duration (revoked
 /// credentials, an API server out of reach). kube-lease-manager keeps retrying a renewal that
