@@ -313,7 +313,8 @@ async fn leader_lease_taken_mid_discovery() {
         match (metric(&m, "custody_leader"), &ready) {
             (Some(0.0), Some((200, body)))
                 if body == "ready: standby"
-                    && log.contains("lost the leader lease (seen before a write)") =>
+                    && log.contains("lost the leader lease")
+                    && log.contains("seen before a write") =>
             {
                 Ok(())
             }

@@ -454,10 +454,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         };
         tokio::select! {
             () = controllers(ctx.clone()) => {}
-            () = lost => tracing::warn!(%identity, "lost the leader lease: stopping controllers"),
-            () = ctx.lease.lost() => tracing::warn!(%identity, "lost the leader lease (seen before a write): stopping controllers"),
+            () = lost => tracing::warn!(%identity, why = "the lease manager gave the Lease up", "lost the leader lease: stopping controllers"),
+            () = ctx.lease.lost() => tracing::warn!(%identity, why = "seen before a write", "lost the leader lease: stopping controllers"),
             why = lapsed(&ctx.lease, Duration::from_secs(opts.lease_seconds)) => {
-                tracing::warn!(%identity, %why, "no longer shown to lead: stopping controllers");
+                tracing::warn!(%identity, %why, "lost the leader lease: stopping controllers");
             }
             () = &mut shutdown => {
                 ctx.metrics.leader.set(0);
