@@ -39,13 +39,29 @@ pub async fn client() -> anyhow::Result<Client> {
 }
 
 /// A kube client error for a person: the API server's own message and HTTP status for an error
-/// it answered (kube's Display of one is the `Status` object's Debug dump), else kube's text.
-/// A body that was not a `Status` (kube then says "Failed to parse error data") keeps its text.
+/// it answered (kube's Display of one is the `Status` object's Debug dump), else kube's text
+/// followed by its causes (kube says only `ServiceError: client error (Connect)` for an API
+/// server that refuses the connection; its sources say `Connection refused`). A body that was
+/// not a `Status` (kube then says "Failed to parse error data") keeps its text.
 pub fn kube_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => status_text(s),
-        other => other.to_string(),
+        other => with_causes(other),
     }
+}
+
+/// `e`'s text and that of each source it does not already contain, joined by `: `.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// An API server `Status` as `message (HTTP code Reason)`; the reason only when it is one of the

@@ -123,15 +123,24 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 }
 
 /// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
-/// at WARN. rmcp's transport worker logs every failed request at ERROR as the Debug dump of
-/// reqwest's error; custody reports the same failure once, with its cause, in its own message,
-/// so that target is off (`RUST_LOG=rmcp::transport::worker=error` shows it).
+/// at WARN, except the targets below, which log failures that reach custody as typed errors and
+/// that custody reports once, with their cause, in its own words (so each would be said twice,
+/// often as a `Debug` dump):
 ///
-/// kube-runtime's watcher logs each failed list or watch at WARN as the Debug dump of the API
-/// server's `Status`; custody logs the same failure in its own words (and counts it), so that
-/// target is at ERROR (`RUST_LOG=kube_runtime::watcher=warn` shows it).
-const DEFAULT_LOG: &str =
-    "warn,custody=info,rmcp::transport::worker=off,kube_runtime::watcher=error";
+/// - `rmcp`: its transport logs every failed request and teardown at ERROR or WARN
+///   (`fail to get common stream: HTTP 500`, `Err(HttpStatus(HttpStatusError { … }))`);
+/// - `kube_client::client::builder`: one ERROR per failed API request (`failed with error
+///   client error (Connect)`), beside custody's message naming the object and the cause;
+/// - `rustls_platform_verifier`: `failed to verify TLS certificate`, which custody's `tls`
+///   cause says with the server's address;
+/// - `kube_runtime::watcher` (at ERROR): each failed list or watch as the API server's
+///   `Status` dump, which custody logs and counts in its own words.
+///
+/// kube-lease-manager keeps its level: its ERROR on a failed Lease renewal is the only place the
+/// renewal's cause shows before custody's lapse check says the leader lost its Lease.
+/// `RUST_LOG=rmcp=debug` (and so on) shows any of them.
+const DEFAULT_LOG: &str = "warn,custody=info,rmcp=off,kube_client::client::builder=off,\
+                           rustls_platform_verifier=off,kube_runtime::watcher=error";
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -378,12 +378,29 @@ async fn misbehaving_servers_fail_cleanly() {
         // The tools of the pages read are kept, the catalog flagged (checked below).
         ("cursor_loop", Ok(()), ""),
         ("jsonrpc_error", Err("rpc_error"), "internal error"),
-        ("http_500", Err("transport"), "500"),
+        (
+            "http_500",
+            Err("transport"),
+            "tools/list failed: 127.0.0.1:PORT answered HTTP 500 Internal Server Error",
+        ),
         // A failing server before any session, and credentials refused without a challenge:
-        // their own causes, not a connect failure or a protocol error (issue 15, item 8).
-        ("init_500", Err("transport"), "500"),
-        ("unauthorized", Err("auth"), "401"),
-        ("forbidden", Err("auth"), "403"),
+        // their own causes, not a connect failure or a protocol error (issue 15, item 8), in
+        // custody's words, without the server's body (which may run over lines).
+        (
+            "init_500",
+            Err("transport"),
+            "connect failed: 127.0.0.1:PORT answered HTTP 500 Internal Server Error",
+        ),
+        (
+            "unauthorized",
+            Err("auth"),
+            "connect failed: 127.0.0.1:PORT answered HTTP 401 Unauthorized (reply body not shown)",
+        ),
+        (
+            "forbidden",
+            Err("auth"),
+            "connect failed: 127.0.0.1:PORT answered HTTP 403 Forbidden (reply body not shown)",
+        ),
         // Issue 17, item 14: a stream the server closes mid-reply (and again on each resume) is
         // its own cause, not a timeout.
         (
@@ -448,7 +465,11 @@ async fn misbehaving_servers_fail_cleanly() {
         });
     let results = futures::future::join_all(runs).await;
     let mut report = Vec::new();
-    for ((case, want, fragment), (result, elapsed)) in cases.iter().zip(results) {
+    for (((case, want, fragment), (result, elapsed)), peer) in cases.iter().zip(results).zip(&peers)
+    {
+        let url = peer.url();
+        let host_port = url.trim_start_matches("http://").split('/').next().unwrap();
+        let fragment = fragment.replace("127.0.0.1:PORT", host_port);
         let got = match &result {
             Ok(c) => format!("ok: {} tools", c.tools.len()),
             Err(e) => {
@@ -461,7 +482,7 @@ async fn misbehaving_servers_fail_cleanly() {
         };
         let fine = match (want, &result) {
             (Ok(()), Ok(c)) => !c.tools.is_empty(),
-            (Err(cat), Err(e)) => e.category() == *cat && e.to_string().contains(fragment),
+            (Err(cat), Err(e)) => e.category() == *cat && e.to_string().contains(&fragment),
             _ => false,
         } && elapsed <= timeout + Duration::from_secs(2);
         report.push(format!(
@@ -473,10 +494,60 @@ async fn misbehaving_servers_fail_cleanly() {
     assert!(!text.contains("FAIL"), "\n{text}");
 }
 
+/// Issue 15, item 9: without `RUST_LOG`, a failing server is reported once, in custody's words:
+/// no dependency log line (rmcp logs a 500 four times, two of them as `Debug` dumps) and no
+/// server body running over lines in the message.
+#[test]
+fn failing_servers_are_reported_once_without_dependency_logs() {
+    for (case, says) in [
+        (
+            "http_500",
+            "tools/list failed: ADDR answered HTTP 500 Internal Server Error",
+        ),
+        (
+            "unauthorized",
+            "connect failed: ADDR answered HTTP 401 Unauthorized (reply body not shown)",
+        ),
+    ] {
+        let peer = Peer::misbehaving(case);
+        let url = peer.url();
+        let addr = url.trim_start_matches("http://").split('/').next().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        support::write_file(
+            dir.path(),
+            "server.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: {case}}}\nspec:\n  url: {url}\n  timeoutSeconds: 5\n"
+            ),
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+            .args(["discover", "-f", dir.path().to_str().unwrap()])
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stdout}");
+        let says = says.replace("ADDR", addr);
+        let failed = stdout
+            .lines()
+            .find(|l| l.contains("discovery failed:"))
+            .unwrap_or_else(|| panic!("{case}: no discovery line in\n{stdout}"));
+        assert!(failed.contains(&says), "{case}: {failed}");
+        assert_eq!(
+            stderr.trim(),
+            format!("error: discovery failed for {case}"),
+            "{case}: only custody's own summary on stderr"
+        );
+    }
+}
+
 /// Issue 17, item 14 (local mode): a connection that fails before any HTTP answer says what
 /// happened in custody's words, with the real cause and the address, once per step: not rmcp's
 /// "Send message error Client error: error sending request for url (…)". Real failures: a closed
-/// port, a name that does not resolve, an https URL to a plain HTTP server (TLS).
+/// port, a name that does not resolve, an https URL to a plain HTTP server, and an https server
+/// whose self-signed certificate no trusted authority signed (TLS, issue 15 item 9: in words,
+/// not rustls's `UnknownIssuer`).
 #[test]
 fn connect_failures_say_what_happened() {
     // The Python SDK's server (uvicorn) answers a TLS ClientHello with its 400 for a request
@@ -484,6 +555,9 @@ fn connect_failures_say_what_happened() {
     let plain = BasketServer::start(&[]);
     let plain_port = plain.port;
     let port = support::free_port();
+    let pki = tempfile::tempdir().unwrap();
+    let self_signed = SelfSignedServer::start(pki.path(), true);
+    let ca_as_server = SelfSignedServer::start(pki.path(), false);
     for (url, category, says) in [
         (
             format!("http://127.0.0.1:{port}/mcp"),
@@ -502,7 +576,28 @@ fn connect_failures_say_what_happened() {
         (
             format!("https://127.0.0.1:{plain_port}/mcp"),
             "tls",
-            format!("connect failed: TLS handshake with 127.0.0.1:{plain_port} failed: "),
+            format!(
+                "connect failed: TLS handshake with 127.0.0.1:{plain_port} failed: the server did \
+                 not answer as a TLS server (an https URL to a plain HTTP server?)"
+            ),
+        ),
+        (
+            format!("https://127.0.0.1:{}/mcp", self_signed.port),
+            "tls",
+            format!(
+                "connect failed: TLS handshake with 127.0.0.1:{} failed: the server's \
+                 certificate is not signed by a certificate authority custody trusts",
+                self_signed.port
+            ),
+        ),
+        (
+            format!("https://127.0.0.1:{}/mcp", ca_as_server.port),
+            "tls",
+            format!(
+                "connect failed: TLS handshake with 127.0.0.1:{} failed: the server's \
+                 certificate is a certificate authority's, not a server's",
+                ca_as_server.port
+            ),
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -545,6 +640,78 @@ fn connect_failures_say_what_happened() {
             text.contains(&format!("\"{category}\"")),
             "{url}: cause {category}: {text}"
         );
+    }
+}
+
+/// An HTTPS server on loopback (Python's `ssl` and `http.server`) with a self-signed
+/// certificate for 127.0.0.1 made by `openssl` (which the test control plane needs too): a
+/// server's certificate (`CA:FALSE`) when `leaf`, else what `openssl req -x509` makes by
+/// default, a CA's.
+struct SelfSignedServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl SelfSignedServer {
+    fn start(dir: &std::path::Path, leaf: bool) -> Self {
+        let name = if leaf { "leaf" } else { "ca" };
+        let (cert, key) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}-key.pem")),
+        );
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .args(if leaf {
+                &["-addext", "basicConstraints=critical,CA:FALSE"][..]
+            } else {
+                &[]
+            })
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl");
+        assert!(made.status.success(), "{made:?}");
+        let script = "import http.server, ssl, sys\n\
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+            ctx.load_cert_chain(sys.argv[1], sys.argv[2])\n\
+            srv = http.server.HTTPServer(('127.0.0.1', 0), http.server.BaseHTTPRequestHandler)\n\
+            srv.socket = ctx.wrap_socket(srv.socket, server_side=True)\n\
+            print(srv.server_address[1], flush=True)\n\
+            srv.serve_forever()\n";
+        let mut child = std::process::Command::new(support::var("CUSTODY_TEST_PYTHON"))
+            .arg("-c")
+            .arg(script)
+            .arg(&cert)
+            .arg(&key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port = line.trim().parse().expect("the server's port");
+        Self { child, port }
+    }
+}
+
+impl Drop for SelfSignedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

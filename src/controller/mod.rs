@@ -476,7 +476,7 @@ fn log_crd_problems(reported: &mut Vec<String>, problems: &[String]) {
         readiness::CrdChange::Same => {}
         readiness::CrdChange::Problems => {
             for problem in problems {
-                tracing::error!(problem = %problem, "the installed CRDs are not the ones this controller serves; not ready until they are");
+                tracing::error!(problem = %problem, "the CRD check failed: not ready until the installed CRDs are the ones this controller serves");
             }
         }
         readiness::CrdChange::Fixed => {

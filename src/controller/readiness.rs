@@ -117,8 +117,13 @@ pub async fn check_crds(client: &Client) -> Vec<String> {
         let name = want.metadata.name.clone().unwrap_or_default();
         match api.get_opt(&name).await {
             Ok(found) => installed.push((want, found)),
+            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => problems.push(format!(
+                "cannot read CustomResourceDefinition {name}: {} (the controller's ClusterRole in charts/custody grants get on it)",
+                crate::cluster::status_text(&s)
+            )),
             Err(e) => problems.push(format!(
-                "cannot read CustomResourceDefinition {name}: {e} (the controller's ClusterRole in charts/custody grants get on it)"
+                "cannot read CustomResourceDefinition {name}: {}",
+                crate::cluster::kube_text(&e)
             )),
         }
     }

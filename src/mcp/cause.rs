@@ -49,15 +49,32 @@ pub fn explained(category: &str, message: &str) -> String {
 /// request for url (…)" whatever the cause): `connection refused to 127.0.0.1:9 (nothing
 /// listens there)`, `TLS handshake with host:443 failed: <rustls's reason>`, a name that does
 /// not resolve (with the resolver's reason), a name refused by `--deny-metadata-addresses`,
-/// `connecting to host:port timed out`. `target` is the URL's `host:port`. `None` for any other
-/// failure (an HTTP error status, a reply custody cannot read), which keeps its own text.
+/// `connecting to host:port timed out`, and an HTTP error status as `host:port answered HTTP 500
+/// Internal Server Error` (rmcp's text is `Send message error HTTP 500` for a 5xx, and
+/// `unexpected server response: HTTP 401 Unauthorized: {body}` for other statuses; the body is
+/// the server's and may run over several lines, so it is not shown, as for an unparsable reply).
+/// `target` is the URL's `host:port`. `None` for any other failure (a reply custody cannot
+/// read), which keeps its own text.
 pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
     let errors: Vec<&(dyn StdError + 'static)> = chain(e).collect();
     let find =
         |f: &dyn Fn(&(dyn StdError + 'static)) -> Option<String>| errors.iter().find_map(|e| f(*e));
-    find(&|e| {
-        e.downcast_ref::<super::egress::RefusedAddress>()
-            .map(ToString::to_string)
+    find(&|e| match e.downcast_ref::<Http<reqwest::Error>>()? {
+        Http::HttpStatus(s) => Some(answered(target, s.status, false)),
+        Http::UnexpectedServerResponse(m) => {
+            let status = m.strip_prefix("HTTP ")?.get(..3)?.parse().ok()?;
+            let body = m
+                .split_once(": ")
+                .is_some_and(|(_, b)| !b.trim().is_empty());
+            Some(answered(target, status, body))
+        }
+        _ => None,
+    })
+    .or_else(|| {
+        find(&|e| {
+            e.downcast_ref::<super::egress::RefusedAddress>()
+                .map(ToString::to_string)
+        })
     })
     .or_else(|| {
         find(&|e| {
@@ -68,7 +85,7 @@ pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
     .or_else(|| {
         find(&|e| {
             e.downcast_ref::<rustls::Error>()
-                .map(|t| format!("TLS handshake with {target} failed: {t}"))
+                .map(|t| format!("TLS handshake with {target} failed: {}", tls_text(t)))
         })
     })
     .or_else(|| {
@@ -90,6 +107,62 @@ pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
                 .map(|_| format!("connecting to {target} timed out"))
         })
     })
+}
+
+/// A failed TLS handshake for a person: what is wrong with the certificate in words, and a
+/// server that does not speak TLS said as such. rustls's own Display of most certificate errors
+/// is their `Debug` name (`invalid peer certificate: UnknownIssuer`).
+fn tls_text(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    let certificate = |what: &str| format!("the server's certificate {what}");
+    match e {
+        rustls::Error::InvalidCertificate(c) => match c {
+            C::UnknownIssuer => certificate(
+                "is not signed by a certificate authority custody trusts (the system's roots)",
+            ),
+            C::Expired | C::ExpiredContext { .. } => certificate(&format!("has expired ({c})")),
+            C::NotValidYet | C::NotValidYetContext { .. } => {
+                certificate(&format!("is not valid yet ({c})"))
+            }
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                certificate(&format!("is not valid for this host name ({c})"))
+            }
+            C::Revoked => certificate("has been revoked"),
+            C::BadSignature => certificate("has a signature that does not verify"),
+            C::BadEncoding => certificate("cannot be decoded"),
+            C::Other(o) => match o.0.downcast_ref::<webpki::Error>() {
+                Some(webpki::Error::CaUsedAsEndEntity) => certificate(
+                    "is a certificate authority's, not a server's (basicConstraints CA:TRUE, \
+                     as `openssl req -x509` makes by default)",
+                ),
+                Some(w) => certificate(&format!("was refused: {w:?}")),
+                None => certificate(&format!("was refused: {o}")),
+            },
+            other => certificate(&format!("was refused: {other}")),
+        },
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateHandshakeMessage { .. } => {
+            format!(
+                "the server did not answer as a TLS server (an https URL to a plain HTTP server?): {e}"
+            )
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `host:port answered HTTP 401 Unauthorized`, with `(reply body not shown)` when the server
+/// sent one.
+fn answered(target: &str, status: u16, with_body: bool) -> String {
+    let phrase = reqwest::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .map(|r| format!(" {r}"))
+        .unwrap_or_default();
+    let body = if with_body {
+        " (reply body not shown)"
+    } else {
+        ""
+    };
+    format!("{target} answered HTTP {status}{phrase}{body}")
 }
 
 /// The `host:port` of a URL, for [`describe`] (the URL itself as given when it does not parse).
@@ -217,6 +290,26 @@ mod tests {
         assert_eq!(
             explained(REFUSED, "connection refused to h:1 (nothing listens there)"),
             "connection refused to h:1 (nothing listens there)"
+        );
+    }
+
+    #[test]
+    fn tls_failures_are_said_in_words() {
+        use rustls::CertificateError as C;
+        assert_eq!(
+            tls_text(&rustls::Error::InvalidCertificate(C::UnknownIssuer)),
+            "the server's certificate is not signed by a certificate authority custody trusts \
+             (the system's roots)"
+        );
+        assert_eq!(
+            tls_text(&rustls::Error::InvalidCertificate(C::Revoked)),
+            "the server's certificate has been revoked"
+        );
+        assert!(
+            tls_text(&rustls::Error::InvalidMessage(
+                rustls::InvalidMessage::InvalidContentType
+            ))
+            .starts_with("the server did not answer as a TLS server")
         );
     }
 
