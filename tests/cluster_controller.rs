@@ -34,7 +34,7 @@ use chrono::{DateTime, Utc};
 use cluster::{ControllerProcess, metric, metric_sum, token_kubeconfig};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::CronJob;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::Client;
 use kube::api::{
     Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -2640,6 +2640,99 @@ async fn a_schedule_that_never_fires_is_not_scheduled() {
     assert_eq!(
         condition(&obj, "Scheduled").unwrap()["reason"],
         "CronJobApplied"
+    );
+}
+
+/// A store in a namespace without the sweep ServiceAccount is not `Scheduled` and says why
+/// (its Jobs could not create their Pods, which the Job controller says only in the Job's own
+/// Events), with one Warning Event; creating the ServiceAccount makes it `Scheduled` again.
+#[tokio::test]
+async fn a_store_without_the_sweep_service_account_is_not_scheduled() {
+    let _shared = ISOLATION.read().await;
+    infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "no-sweep-sa").await;
+    let accounts = Api::<ServiceAccount>::namespaced(client.clone(), &ns);
+    accounts
+        .delete("custody-sweep", &Default::default())
+        .await
+        .unwrap();
+    let dsn = support::fresh_pg_database("e2e_no_sweep_sa").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(
+        scheduled["reason"], "SweepServiceAccountMissing",
+        "{scheduled}"
+    );
+    assert_eq!(
+        scheduled["message"],
+        format!(
+            "ServiceAccount custody-sweep does not exist in namespace {}, so the Jobs of CronJob orders-sweep cannot create their Pods: add {} to the chart's sweep.namespaces (which creates it and its RoleBinding), or create them",
+            &*ns, &*ns
+        )
+    );
+    wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "SweepServiceAccountMissing",
+        "Warning",
+    )
+    .await;
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "custody-sweep"}})).unwrap();
+    accounts
+        .create(&Default::default(), &account)
+        .await
+        .unwrap();
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Scheduled", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "Scheduled").unwrap()["reason"],
+        "CronJobApplied"
+    );
+    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("SweepServiceAccountMissing"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].series.is_none(),
+        "one Warning Event, not one per recheck: {warnings:?}"
     );
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -136,9 +137,22 @@ pub(super) async fn reconcile(
             Err(e) => return Err(e),
         },
     };
+    // A CronJob that starts its runs on time is no use if its Jobs cannot create Pods.
+    let scheduled = match scheduled {
+        s if s.status == conditions::TRUE => match sweep_account(store, &ctx).await? {
+            Some(missing) => {
+                // Nothing custody watches changes when the ServiceAccount is created.
+                requeue = requeue.min(ACCOUNT_RECHECK);
+                missing
+            }
+            None => s,
+        },
+        s => s,
+    };
     if [
         conditions::MISSED_SCHEDULE,
         conditions::SCHEDULE_NEVER_FIRES,
+        conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
     ]
     .contains(&scheduled.reason)
     {
@@ -220,8 +234,8 @@ pub(super) async fn reconcile(
 
 /// The conditions among `news` (`Reachable`, `Scheduled`, `LastSweepSucceeded`) that call for a
 /// Warning Event against the persisted status `current`: `Reachable=False` of another reason
-/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run) or
-/// `ScheduleNeverFires`, a
+/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run),
+/// `ScheduleNeverFires` or `SweepServiceAccountMissing`, a
 /// `LastSweepSucceeded=False` about another Job or failure.
 fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
     news.iter()
@@ -233,6 +247,7 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
                     [
                         conditions::MISSED_SCHEDULE,
                         conditions::SCHEDULE_NEVER_FIRES,
+                        conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
                     ]
                     .contains(&new.reason)
                         && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
@@ -251,6 +266,40 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
             }
         })
         .collect()
+}
+
+/// How soon a store whose sweep ServiceAccount is missing is checked again.
+const ACCOUNT_RECHECK: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `Scheduled=False SweepServiceAccountMissing` when the ServiceAccount the sweep Jobs run as
+/// (`--sweep-service-account`) does not exist in the store's namespace; `None` when it exists or
+/// the controller may not read ServiceAccounts (a ClusterRole from before this check: the Job's
+/// own deadline still reports the failure).
+///
+/// # Errors
+/// The API read's, other than a refusal (401, 403).
+async fn sweep_account(store: &CheckpointStore, ctx: &Context) -> Result<Option<Cond>, Error> {
+    let ns = store.namespace().unwrap_or_default();
+    let name = &ctx.opts.sweep_service_account;
+    match Api::<ServiceAccount>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(_)) => Ok(None),
+        Ok(None) => Ok(Some(Cond::no(
+            conditions::SCHEDULED,
+            conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
+            format!(
+                "ServiceAccount {name} does not exist in namespace {ns}, so the Jobs of CronJob {}-sweep cannot create their Pods: add {ns} to the chart's sweep.namespaces (which creates it and its RoleBinding), or create them",
+                store.name_any()
+            ),
+        ))),
+        Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+            tracing::debug!(%ns, %name, "may not read the sweep ServiceAccount: not checked");
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// What the applied CronJob's status says about its runs.

@@ -100,6 +100,10 @@ pub const MISSED_SCHEDULE: &str = "MissedSchedule";
 /// Reason (`Scheduled`, `Ready`, Event): `spec.schedule` has no run within
 /// [`super::schedule::FIRES_WITHIN_YEARS`] years (`0 0 30 2 *`), so the CronJob never starts one.
 pub const SCHEDULE_NEVER_FIRES: &str = "ScheduleNeverFires";
+/// Reason (`Scheduled`, `Ready`, Event): the ServiceAccount the sweep Jobs run as does not exist
+/// in the store's namespace, so the Job controller cannot create their Pods (it says so only in
+/// the Job's `FailedCreate` Events, and the Job fails at its deadline).
+pub const SWEEP_SERVICE_ACCOUNT_MISSING: &str = "SweepServiceAccountMissing";
 /// Condition type of an AgentAssignment: its ConfigMap was applied.
 pub const CONFIG_RENDERED: &str = "ConfigRendered";
 /// `ConfigRendered=True`: the API server took the ConfigMap.

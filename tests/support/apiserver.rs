@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{
@@ -55,6 +55,18 @@ impl TestNs {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => panic!("create namespace {name}: {e}"),
+        }
+        // As the chart creates it in each namespace of `sweep.namespaces`: the ServiceAccount a
+        // CheckpointStore's sweep Jobs run as (without it, the store is not Scheduled).
+        let account: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "custody-sweep"}})).unwrap();
+        match Api::<ServiceAccount>::namespaced(client.clone(), &name)
+            .create(&PostParams::default(), &account)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create ServiceAccount custody-sweep in {name}: {e}"),
         }
         Self(name)
     }
