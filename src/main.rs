@@ -56,7 +56,9 @@ struct DiscoverArgs {
     egress: custody::mcp::egress::EgressOptions,
 }
 
+/// Local mode (`-f`) or one store of the cluster (`--store`): exactly one, and usage says so.
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["paths", "store"])))]
 struct SweepArgs {
     /// Resource YAML file, or directory of them (local mode): MCPServers, HandleClasses,
     /// CheckpointStores and the Secrets they reference. Repeat it to read several, as one set
@@ -65,9 +67,7 @@ struct SweepArgs {
         short = 'f',
         long = "filename",
         value_name = "PATH",
-        env = "CUSTODY_RESOURCES",
-        required_unless_present = "store",
-        conflicts_with = "store"
+        env = "CUSTODY_RESOURCES"
     )]
     paths: Vec<PathBuf>,
     /// Sweep one CheckpointStore of the cluster (`namespace/name`), reading its resources from

@@ -62,6 +62,31 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// `custody sweep` takes its resources from files (`-f`) or from one store of the cluster
+/// (`--store`): its usage line names both, and neither or both is refused saying so.
+#[test]
+fn sweep_usage_names_both_sources() {
+    let help = support::custody(&["sweep", "--help"]);
+    let text = String::from_utf8(help.stdout).unwrap();
+    assert!(
+        text.contains(
+            "Usage: custody sweep [OPTIONS] <--filename <PATH>|--store <NAMESPACE/NAME>>"
+        ),
+        "{text}"
+    );
+    let neither = support::custody(&["sweep"]);
+    assert_eq!(neither.status.code(), Some(2));
+    let err = String::from_utf8(neither.stderr).unwrap();
+    assert!(
+        err.contains("<--filename <PATH>|--store <NAMESPACE/NAME>>"),
+        "{err}"
+    );
+    let both = support::custody(&["sweep", "-f", ".", "--store", "a/b"]);
+    assert_eq!(both.status.code(), Some(2));
+    let err = String::from_utf8(both.stderr).unwrap();
+    assert!(err.contains("cannot be used with"), "{err}");
+}
+
 #[test]
 fn a_count_flag_of_zero_is_refused_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
