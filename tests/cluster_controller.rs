@@ -914,6 +914,36 @@ async fn apply_assignment(client: &Client, ns: &str, server: &BasketServer, spec
     apply(client, ns, &object("AgentAssignment", "agent", spec)).await;
 }
 
+/// Waits for a Warning Event of this reason about `kind/name` whose note contains `cause`: the
+/// one that says the current cause, not an earlier one of the same reason.
+async fn wait_warning_saying(
+    client: &Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+    cause: &str,
+) -> k8s_openapi::api::events::v1::Event {
+    eventually(
+        &format!("Warning Event {reason} about {kind} {ns}/{name} saying {cause:?}"),
+        async || {
+            let all = events(client, ns, kind, name).await;
+            all.iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.note.as_deref().is_some_and(|n| n.contains(cause))
+                })
+                .cloned()
+                .ok_or_else(|| {
+                    let seen: Vec<_> = all.iter().map(|e| (&e.reason, &e.note)).collect();
+                    format!("Events: {seen:?}")
+                })
+        },
+    )
+    .await
+}
+
 /// Deleting an AgentAssignment and a CheckpointStore removes their ConfigMap and CronJob
 /// (kube-controller-manager's garbage collector, through the controller's owner references).
 #[tokio::test]
@@ -1687,7 +1717,7 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     infra();
     let client = client().await;
     let ns = TestNs::new(&client, "required").await;
-    let main = BasketServer::start(&[]);
+    let mut main = BasketServer::start(&[]);
     let mut extra = BasketServer::start(&[]);
     let extra_port = extra.port;
     apply(
@@ -1836,35 +1866,55 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     )
     .await;
 
-    // The required server's Secret is deleted: not Ready, naming the server; still rendered.
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
-        .delete("main-token", &DeleteParams::default())
-        .await
-        .unwrap();
-    let aa = wait_conditions(
+    // The required server stops: not Ready, naming the server and the cause, with an Event.
+    main.stop();
+    let ready = wait_ready_saying(
         &client,
         &ns,
-        "AgentAssignment",
-        "agent",
-        &[("Ready", "False")],
+        "required MCPServer main is not ready (ConnectionRefused",
     )
     .await;
-    let ready = condition(&aa, "Ready").unwrap();
-    assert_eq!(ready["reason"], "RequiredServerUnavailable", "{ready}");
-    let message = ready["message"].as_str().unwrap();
-    assert!(
-        message.contains("required MCPServer main is not ready (SecretNotResolved"),
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("RequiredServerUnavailable")),
         "{ready}"
     );
-    let (servers, _, _) = rendered(&client, &ns, "agent").await;
-    assert!(servers["main"].is_object(), "{servers}");
-    wait_event(
+    wait_warning_saying(
         &client,
         &ns,
         "AgentAssignment",
         "agent",
         "RequiredServerUnavailable",
-        "Warning",
+        "(ConnectionRefused",
+    )
+    .await;
+
+    // Then its Secret is deleted: not Ready for the new cause, which a new Event says (issue
+    // 15, item 8: an Event's message is the current one); still rendered.
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
+        .delete("main-token", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ready = wait_ready_saying(
+        &client,
+        &ns,
+        "required MCPServer main is not ready (SecretNotResolved",
+    )
+    .await;
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("RequiredServerUnavailable")),
+        "{ready}"
+    );
+    let (servers, _, _) = rendered(&client, &ns, "agent").await;
+    assert!(servers["main"].is_object(), "{servers}");
+    wait_warning_saying(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "agent",
+        "RequiredServerUnavailable",
+        "required MCPServer main is not ready (SecretNotResolved",
     )
     .await;
     // A HandleClass on that server is not valid either: sweeps leave it out (its catalog from
@@ -1914,6 +1964,23 @@ async fn optional_servers_that_are_down_are_left_out_and_required_ones_block_rea
     let (servers, agents, _) = rendered(&client, &ns, "agent").await;
     assert!(servers.get("extra").is_none(), "{servers}");
     assert_eq!(agents, json!({"create-agent": ["main"]}));
+}
+
+/// The `Ready` condition of AgentAssignment `agent` once its message contains `text`.
+async fn wait_ready_saying(client: &Client, ns: &str, text: &str) -> Value {
+    eventually(
+        &format!("AgentAssignment {ns}/agent: Ready saying {text:?}"),
+        async || {
+            let o = get(client, ns, "AgentAssignment", "agent").await.unwrap();
+            let ready = condition(&o, "Ready").cloned().unwrap_or_default();
+            if ready["message"].as_str().is_some_and(|m| m.contains(text)) {
+                Ok(ready)
+            } else {
+                Err(ready.to_string())
+            }
+        },
+    )
+    .await
 }
 
 /// Fail closed: tools that may write (no `readOnlyHint`) and are not in `interruptOn` are not
@@ -2516,6 +2583,18 @@ async fn a_first_reconcile_publishes_its_warning_once() {
     infra();
     let client = client().await;
     let ns = TestNs::new(&client, "warn-once").await;
+    // A database that answers but holds no LangGraph tables.
+    let empty = support::fresh_pg_database("e2e_no_tables").await;
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "no-tables",
+            json!({"backend": "postgres", "dsn": empty}),
+        ),
+    )
+    .await;
     let names: Vec<String> = (0..6).map(|i| format!("down-{i}")).collect();
     for name in &names {
         // Port 1 on loopback: refused at once.
@@ -2553,8 +2632,44 @@ async fn a_first_reconcile_publishes_its_warning_once() {
         )
         .await;
     }
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "no-tables",
+        &[
+            ("SchemaCompatible", "False"),
+            ("Reachable", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let schema = condition(&obj, "SchemaCompatible").unwrap().clone();
+    assert_eq!(schema["reason"], "UnsupportedSchema", "{schema}");
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "no-tables",
+        "UnsupportedSchema",
+        "Warning",
+    )
+    .await;
+    assert_eq!(
+        event.note.as_ref(),
+        schema["message"].as_str().map(str::to_owned).as_ref()
+    );
     // The reconciles the first one's writes queue have run.
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let schema_events: Vec<_> = events(&client, &ns, "CheckpointStore", "no-tables")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnsupportedSchema"))
+        .collect();
+    assert!(
+        schema_events.len() == 1 && schema_events[0].series.is_none(),
+        "one Warning Event, not one per recheck: {schema_events:?}"
+    );
     for name in &names {
         let notes: Vec<_> = events(&client, &ns, "CheckpointStore", name)
             .await
@@ -2884,6 +2999,104 @@ async fn handle_class_ready_condition_events_and_columns() {
         "Warning",
     )
     .await;
+
+    // A probe tool that declares itself destructive (`delete_basket`: destructiveHint, no
+    // readOnlyHint) is never called, so the class could decide nothing: not valid, not Ready,
+    // one Warning Event naming the field, the tool and the server.
+    let mut destructive = class.clone();
+    destructive["metadata"]["name"] = json!("destructive-probe");
+    destructive["spec"]["probe"]["tool"] = json!("delete_basket");
+    apply(&client, &ns, &destructive).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "destructive-probe",
+        &[("Valid", "False"), ("Ready", "False")],
+    )
+    .await;
+    let valid = condition(&obj, "Valid").unwrap();
+    assert_eq!(valid["reason"], "ProbeToolDestructive", "{valid}");
+    assert_eq!(
+        valid["message"],
+        format!(
+            "spec.probe.tool: tool delete_basket of MCPServer {server_ref} declares destructiveHint (and not readOnlyHint); custody never calls a destructive tool as a probe, so this class could decide nothing: name a read-only tool"
+        )
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "ProbeToolDestructive"
+    );
+    wait_event(
+        &client,
+        &ns,
+        "HandleClass",
+        "destructive-probe",
+        "ProbeToolDestructive",
+        "Warning",
+    )
+    .await;
+
+    // A server that never answered: ServerNotDiscovered with its cause, and a new Event when
+    // the cause changes (refused, then a server that wants a bearer token: issue 15, item 8).
+    let closed = support::free_port();
+    apply(
+        &client,
+        &ns,
+        &object(
+            "MCPServer",
+            "never-up",
+            json!({"url": format!("http://127.0.0.1:{closed}/mcp"), "timeoutSeconds": 2}),
+        ),
+    )
+    .await;
+    let mut undiscovered = class.clone();
+    undiscovered["metadata"]["name"] = json!("undiscovered");
+    undiscovered["spec"]["serverRef"] = json!("never-up");
+    apply(&client, &ns, &undiscovered).await;
+    wait_warning_saying(
+        &client,
+        &ns,
+        "HandleClass",
+        "undiscovered",
+        "ServerNotDiscovered",
+        "its checks fail (ConnectionRefused",
+    )
+    .await;
+    let _locked = BasketServer::on(closed, &[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    wait_warning_saying(
+        &client,
+        &ns,
+        "HandleClass",
+        "undiscovered",
+        "ServerNotDiscovered",
+        "its checks fail (AuthFailed",
+    )
+    .await;
+    let obj = get(&client, &ns, "HandleClass", "undiscovered")
+        .await
+        .unwrap();
+    let valid = condition(&obj, "Valid").unwrap();
+    assert_eq!(
+        (&valid["status"], &valid["reason"]),
+        (&json!("Unknown"), &json!("ServerNotDiscovered")),
+        "{valid}"
+    );
+
+    // Once each: a recheck with the same cause publishes nothing more.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let count = |all: &[k8s_openapi::api::events::v1::Event], reason: &str| {
+        all.iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .count()
+    };
+    let all = events(&client, &ns, "HandleClass", "destructive-probe").await;
+    assert_eq!(count(&all, "ProbeToolDestructive"), 1, "{all:?}");
+    let all = events(&client, &ns, "HandleClass", "undiscovered").await;
+    assert!(
+        all.iter().all(|e| e.series.is_none()) && count(&all, "ServerNotDiscovered") == 2,
+        "one Event per cause: {all:?}"
+    );
 }
 
 /// Issue 17, items 11 and 13, against the real API server: a server with tools whose names

@@ -439,7 +439,7 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
 }
 
 /// Events about what changed since the persisted status, so a requeue or a controller restart
-/// does not repeat them: the assignment turning not ready (or for another reason), tools
+/// does not repeat them: the assignment turning not ready (or for another reason or cause), tools
 /// withheld by the policy, optional servers left out or back, and a new configuration. (A
 /// refused ConfigMap has its own Event, [`config_refused`]; unknown names in `interruptOn`,
 /// [`report_interrupts`].)
@@ -465,13 +465,16 @@ async fn report(
         )
         .await;
     }
-    // Waiting for a first discovery is a normal start, not a problem worth a Warning.
+    // Waiting for a first discovery is a normal start, not a problem worth a Warning. Another
+    // message is another cause (a required server refused, then its Secret deleted): the Event
+    // says the current one, as Degraded's does.
     if ready.status == conditions::FALSE
         && ready.reason != policy.reason
         && ready.reason != conditions::CONFIG_MAP_REFUSED
         && ready.reason != conditions::WAITING_FOR_DISCOVERY
-        && was(conditions::READY)
-            .is_none_or(|p| p.status != conditions::FALSE || p.reason != ready.reason)
+        && was(conditions::READY).is_none_or(|p| {
+            p.status != conditions::FALSE || p.reason != ready.reason || p.message != ready.message
+        })
     {
         ctx.event(a, EventType::Warning, ready.reason, ready.message.clone())
             .await;

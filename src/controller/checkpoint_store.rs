@@ -190,7 +190,7 @@ pub(super) async fn reconcile(
     //    repeats the previous reconcile's: one that is due is decided again against the store
     //    as the API server has it.
     let api: Api<CheckpointStore> = Api::namespaced(ctx.client.clone(), &ns);
-    let news = [&reachable, &scheduled, &last_run];
+    let news = [&reachable, &schema, &scheduled, &last_run];
     let current = super::status_for_events(
         &api,
         &store.name_any(),
@@ -232,11 +232,12 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(requeue))
 }
 
-/// The conditions among `news` (`Reachable`, `Scheduled`, `LastSweepSucceeded`) that call for a
-/// Warning Event against the persisted status `current`: `Reachable=False` of another reason
-/// than before, `Scheduled` turned `MissedSchedule` (or naming another missed run),
-/// `ScheduleNeverFires` or `SweepServiceAccountMissing`, a
-/// `LastSweepSucceeded=False` about another Job or failure.
+/// The conditions among `news` (`Reachable`, `SchemaCompatible`, `Scheduled`,
+/// `LastSweepSucceeded`) that call for a Warning Event against the persisted status `current`:
+/// `Reachable=False` of another reason than before, `Scheduled` turned `MissedSchedule` (or
+/// naming another missed run), `ScheduleNeverFires` or `SweepServiceAccountMissing`, a
+/// `SchemaCompatible=False` saying something else (no LangGraph tables, then an old migration),
+/// a `LastSweepSucceeded=False` about another Job or failure.
 fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
     news.iter()
         .copied()
@@ -1027,6 +1028,22 @@ mod tests {
         assert_eq!(
             reasons(&status(&[&failed]), &[&other]),
             ["DeadlineExceeded"]
+        );
+        let no_tables = Cond::no(
+            conditions::SCHEMA_COMPATIBLE,
+            conditions::UNSUPPORTED_SCHEMA,
+            "no checkpoints table",
+        );
+        let old = Cond::no(
+            conditions::SCHEMA_COMPATIBLE,
+            conditions::UNSUPPORTED_SCHEMA,
+            "an old migration",
+        );
+        assert_eq!(reasons(&fresh, &[&no_tables]), ["UnsupportedSchema"]);
+        assert!(reasons(&status(&[&no_tables]), &[&no_tables]).is_empty());
+        assert_eq!(
+            reasons(&status(&[&no_tables]), &[&old]),
+            ["UnsupportedSchema"]
         );
     }
 

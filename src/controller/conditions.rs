@@ -170,6 +170,9 @@ pub const TOOLS_OFFERED: &str = "ToolsOffered";
 pub const READ_ONLY_HINT: &str = "ReadOnlyHint";
 /// Reason (`ProbeReadOnly`): the probe tool does not declare `readOnlyHint`.
 pub const PROBE_MAY_WRITE: &str = "ProbeMayWrite";
+/// Reason (HandleClass `Valid`, Event): the probe tool declares `destructiveHint: true` and
+/// not `readOnlyHint: true`, so a sweep never calls it and every row would be `unknown`.
+pub const PROBE_TOOL_DESTRUCTIVE: &str = "ProbeToolDestructive";
 
 /// Reason (`Discovered`, `Healthy`): not checked yet.
 pub const PENDING: &str = "Pending";

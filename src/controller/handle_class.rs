@@ -252,21 +252,31 @@ fn ready(conds: &[Cond]) -> Cond {
     }
 }
 
-/// A Warning Event when `Valid` turns `False` (or for another reason), `ServerNotDiscovered`
-/// or `ProbeReadOnly` turns `False`, compared with the persisted status so a requeue or a restart does not repeat it.
+/// A Warning Event when `Valid` turns `False` or `ServerNotDiscovered`, or says something else
+/// than the persisted status (another reason, or another cause of the server's failure: the
+/// Event's message is the current one), and when another condition (`ProbeReadOnly`,
+/// `DeclaredTtlPlausible`) turns `False` or changes reason (`DeclaredTtlPlausible`'s message
+/// carries the sweeps' figures, which change with every sweep), compared with the persisted
+/// status so a requeue or a restart does not repeat it.
 async fn report(class: &HandleClass, current: &HandleClassStatus, conds: &[Cond], ctx: &Context) {
     let warns =
         |c: &Cond| c.status == conditions::FALSE || c.reason == conditions::SERVER_NOT_DISCOVERED;
     for c in conds.iter().filter(|c| warns(c)) {
         let was = current.conditions.iter().find(|p| p.type_ == c.type_);
-        if was.is_none_or(|p| p.status != c.status || p.reason != c.reason) {
+        if was.is_none_or(|p| {
+            p.status != c.status
+                || p.reason != c.reason
+                || (c.type_ == conditions::VALID && p.message != c.message)
+        }) {
             ctx.event(class, EventType::Warning, c.reason, c.message.clone())
                 .await;
         }
     }
 }
 
-/// `Valid` from the tools' presence, and `ProbeReadOnly` from the probe's annotations.
+/// `Valid` from the tools' presence and the probe's own destructive declaration
+/// ([`crate::mcp::discovery::ToolInfo::declared_destructive`], the rule a sweep refuses a probe
+/// by), and `ProbeReadOnly` from the probe's annotations.
 fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
     let find = |name: &str| catalog.tools.iter().find(|t| t.name == name);
     let mut wanted = vec![("spec.probe.tool", class.spec.probe.tool.as_str())];
@@ -284,6 +294,18 @@ fn check_tools(class: &HandleClass, catalog: &Catalog) -> Vec<Cond> {
         )];
     }
     let probe = find(&class.spec.probe.tool).expect("checked above");
+    // A sweep never calls such a tool as a probe, so every row of this class would be
+    // `unknown`: a class that can decide nothing is not one sweeps can use.
+    if probe.declared_destructive {
+        return vec![Cond::no(
+            conditions::VALID,
+            conditions::PROBE_TOOL_DESTRUCTIVE,
+            format!(
+                "spec.probe.tool: tool {} of MCPServer {} declares destructiveHint (and not readOnlyHint); custody never calls a destructive tool as a probe, so this class could decide nothing: name a read-only tool",
+                probe.name, class.spec.server_ref
+            ),
+        )];
+    }
     let read_only = if probe.annotations.read_only_hint {
         Cond::yes(
             conditions::PROBE_READ_ONLY,
@@ -346,6 +368,84 @@ mod tests {
         );
         let waiting = not_discovered("hang", None);
         assert_eq!(waiting.reason, conditions::WAITING_FOR_DISCOVERY);
+    }
+
+    /// A catalog of one tool `get_basket` with these hints (the spec's defaults filled in, as
+    /// discovery keeps them) and this explicit destructive declaration.
+    fn catalog(
+        annotations: crate::domain::tool::Annotations,
+        declared_destructive: bool,
+    ) -> Catalog {
+        Catalog {
+            server: "billing".into(),
+            protocol_version: Some("2025-11-25".into()),
+            server_name: None,
+            server_version: None,
+            tools: vec![crate::mcp::discovery::ToolInfo {
+                name: "get_basket".into(),
+                exposed_name: "billing_get_basket".into(),
+                title: None,
+                description: None,
+                input_schema_digest: "0".into(),
+                output_schema_digest: None,
+                annotations,
+                declared_destructive,
+            }],
+            ttl_ms: None,
+            cache_scope: None,
+            left_out: Vec::new(),
+            incomplete: None,
+            conformance: Vec::new(),
+            digest: "0".into(),
+            pages: 1,
+            latency_ms: 1,
+        }
+    }
+
+    /// Issue 15 (a destructive probe tool): a probe tool that declares itself destructive makes
+    /// the class invalid, naming the field, the tool and the server; one with no annotations
+    /// (every default, `destructiveHint` true among them) stays valid with a warning.
+    #[test]
+    fn a_destructive_probe_tool_is_invalid_and_an_unannotated_one_is_not() {
+        let defaults = crate::domain::tool::Annotations {
+            read_only_hint: false,
+            destructive_hint: true,
+            idempotent_hint: false,
+            open_world_hint: true,
+        };
+        let Ok(obj) = &class(valid_spec()).0 else {
+            unreachable!()
+        };
+        let conds = check_tools(obj, &catalog(defaults, true));
+        assert_eq!(conds.len(), 1, "{conds:?}");
+        assert_eq!(
+            (conds[0].type_, conds[0].status, conds[0].reason),
+            (
+                conditions::VALID,
+                conditions::FALSE,
+                conditions::PROBE_TOOL_DESTRUCTIVE
+            )
+        );
+        assert!(
+            conds[0].message.starts_with(
+                "spec.probe.tool: tool get_basket of MCPServer billing declares destructiveHint"
+            ),
+            "{}",
+            conds[0].message
+        );
+        let conds = check_tools(obj, &catalog(defaults, false));
+        let find = |t: &str| conds.iter().find(|c| c.type_ == t).unwrap();
+        assert_eq!(
+            (
+                find(conditions::VALID).status,
+                find(conditions::VALID).reason
+            ),
+            (conditions::TRUE, conditions::TOOLS_OFFERED)
+        );
+        assert_eq!(
+            find(conditions::PROBE_READ_ONLY).reason,
+            conditions::PROBE_MAY_WRITE
+        );
     }
 
     fn class(spec: serde_json::Value) -> Arc<Guard<HandleClass>> {

@@ -42,6 +42,11 @@ pub struct ToolInfo {
     pub output_schema_digest: Option<String>,
     /// Behaviour hints with defaults applied.
     pub annotations: Annotations,
+    /// The tool declares itself destructive ([`declares_destructive`], which the defaults in
+    /// `annotations` cannot tell): a sweep never calls it as a probe. Not part of the output,
+    /// which shows the hints themselves.
+    #[serde(skip)]
+    pub declared_destructive: bool,
 }
 
 /// Cache scope of a list result (SEP-2549).
@@ -236,11 +241,9 @@ pub async fn tool_inputs(
         .iter()
         .map(|t| {
             let schema = Value::Object((*t.input_schema).clone());
-            let hints = t.annotations.as_ref();
             let offered = Offered {
                 input: super::conformance::compile(&schema).ok(),
-                declared_destructive: hints.and_then(|a| a.destructive_hint) == Some(true)
-                    && hints.and_then(|a| a.read_only_hint) != Some(true),
+                declared_destructive: declares_destructive(t),
             };
             (t.name.to_string(), offered)
         })
@@ -251,10 +254,19 @@ pub async fn tool_inputs(
 pub struct Offered {
     /// Its `inputSchema`, compiled; `None` when it does not compile (arguments go unchecked).
     pub input: Option<jsonschema::Validator>,
-    /// The tool says so itself: `destructiveHint: true` and not `readOnlyHint: true`. Only an
-    /// explicit hint counts, not the spec's default (`destructiveHint` true when absent), which
-    /// would refuse every tool of a server that annotates nothing.
+    /// [`declares_destructive`]: a sweep never calls it as a probe.
     pub declared_destructive: bool,
+}
+
+/// Whether the tool says itself that it is destructive: `destructiveHint: true` and not
+/// `readOnlyHint: true`. Only an explicit hint counts, not the spec's default (`destructiveHint`
+/// true when absent), which would refuse every tool of a server that annotates nothing. The one
+/// rule for both a sweep's refusal of a probe ([`Offered`]) and the HandleClass condition that
+/// reports it ([`ToolInfo::declared_destructive`]).
+fn declares_destructive(tool: &Tool) -> bool {
+    let hints = tool.annotations.as_ref();
+    hints.and_then(|a| a.destructive_hint) == Some(true)
+        && hints.and_then(|a| a.read_only_hint) != Some(true)
 }
 
 /// What listing gathered: the tools, pages read, smallest `ttlMs`, cache scope, and why the
@@ -425,6 +437,7 @@ fn tool_info(tool: &Tool, exposed_name: String) -> ToolInfo {
             idempotent_hint: a.and_then(|a| a.idempotent_hint).unwrap_or(false),
             open_world_hint: a.and_then(|a| a.open_world_hint).unwrap_or(true),
         },
+        declared_destructive: declares_destructive(tool),
     }
 }
 
@@ -641,6 +654,30 @@ mod tests {
             }
         );
         assert!(info.annotations.may_write());
+        assert!(!info.declared_destructive, "a default is not a declaration");
+    }
+
+    /// Issue 15 (a destructive probe tool): only an explicit `destructiveHint: true` without
+    /// `readOnlyHint: true` makes a tool destructive, for a sweep and a HandleClass alike.
+    #[test]
+    fn only_an_explicit_destructive_hint_declares_a_tool_destructive() {
+        let declared = |annotations: Value| {
+            let tool: Tool = serde_json::from_value(json!({
+                "name": "t", "inputSchema": {"type": "object"}, "annotations": annotations,
+            }))
+            .unwrap();
+            (
+                declares_destructive(&tool),
+                tool_info(&tool, "s_t".into()).declared_destructive,
+            )
+        };
+        assert_eq!(declared(json!({"destructiveHint": true})), (true, true));
+        assert_eq!(
+            declared(json!({"destructiveHint": true, "readOnlyHint": true})),
+            (false, false)
+        );
+        assert_eq!(declared(json!({"readOnlyHint": false})), (false, false));
+        assert_eq!(declared(json!({})), (false, false));
     }
 
     #[test]
