@@ -62,6 +62,35 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// An API server that refuses the connection is said once, with its cause, in words: not kube's
+/// `ServiceError: client error (Connect)` beside kube-client's own ERROR line.
+#[test]
+fn an_unreachable_api_server_is_said_once_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}\nusers:\n- name: u\n  user: {{token: not-a-real-one}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--store", "agents/orders"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err.trim(),
+        "error: get CheckpointStore agents/orders: the API server did not answer: client error \
+         (Connect): tcp connect error: Connection refused (os error 111)",
+    );
+}
+
 /// `custody sweep` takes its resources from files (`-f`) or from one store of the cluster
 /// (`--store`): its usage line names both, and neither or both is refused saying so.
 #[test]
