@@ -41,11 +41,22 @@ pub async fn client() -> anyhow::Result<Client> {
 /// A kube client error for a person: the API server's own message and HTTP status for an error
 /// it answered (kube's Display of one is the `Status` object's Debug dump), else kube's text
 /// followed by its causes (kube says only `ServiceError: client error (Connect)` for an API
-/// server that refuses the connection; its sources say `Connection refused`). A body that was
+/// server that refuses the connection; its sources say `Connection refused`): `the API server
+/// did not answer: client error (Connect): tcp connect error: Connection refused (os error 111)`. A body that was
 /// not a `Status` (kube then says "Failed to parse error data") keeps its text.
 pub fn kube_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => status_text(s),
+        // kube's `ServiceError: ` and `HyperError: ` prefixes are its variant names.
+        kube::Error::Service(inner) => {
+            format!(
+                "the API server did not answer: {}",
+                with_causes(inner.as_ref())
+            )
+        }
+        kube::Error::HyperError(inner) => {
+            format!("the API server did not answer: {}", with_causes(inner))
+        }
         other => with_causes(other),
     }
 }

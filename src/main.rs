@@ -164,6 +164,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // `custody discover | head`: the reader is gone, which is not custody's failure. Only a
+        // bare write error is one; a database or server connection's wears its own error type.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // custody's errors already carry their causes in their message.
             eprintln!("error: {e}");
@@ -184,7 +192,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Crd => {
-            print!("{}", custody::crd::to_yaml(&custody::crd::all())?);
+            let yaml = custody::crd::to_yaml(&custody::crd::all())?;
+            std::io::stdout().lock().write_all(yaml.as_bytes())?;
             Ok(())
         }
         Command::Sweep(args) => sweep(args).await,

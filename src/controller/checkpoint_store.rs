@@ -1082,6 +1082,15 @@ mod tests {
             expect(
                 &mut api,
                 "GET",
+                "/api/v1/namespaces/agents/serviceaccounts/custody-sweep",
+                200,
+                json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": "custody-sweep", "namespace": "agents"}}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
                 "/apis/batch/v1/namespaces/agents/jobs",
                 200,
                 json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
