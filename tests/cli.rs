@@ -155,7 +155,7 @@ fn sweep_usage_names_both_sources() {
     assert_eq!(apply.status.code(), Some(2));
     let err = String::from_utf8(apply.stderr).unwrap();
     assert!(
-        err.contains("the argument '--apply' cannot be used with '--store <NAMESPACE/NAME>'"),
+        err.contains("the argument '--store <NAMESPACE/NAME>' cannot be used with '--apply'"),
         "{err}"
     );
 }
