@@ -594,7 +594,10 @@ impl crate::sweep::act::ActionSink for CollectingSink {
             K::Reminted => "HandleReminted",
             K::Escalated => "HandleEscalated",
             K::Failed => "ThreadFailed",
-            K::Skipped => "ActionSkipped",
+            // Nothing was written (the thread moved on, it is escalated already and waits for a
+            // person): an Event per such thread per sweep would repeat every run; the count is in
+            // status.lastSweep.actions.skipped and each row in the log.
+            K::Skipped => return,
             // An acting sweep reports no planned action; counted as an error if one came.
             K::Planned | K::Error => "ActionError",
         };
@@ -767,9 +770,26 @@ mod tests {
                 reason: "gone",
             });
         }
+        let skipped = RowAction {
+            plan: Plan::Escalate,
+            outcome: Outcome::Skipped {
+                reason: "already escalated".into(),
+            },
+        };
+        sink.record(&ActionEvent {
+            store: "ns/s",
+            thread_id: "t-waiting",
+            handle_class: "basket",
+            action: &skipped,
+            reason: "gone",
+        });
         let collected = sink.events.lock().unwrap();
         assert_eq!(collected.kept.len(), MAX_SWEEP_EVENTS);
         assert_eq!(collected.left_out.get("HandleEscalated"), Some(&7));
+        assert!(
+            !collected.left_out.contains_key("ActionSkipped"),
+            "a skip is no Event"
+        );
     }
 
     fn deviation(tool: &str, count: u64, last_seen: &str) -> SweepDeviation {

@@ -80,9 +80,9 @@ struct SweepArgs {
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
     /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;
-    /// writes checkpoints and custody's ledger). Without it a local sweep only plans. With
-    /// `--store` the store's `mode` alone decides.
-    #[arg(long)]
+    /// writes checkpoints and custody's ledger). Without it a local sweep only plans. Refused
+    /// with `--store`, where the store's `mode` alone decides.
+    #[arg(long, conflicts_with = "store")]
     apply: bool,
     /// Sweep only shard I of N (`0 <= I < N <= 64`): the threads whose thread id hashes to I
     /// (first 4 bytes of its sha256, modulo N). N processes with I = 0..N-1 cover every thread

@@ -150,6 +150,14 @@ fn sweep_usage_names_both_sources() {
     assert_eq!(both.status.code(), Some(2));
     let err = String::from_utf8(both.stderr).unwrap();
     assert!(err.contains("cannot be used with"), "{err}");
+    // In the cluster the store's spec.mode decides; a flag that changed nothing was accepted.
+    let apply = support::custody(&["sweep", "--store", "a/b", "--apply"]);
+    assert_eq!(apply.status.code(), Some(2));
+    let err = String::from_utf8(apply.stderr).unwrap();
+    assert!(
+        err.contains("the argument '--store <NAMESPACE/NAME>' cannot be used with '--apply'"),
+        "{err}"
+    );
 }
 
 #[test]
