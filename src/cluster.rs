@@ -41,11 +41,22 @@ pub async fn client() -> anyhow::Result<Client> {
 /// A kube client error for a person: the API server's own message and HTTP status for an error
 /// it answered (kube's Display of one is the `Status` object's Debug dump), else kube's text
 /// followed by its causes (kube says only `ServiceError: client error (Connect)` for an API
-/// server that refuses the connection; its sources say `Connection refused`). A body that was
+/// server that refuses the connection; its sources say `Connection refused`): `the API server
+/// did not answer: client error (Connect): tcp connect error: Connection refused (os error 111)`. A body that was
 /// not a `Status` (kube then says "Failed to parse error data") keeps its text.
 pub fn kube_text(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => status_text(s),
+        // kube's `ServiceError: ` and `HyperError: ` prefixes are its variant names.
+        kube::Error::Service(inner) => {
+            format!(
+                "the API server did not answer: {}",
+                with_causes(inner.as_ref())
+            )
+        }
+        kube::Error::HyperError(inner) => {
+            format!("the API server did not answer: {}", with_causes(inner))
+        }
         other => with_causes(other),
     }
 }
@@ -583,7 +594,10 @@ impl crate::sweep::act::ActionSink for CollectingSink {
             K::Reminted => "HandleReminted",
             K::Escalated => "HandleEscalated",
             K::Failed => "ThreadFailed",
-            K::Skipped => "ActionSkipped",
+            // Nothing was written (the thread moved on, it is escalated already and waits for a
+            // person): an Event per such thread per sweep would repeat every run; the count is in
+            // status.lastSweep.actions.skipped and each row in the log.
+            K::Skipped => return,
             // An acting sweep reports no planned action; counted as an error if one came.
             K::Planned | K::Error => "ActionError",
         };
@@ -756,9 +770,26 @@ mod tests {
                 reason: "gone",
             });
         }
+        let skipped = RowAction {
+            plan: Plan::Escalate,
+            outcome: Outcome::Skipped {
+                reason: "already escalated".into(),
+            },
+        };
+        sink.record(&ActionEvent {
+            store: "ns/s",
+            thread_id: "t-waiting",
+            handle_class: "basket",
+            action: &skipped,
+            reason: "gone",
+        });
         let collected = sink.events.lock().unwrap();
         assert_eq!(collected.kept.len(), MAX_SWEEP_EVENTS);
         assert_eq!(collected.left_out.get("HandleEscalated"), Some(&7));
+        assert!(
+            !collected.left_out.contains_key("ActionSkipped"),
+            "a skip is no Event"
+        );
     }
 
     fn deviation(tool: &str, count: u64, last_seen: &str) -> SweepDeviation {

@@ -80,9 +80,9 @@ struct SweepArgs {
     #[arg(long, conflicts_with = "apply")]
     dry_run: bool,
     /// Local mode: act on the verdicts of stores whose `mode` is `act` (re-mint, escalate, fail;
-    /// writes checkpoints and custody's ledger). Without it a local sweep only plans. With
-    /// `--store` the store's `mode` alone decides.
-    #[arg(long)]
+    /// writes checkpoints and custody's ledger). Without it a local sweep only plans. Refused
+    /// with `--store`, where the store's `mode` alone decides.
+    #[arg(long, conflicts_with = "store")]
     apply: bool,
     /// Sweep only shard I of N (`0 <= I < N <= 64`): the threads whose thread id hashes to I
     /// (first 4 bytes of its sha256, modulo N). N processes with I = 0..N-1 cover every thread
@@ -164,6 +164,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // `custody discover | head`: the reader is gone, which is not custody's failure. Only a
+        // bare write error is one; a database or server connection's wears its own error type.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // custody's errors already carry their causes in their message.
             eprintln!("error: {e}");
@@ -184,7 +192,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Crd => {
-            print!("{}", custody::crd::to_yaml(&custody::crd::all())?);
+            let yaml = custody::crd::to_yaml(&custody::crd::all())?;
+            std::io::stdout().lock().write_all(yaml.as_bytes())?;
             Ok(())
         }
         Command::Sweep(args) => sweep(args).await,

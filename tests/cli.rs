@@ -62,6 +62,71 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// `custody crd | head -1`: a reader that goes away is not custody's failure: exit 0, nothing on
+/// stderr (was a panic, or `error: Broken pipe (os error 32)`).
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::io::Read as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .arg("crd")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 4];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(&first, b"---\n");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
+/// A database the server says does not exist is said in PostgreSQL's words with its SQLSTATE,
+/// not with sqlx's `at line 948` (the line of PostgreSQL's own source that raised it).
+#[test]
+fn a_database_that_does_not_exist_is_named_without_the_servers_source_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = support::var("CUSTODY_TEST_PG_URL");
+    let dsn = format!("{}/custody_no_such_db", base.rsplit_once('/').unwrap().0);
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains(&format!(
+            "cannot connect to {dsn}: database \"custody_no_such_db\" does not exist (SQLSTATE 3D000)"
+        )) && !err.contains(" at line "),
+        "{err}"
+    );
+}
+
+/// An API server that refuses the connection is said once, with its cause, in words: not kube's
+/// `ServiceError: client error (Connect)` beside kube-client's own ERROR line.
+#[test]
+fn an_unreachable_api_server_is_said_once_with_its_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}\nusers:\n- name: u\n  user: {{token: not-a-real-one}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--store", "agents/orders"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err.trim(),
+        "error: get CheckpointStore agents/orders: the API server did not answer: client error \
+         (Connect): tcp connect error: Connection refused (os error 111)",
+    );
+}
+
 /// `custody sweep` takes its resources from files (`-f`) or from one store of the cluster
 /// (`--store`): its usage line names both, and neither or both is refused saying so.
 #[test]
@@ -85,6 +150,14 @@ fn sweep_usage_names_both_sources() {
     assert_eq!(both.status.code(), Some(2));
     let err = String::from_utf8(both.stderr).unwrap();
     assert!(err.contains("cannot be used with"), "{err}");
+    // In the cluster the store's spec.mode decides; a flag that changed nothing was accepted.
+    let apply = support::custody(&["sweep", "--store", "a/b", "--apply"]);
+    assert_eq!(apply.status.code(), Some(2));
+    let err = String::from_utf8(apply.stderr).unwrap();
+    assert!(
+        err.contains("the argument '--store <NAMESPACE/NAME>' cannot be used with '--apply'"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1496,6 +1496,27 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
     )
     .await;
     let note = wait_warning(&client, &ns, "HandleClass", "basket", "StatusRefused").await;
+    // The annotation is still this release's: the serving controller's recheck compares the
+    // schema itself, and says so.
+    eventually_within(
+        Duration::from_secs(90),
+        "the serving controller notices the schema under its own annotation",
+        async || {
+            let current = infra.current.lock().await;
+            let serving = current.as_ref().expect("the serving controller");
+            match serving.get("/readyz") {
+                Some((503, body))
+                    if body.contains(&format!(
+                        "CRD {crd} carries this controller's custody.dev/schema-sha256 but its v1alpha1 schema is not this controller's"
+                    )) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     assert!(
         note.starts_with("the API server refused this HandleClass's status (HTTP "),
         "{note}"

@@ -328,7 +328,7 @@ fn discover_cli_prints_the_catalog_and_never_a_header_value() {
 }
 
 /// A server that refuses custody's credentials (HTTP 401) is said to, in custody's words, by the
-/// CLI as by the controller's conditions: rmcp's own text is "Auth required".
+/// CLI as by the controller's conditions (rmcp's own text is "Auth required").
 #[test]
 fn discover_cli_says_the_credentials_were_refused() {
     let server = BasketServer::start(&[("BASKET_REQUIRE_BEARER", "the-right-one")]);
@@ -356,6 +356,13 @@ fn discover_cli_says_the_credentials_were_refused() {
             "{format}: {stdout}"
         );
         assert!(!stdout.contains("a-wrong-one"), "{stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "127.0.0.1:{} answered HTTP 401 Unauthorized with a WWW-Authenticate challenge",
+                server.port
+            )) && !stdout.contains("Send message error"),
+            "{format}: {stdout}"
+        );
     }
 }
 

@@ -192,7 +192,7 @@ pub enum StoreError {
         reason: String,
     },
     /// Connecting failed.
-    #[error("cannot connect to {dsn}: {source}")]
+    #[error("cannot connect to {dsn}: {}", db_text(source))]
     Connect {
         /// The DSN with any password replaced by `***`.
         dsn: String,
@@ -214,11 +214,25 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// A query failed part-way.
-    #[error("query failed: {0}")]
+    #[error("query failed: {}", db_text(.0))]
     Query(#[from] sqlx::Error),
     /// A SQLite file read without locks changed during the read (see `sqlite::Quiescent`).
     #[error("{0}")]
     Changed(String),
+}
+
+/// A database driver's error for a person. For an error the server answered, its message and
+/// SQLSTATE (`database "orders" does not exist (SQLSTATE 3D000)`): sqlx appends the `line` field
+/// of PostgreSQL's error (`at line 948`), which is the line of PostgreSQL's own source that
+/// raised it, not of anything the user wrote. Any other error keeps sqlx's text.
+pub fn db_text(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => match db.code() {
+            Some(code) => format!("{} (SQLSTATE {code})", db.message()),
+            None => db.message().to_owned(),
+        },
+        other => other.to_string(),
+    }
 }
 
 /// A connected, read-only checkpoint database.

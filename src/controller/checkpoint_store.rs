@@ -1143,7 +1143,7 @@ mod tests {
                 "/api/v1/namespaces/agents/serviceaccounts/custody-sweep",
                 200,
                 json!({"apiVersion": "v1", "kind": "ServiceAccount",
-                       "metadata": {"name": "custody-sweep", "namespace": "agents"}}),
+                          "metadata": {"name": "custody-sweep", "namespace": "agents"}}),
             )
             .await;
             expect(

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps,
+};
 use kube::{Api, Client};
 
 use crate::crd::{SCHEMA_HASH_ANNOTATION, VERSION};
@@ -182,6 +184,11 @@ pub fn crd_problems(
         };
         let expected = annotation(want).unwrap_or_default();
         match annotation(found) {
+            Some(hash) if hash == expected && served_schema(found) != served_schema(want) => {
+                problems.push(format!(
+                    "CRD {name} carries this controller's {SCHEMA_HASH_ANNOTATION} but its {VERSION} schema is not this controller's (an older crds.yaml, which has no annotation to replace, applied over it, or an edit): it may refuse or drop fields this controller writes: {fix}"
+                ));
+            }
             Some(hash) if hash == expected => {}
             Some(hash) => problems.push(format!(
                 "CRD {name} has schema {SCHEMA_HASH_ANNOTATION} {}…, this controller serves {}…: the installed schema is another release's, and may refuse or drop fields this controller writes: {fix}",
@@ -194,6 +201,20 @@ pub fn crd_problems(
         }
     }
     problems
+}
+
+/// The OpenAPI schema of a CRD's [`VERSION`]. The API server stores it as applied (its defaults
+/// go elsewhere in the spec), so unlike the whole spec it compares with the generated one; the
+/// annotation alone is not enough, since applying an older CRD file without one keeps it.
+fn served_schema(crd: &CustomResourceDefinition) -> Option<&JSONSchemaProps> {
+    crd.spec
+        .versions
+        .iter()
+        .find(|v| v.name == VERSION)?
+        .schema
+        .as_ref()?
+        .open_api_v3_schema
+        .as_ref()
 }
 
 /// The first 12 hex digits of a hash, enough to tell two apart in a message.
@@ -255,6 +276,19 @@ mod tests {
             p[0].starts_with(&format!(
                 "CRD {name} has schema custody.dev/schema-sha256 0123456789ab…, this controller serves {}…",
                 &crate::crd::schema_hash(&want.spec)[..12]
+            )),
+            "{p:?}"
+        );
+
+        // This release's annotation over an older schema (an older crds.yaml applied over it).
+        let mut older = same.clone();
+        let schema = older.spec.versions[0].schema.as_mut().unwrap();
+        let props = schema.open_api_v3_schema.as_mut().unwrap();
+        props.properties.as_mut().unwrap().remove("status");
+        let p = crd_problems(&[(want.clone(), Some(older))]);
+        assert!(
+            p[0].starts_with(&format!(
+                "CRD {name} carries this controller's custody.dev/schema-sha256 but its v1alpha1 schema is not this controller's"
             )),
             "{p:?}"
         );

@@ -36,7 +36,7 @@ pub struct MCPServerSpec {
     /// Streamable HTTP endpoint, e.g. `http://billing.agents.svc:8080/mcp`. Only `http` and
     /// `https` are accepted (the MCP transport spec defines no other scheme for this transport).
     /// A colon after the host with no port (`http://127.0.0.1:/mcp`) is refused: URL parsers
-    /// read it as the scheme's default port (issue 17, item 12).
+    /// read it as the scheme's default port.
     #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("url must start with http:// or https://"))]
     #[x_kube(validation = Rule::new("!self.matches('^[a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*:([/?#].*)?$')").message("url has an empty port (a colon after the host with no number); write the port, or leave out the colon"))]
     pub url: String,
@@ -190,7 +190,7 @@ pub struct MCPServerStatus {
     #[serde(default)]
     pub consecutive_failures: u32,
     /// What the server answered in a way the MCP specification does not allow but custody
-    /// could use (issue 17, item 13), as the controller last summarized it: from its last
+    /// could use, as the controller last summarized it: from its last
     /// discovery (a notification answered with another 2xx than 202 Accepted, a declared
     /// `outputSchema` that is not a valid JSON Schema; at most 16), then each entry of
     /// `sweepConformance` (a result off its tool's `outputSchema`). Empty for a conformant

@@ -190,11 +190,33 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
 /// serde names the Rust type it expected (`expected u32`); a user wrote YAML against the CRD's
 /// schema, so say it in the schema's words (`integer`, `number`).
 fn schema_words(message: &str) -> String {
+    // The bound of a type a YAML value can overrun (`99999999999` for a u32 field), so that
+    // "expected a non-negative integer" is not said of a non-negative one.
     let mut out = message.to_owned();
-    for t in ["u8", "u16", "u32", "u64", "usize"] {
+    for (t, max) in [
+        ("u8", u8::MAX as u64),
+        ("u16", u16::MAX as u64),
+        ("u32", u32::MAX as u64),
+    ] {
+        out = out.replace(
+            &format!("expected {t}"),
+            &format!("expected a non-negative integer up to {max}"),
+        );
+    }
+    for t in ["u64", "usize"] {
         out = out.replace(&format!("expected {t}"), "expected a non-negative integer");
     }
-    for t in ["i8", "i16", "i32", "i64", "isize"] {
+    for (t, min, max) in [
+        ("i8", i8::MIN as i64, i8::MAX as i64),
+        ("i16", i16::MIN as i64, i16::MAX as i64),
+        ("i32", i32::MIN as i64, i32::MAX as i64),
+    ] {
+        out = out.replace(
+            &format!("expected {t}"),
+            &format!("expected an integer from {min} to {max}"),
+        );
+    }
+    for t in ["i64", "isize"] {
         out = out.replace(&format!("expected {t}"), "expected an integer");
     }
     for t in ["f32", "f64"] {
@@ -224,11 +246,15 @@ mod tests {
             .to_string();
         assert!(
             e.ends_with(
-                "spec.parallelism: invalid type: string \"two\", expected a non-negative integer"
+                "spec.parallelism: invalid type: string \"two\", expected a non-negative integer up to 4294967295"
             ),
             "{e}"
         );
         assert_eq!(schema_words("expected f64"), "expected a number");
+        assert_eq!(
+            schema_words("invalid value: integer `99999999999`, expected u32"),
+            "invalid value: integer `99999999999`, expected a non-negative integer up to 4294967295"
+        );
         assert_eq!(
             schema_words("invalid value: integer `-1`, expected u64"),
             "invalid value: integer `-1`, expected a non-negative integer"

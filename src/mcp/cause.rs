@@ -32,7 +32,7 @@ pub const CONNECT: &str = "connect";
 pub const CONNECT_CAUSES: [&str; 7] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, TRANSPORT, CONNECT];
 
 /// `message` led by what its category means for a person, for the category whose text alone
-/// may not say it (rmcp words a 401 with a challenge as "Auth required"). A refused connection,
+/// may not say it (an answered 401 or 403 names only the status). A refused connection,
 /// a failed TLS handshake and a name that does not resolve already say so ([`describe`]).
 pub fn explained(category: &str, message: &str) -> String {
     if category != AUTH {
@@ -61,6 +61,14 @@ pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
         |f: &dyn Fn(&(dyn StdError + 'static)) -> Option<String>| errors.iter().find_map(|e| f(*e));
     find(&|e| match e.downcast_ref::<Http<reqwest::Error>>()? {
         Http::HttpStatus(s) => Some(answered(target, s.status, false)),
+        Http::AuthRequired(_) => Some(format!(
+            "{} with a WWW-Authenticate challenge",
+            answered(target, 401, false)
+        )),
+        Http::InsufficientScope(_) => Some(format!(
+            "{} (insufficient scope)",
+            answered(target, 403, false)
+        )),
         Http::UnexpectedServerResponse(m) => {
             let status = m.strip_prefix("HTTP ")?.get(..3)?.parse().ok()?;
             let body = m

@@ -136,7 +136,7 @@ pub enum DiscoveryError {
 
 impl DiscoveryError {
     /// The message for a person: the error's text, led by what its category means when the text
-    /// alone may not say it ([`super::cause::explained`]: rmcp words a 401 "Auth required").
+    /// alone may not say it ([`super::cause::explained`]: an answered 401 names only the status).
     pub fn explained(&self) -> String {
         super::cause::explained(self.category(), &self.to_string())
     }

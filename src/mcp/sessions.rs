@@ -199,7 +199,7 @@ impl<'c> Sessions<'c> {
 async fn connect(server: &ServerConfig) -> Result<Connection, Unreachable> {
     match Connection::connect(server).await {
         Err(e) => {
-            tracing::warn!(server = %server.name, error = %e, "cannot reach server; its calls this sweep fail");
+            tracing::warn!(server = %server.name, error = %e, "cannot use server; its calls this sweep fail");
             Err(Unreachable {
                 reason: super::cause::explained(e.category(), &e.to_string()),
                 category: e.category(),

@@ -59,7 +59,7 @@ const NULL_TASK_ID: &str = "00000000-0000-0000-0000-000000000000";
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// A statement failed.
-    #[error("database: {0}")]
+    #[error("database: {}", super::db_text(.0))]
     Query(#[from] sqlx::Error),
     /// The thread's rows are of a shape custody will not write to (encrypted or pickled values,
     /// integer channel versions, a patch through a non-map, writes of other tasks that an
