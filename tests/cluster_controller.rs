@@ -996,6 +996,14 @@ async fn deleting_owners_removes_what_they_own() {
         format!("custody_server_tools{labels}"),
         format!("custody_server_last_health_check_timestamp_seconds{labels}"),
         format!("custody_server_last_discovery_timestamp_seconds{labels}"),
+        format!(
+            "custody_server_conformance_warnings{{namespace=\"{}\",name=\"basket\",kind=\"output_schema\"}}",
+            &*ns
+        ),
+        format!(
+            "custody_server_conformance_warnings{{namespace=\"{}\",name=\"basket\",kind=\"notification_status\"}}",
+            &*ns
+        ),
     ];
     let infra = infra();
     let text = infra.metrics().await;

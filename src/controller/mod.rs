@@ -846,6 +846,15 @@ async fn forget_server(ctx: &Context, namespace: String, name: String) {
         .write()
         .await
         .remove(&format!("{namespace}/{name}"));
+    for kind in <crate::mcp::conformance::Kind as strum::IntoEnumIterator>::iter() {
+        ctx.metrics
+            .server_conformance_warnings
+            .remove(&metrics::ConformanceLabels {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                kind: kind.label(),
+            });
+    }
     let labels = metrics::ObjectLabels { namespace, name };
     ctx.metrics.server_healthy.remove(&labels);
     ctx.metrics.server_tools.remove(&labels);
@@ -873,11 +882,14 @@ where
             Err(C::QueueError(e)) => {
                 let reason = watch_failure(&e);
                 let text = watch_message(&e);
-                tracing::warn!(kind, reason, error = %text, "watch failed; retrying");
-                // An expired resourceVersion is the watch protocol's normal restart (a relist).
-                if reason != "watch_expired" {
-                    ctx.readiness.watch_failed(kind, reason, &text);
+                // An expired resourceVersion is the watch protocol's normal restart (a relist):
+                // no failure, so neither a WARN, nor a count, nor a reason to be unready.
+                if reason == "watch_expired" {
+                    tracing::debug!(kind, error = %text, "watch expired; listing again");
+                    return futures::future::ready(());
                 }
+                tracing::warn!(kind, reason, error = %text, "watch failed; retrying");
+                ctx.readiness.watch_failed(kind, reason, &text);
                 ctx.metrics
                     .failures
                     .get_or_create(&metrics::FailureLabels { kind, reason })
@@ -897,7 +909,8 @@ type ControllerResult<K> =
 /// The `reason` label of a failed watch or list: `watch_forbidden` for HTTP 403 (the
 /// ServiceAccount may not list or watch the resource), `watch_not_found` for 404 (the resource
 /// is not served: a missing CRD), `watch_expired` for 410 (the resourceVersion was compacted:
-/// the watcher lists again, nothing is wrong), else `watch`.
+/// the watcher lists again, nothing is wrong: [`drain`] neither logs nor counts it), else
+/// `watch`.
 fn watch_failure(e: &watcher::Error) -> &'static str {
     let code = match e {
         watcher::Error::InitialListFailed(kube::Error::Api(s))
@@ -1331,6 +1344,37 @@ mod tests {
             "the initial list failed: 404 page not found (HTTP 404)"
         );
         assert!(!text.contains("Status {"), "{text}");
+    }
+
+    /// An expired watch (HTTP 410) is the watch protocol's restart: not counted, not a reason
+    /// to be unready; a forbidden one is both.
+    #[tokio::test]
+    async fn an_expired_watch_is_no_failure() {
+        let (ctx, _api) = fixtures::context();
+        ctx.readiness.set_crd_problems(Vec::new());
+        let expired = watcher::Error::WatchError(Box::new(
+            Status::failure("too old resource version", "Expired").with_code(410),
+        ));
+        let handle = drain::<MCPServer>("MCPServer", &ctx);
+        handle(Err(kube::runtime::controller::Error::QueueError(expired))).await;
+        let counted = |reason| {
+            ctx.metrics
+                .failures
+                .get(&metrics::FailureLabels {
+                    kind: "MCPServer",
+                    reason,
+                })
+                .map(|c| c.get())
+        };
+        let unready = || ctx.readiness.check().err().unwrap_or_default();
+        assert_eq!(counted("watch_expired"), None);
+        assert!(!unready().contains("MCPServer"), "{}", unready());
+        let forbidden = watcher::Error::WatchFailed(kube::Error::Api(Box::new(
+            Status::failure("forbidden", "Forbidden").with_code(403),
+        )));
+        handle(Err(kube::runtime::controller::Error::QueueError(forbidden))).await;
+        assert_eq!(counted("watch_forbidden"), Some(1));
+        assert!(unready().contains("MCPServer"), "{}", unready());
     }
 
     #[test]
