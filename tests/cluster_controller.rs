@@ -2916,6 +2916,322 @@ async fn a_sqlite_store_is_refused_in_a_cluster() {
     .await;
 }
 
+/// Touches `kind/name`'s metadata (a watch event, so a reconcile) and waits until the serving
+/// controller has made more `verb resource` requests in `ns` than before: the reconcile ran.
+async fn poke_and_wait(
+    client: &Client,
+    ns: &str,
+    object: &Value,
+    poke: usize,
+    request: (&str, &str),
+) {
+    let infra = infra();
+    let count = || {
+        controller_requests(infra, ns)
+            .iter()
+            .filter(|(v, r)| v == request.0 && r == request.1)
+            .count()
+    };
+    let before = count();
+    let mut touched = object.clone();
+    touched["metadata"]["annotations"] = json!({"custody.dev/test-poke": poke.to_string()});
+    apply(client, ns, &touched).await;
+    eventually("a reconcile of the touched object", async || {
+        match count() {
+            n if n > before => Ok(()),
+            n => Err(format!("{n} {request:?} requests")),
+        }
+    })
+    .await;
+}
+
+/// A ConfigMap someone else created under the name an AgentAssignment renders
+/// (`<assignment>-mcp-config`) is never written or adopted: the assignment is
+/// `ConfigRendered=False ConfigMapNotOwned` naming it, not Ready, with one Warning Event and a
+/// count; the ConfigMap stays exactly as it was, also after the assignment is deleted (no owner
+/// reference for the garbage collector to follow). Once it is deleted, the assignment renders
+/// its own.
+#[tokio::test]
+async fn a_config_map_custody_does_not_own_is_never_written() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "cm-not-owned").await;
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let theirs: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "five-mcp-config"}, "data": {"mine": "yes"}}))
+    .unwrap();
+    let theirs = cms.create(&PostParams::default(), &theirs).await.unwrap();
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    let five = object(
+        "AgentAssignment",
+        "five",
+        basket_assignment("five", &["get_basket"]),
+    );
+    apply(&client, &ns, &five).await;
+    // One the same ConfigMap rules let through, to see the garbage collector at work below.
+    apply(
+        &client,
+        &ns,
+        &object(
+            "AgentAssignment",
+            "other",
+            basket_assignment("other", &["get_basket"]),
+        ),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "five",
+        &[("ConfigRendered", "False"), ("Ready", "False")],
+    )
+    .await;
+    let rendered = condition(&obj, "ConfigRendered").unwrap();
+    assert_eq!(rendered["reason"], "ConfigMapNotOwned", "{rendered}");
+    let message = "ConfigMap five-mcp-config exists and is not custody's (it has no controller owner reference): custody does not write or adopt it; delete or rename that ConfigMap, or give this AgentAssignment another name";
+    assert_eq!(rendered["message"], message);
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(
+        (&ready["reason"], &ready["message"]),
+        (&json!("ConfigMapNotOwned"), &json!(message))
+    );
+    for field in ["configMapName", "configDigest"] {
+        assert!(obj["status"].get(field).is_none(), "{}", obj["status"]);
+    }
+    let event = wait_event(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "five",
+        "ConfigMapNotOwned",
+        "Warning",
+    )
+    .await;
+    assert_eq!(event.note.as_deref(), Some(message));
+    let failures = metric(
+        &infra.metrics().await,
+        "custody_reconcile_failures_total{kind=\"AgentAssignment\",reason=\"ConfigMapNotOwned\"}",
+    );
+    assert!(failures.is_some_and(|n| n >= 1.0), "{failures:?}");
+    // Later reconciles read the ConfigMap again, write nothing and publish nothing new.
+    for poke in 0..2 {
+        poke_and_wait(&client, &ns, &five, poke, ("get", "configmaps")).await;
+    }
+    let warnings: Vec<_> = events(&client, &ns, "AgentAssignment", "five")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ConfigMapNotOwned"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].series.is_none(),
+        "one Warning Event, not one per reconcile: {warnings:?}"
+    );
+    assert_eq!(
+        serde_json::to_value(cms.get("five-mcp-config").await.unwrap()).unwrap(),
+        serde_json::to_value(&theirs).unwrap(),
+        "the ConfigMap was written"
+    );
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "other",
+        &[("Ready", "True")],
+    )
+    .await;
+    for name in ["five", "other"] {
+        kind_api(&client, &ns, "AgentAssignment")
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the garbage collector removed other's ConfigMap",
+        async || match cms.get_opt("other-mcp-config").await.unwrap() {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        },
+    )
+    .await;
+    assert_eq!(
+        serde_json::to_value(cms.get("five-mcp-config").await.unwrap()).unwrap(),
+        serde_json::to_value(&theirs).unwrap(),
+        "the ConfigMap changed when the assignment was deleted"
+    );
+
+    // Once the ConfigMap is gone (nothing custody watches), the next recheck renders its own.
+    apply(&client, &ns, &five).await;
+    wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "five",
+        &[("ConfigRendered", "False")],
+    )
+    .await;
+    cms.delete("five-mcp-config", &DeleteParams::default())
+        .await
+        .unwrap();
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "AgentAssignment",
+        "five",
+        &[("ConfigRendered", "True"), ("Ready", "True")],
+    )
+    .await;
+    let ours = cms.get("five-mcp-config").await.unwrap();
+    let uid = obj["metadata"]["uid"].as_str().unwrap();
+    assert!(
+        ours.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.uid == uid),
+        "{:?}",
+        ours.metadata
+    );
+}
+
+/// A CronJob someone else created under the name of a store's sweep (`<store>-sweep`) is never
+/// written or adopted: the store is `Scheduled=False CronJobNotOwned` naming it, not Ready
+/// (`Reachable` and `SchemaCompatible` still checked), with one Warning Event and a count; the
+/// CronJob stays exactly as it was, also after the store is deleted.
+#[tokio::test]
+async fn a_cron_job_custody_does_not_own_is_never_written() {
+    let _shared = ISOLATION.read().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "cron-not-owned").await;
+    let crons = Api::<CronJob>::namespaced(client.clone(), &ns);
+    let theirs: CronJob = serde_json::from_value(json!({
+        "metadata": {"name": "adopt-sweep"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "OnFailure",
+            "containers": [{"name": "adopt-sweep", "image": "busybox", "command": ["echo", "backup"]}],
+        }}}}},
+    }))
+    .unwrap();
+    let theirs = crons.create(&PostParams::default(), &theirs).await.unwrap();
+    // What custody would merge into or take over; the CronJob controller writes the status.
+    let shape = |c: &CronJob| {
+        json!([
+            c.spec,
+            c.metadata.labels,
+            c.metadata.annotations,
+            c.metadata.owner_references
+        ])
+    };
+    assert!(theirs.metadata.owner_references.is_none());
+    let dsn = support::fresh_pg_database("e2e_cron_not_owned").await;
+    support::write_some_fixtures(
+        &BasketServer::start(&[]).url(),
+        Db::Postgres(&dsn),
+        None,
+        "",
+    );
+    let store = |name: &str| {
+        object(
+            "CheckpointStore",
+            name,
+            json!({"backend": "postgres", "dsn": dsn}),
+        )
+    };
+    apply(&client, &ns, &store("adopt")).await;
+    // One whose CronJob custody creates, to see the garbage collector at work below.
+    apply(&client, &ns, &store("other")).await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "adopt",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("SchemaCompatible", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "CronJobNotOwned", "{scheduled}");
+    let message = "CronJob adopt-sweep exists and is not custody's (it has no controller owner reference): custody does not write or adopt it; delete or rename that CronJob, or give this CheckpointStore another name";
+    assert_eq!(scheduled["message"], message);
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "CronJobNotOwned"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "adopt",
+        "CronJobNotOwned",
+        "Warning",
+    )
+    .await;
+    assert_eq!(event.note.as_deref(), Some(message));
+    let failures = metric(
+        &infra.metrics().await,
+        "custody_reconcile_failures_total{kind=\"CheckpointStore\",reason=\"CronJobNotOwned\"}",
+    );
+    assert!(failures.is_some_and(|n| n >= 1.0), "{failures:?}");
+    // Later reconciles look the CronJob up again, write nothing and publish nothing new.
+    for poke in 0..2 {
+        poke_and_wait(&client, &ns, &store("adopt"), poke, ("list", "jobs")).await;
+    }
+    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "adopt")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CronJobNotOwned"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].series.is_none(),
+        "one Warning Event, not one per reconcile: {warnings:?}"
+    );
+    assert_eq!(
+        shape(&crons.get("adopt-sweep").await.unwrap()),
+        shape(&theirs),
+        "the CronJob was written"
+    );
+
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "other",
+        &[("Scheduled", "True")],
+    )
+    .await;
+    for name in ["adopt", "other"] {
+        kind_api(&client, &ns, "CheckpointStore")
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually(
+        "the garbage collector removed other's CronJob",
+        async || match crons.get_opt("other-sweep").await.unwrap() {
+            None => Ok(()),
+            Some(_) => Err("still there".to_owned()),
+        },
+    )
+    .await;
+    assert_eq!(
+        shape(&crons.get("adopt-sweep").await.unwrap()),
+        shape(&theirs),
+        "the CronJob changed when the store was deleted"
+    );
+}
+
 /// HandleClass has a `Ready` condition (`kubectl wait --for=condition=Ready` works), a Warning
 /// Event when it is not valid, and the `Ready` reason in `kubectl get` (message with `-o wide`).
 #[tokio::test]

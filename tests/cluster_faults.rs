@@ -12,6 +12,7 @@
 //! | F3 | [`watches_refused_by_rbac_make_the_controller_not_ready`] | the controller's ServiceAccount may read the CRDs but not list or watch what it reconciles | the leader is not ready: `/readyz` answers 503 naming each controller whose watch fails and the 403; `custody_reconcile_failures_total{reason="watch_forbidden"}` counts them |
 //! | F4 | [`crds_of_another_release_are_named_and_their_refusals_reach_the_objects`] | an installed CRD of another release (its `custody.dev/schema-sha256` differs; its schema refuses a status field) | at startup: an ERROR log and `/readyz` 503 naming the CRD and what to apply, ready once applied without a restart; a refused status write: a Warning Event `StatusRefused` on the object naming the field, and a count |
 //! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
+//! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -31,8 +32,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, eventually, eventually_within, get, kind_api, visible_text,
-    wait_conditions, wait_event,
+    TestNs, apply, client, condition, events, eventually, eventually_within, get, kind_api,
+    visible_text, wait_conditions, wait_event,
 };
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
@@ -1207,7 +1208,7 @@ async fn bad_resources_are_rejected_or_named_in_conditions() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// F3–F5: what the API server refuses reaches `/readyz`, the objects and the metrics.
+// F3–F6: what the API server refuses reaches `/readyz`, the objects and the metrics.
 
 /// The `custody` binary under test.
 fn custody_bin() -> &'static std::path::Path {
@@ -1537,6 +1538,39 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
     .await;
 }
 
+/// Puts the chart's ClusterRole back when dropped.
+struct RestoreRole(String);
+
+impl Drop for RestoreRole {
+    fn drop(&mut self) {
+        cluster::cluster()
+            .kubectl(&["replace", "-f", "-"], Some(&self.0))
+            .ok();
+    }
+}
+
+/// Replaces the verbs of the controller ClusterRole's rule for `resources` (a rule of that one
+/// resource) with `verbs`, until the returned guard is dropped.
+fn reduce_role(infra: &Suite, resource: &str, verbs: &[&str]) -> RestoreRole {
+    let c = cluster::cluster();
+    let role = format!("{}-controller", infra.release);
+    let mut original = c.get_json(&["clusterrole", &role]);
+    for field in ["resourceVersion", "managedFields"] {
+        original["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let mut reduced = original.clone();
+    for rule in reduced["rules"].as_array_mut().unwrap() {
+        if rule["resources"] == json!([resource]) {
+            rule["verbs"] = json!(verbs);
+        }
+    }
+    assert_ne!(reduced, original, "the chart's role has a {resource} rule");
+    let restore = RestoreRole(original.to_string());
+    c.kubectl(&["replace", "-f", "-"], Some(&reduced.to_string()))
+        .ok();
+    restore
+}
+
 /// F5: a ConfigMap write RBAC refuses (the controller's ClusterRole loses `patch` on ConfigMaps)
 /// makes the AgentAssignment `ConfigRendered=False` and `Ready=False` with reason
 /// `ConfigMapRefused` naming the ConfigMap and the API server's 403, with a Warning Event and a
@@ -1548,7 +1582,6 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
     let infra = infra();
     let client = client().await;
     let ns = TestNs::new(&client, "faults-cmrbac").await;
-    let c = cluster::cluster();
     let server = BasketServer::start(&[]);
     apply(
         &client,
@@ -1558,30 +1591,8 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
     .await;
     wait_conditions(&client, &ns, "MCPServer", "basket", &[("Ready", "True")]).await;
 
-    let role = format!("{}-controller", infra.release);
-    let mut original = c.get_json(&["clusterrole", &role]);
-    for field in ["resourceVersion", "managedFields"] {
-        original["metadata"].as_object_mut().unwrap().remove(field);
-    }
-    let mut reduced = original.clone();
-    for rule in reduced["rules"].as_array_mut().unwrap() {
-        if rule["resources"] == json!(["configmaps"]) {
-            rule["verbs"] = json!(["list", "watch"]);
-        }
-    }
-    assert_ne!(reduced, original, "the chart's role has a configmaps rule");
-    /// Puts the chart's ClusterRole back when dropped.
-    struct RestoreRole(String);
-    impl Drop for RestoreRole {
-        fn drop(&mut self) {
-            cluster::cluster()
-                .kubectl(&["replace", "-f", "-"], Some(&self.0))
-                .ok();
-        }
-    }
-    let restore = RestoreRole(original.to_string());
-    c.kubectl(&["replace", "-f", "-"], Some(&reduced.to_string()))
-        .ok();
+    // Reads stay allowed: the refusal is the write's.
+    let restore = reduce_role(infra, "configmaps", &["get", "list", "watch"]);
 
     apply(
         &client,
@@ -1673,5 +1684,84 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
         obj["status"]["configDigest"].is_string(),
         "{}",
         obj["status"]
+    );
+}
+
+/// F6: a sweep CronJob write RBAC refuses (the controller's ClusterRole loses `create` and
+/// `patch` on CronJobs) makes the CheckpointStore `Scheduled=False` and `Ready=False` with reason
+/// `CronJobRefused` naming the CronJob, the API server's 403 and the verbs the ClusterRole must
+/// grant, with a Warning Event and a count, while `Reachable` and `SchemaCompatible` are still
+/// written. Restoring the role schedules it at the next recheck (20 s).
+#[tokio::test]
+async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-cronrbac").await;
+    let dsn = langgraph_database("faults_cronrbac").await;
+    let restore = reduce_role(infra, "cronjobs", &["list", "watch"]);
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[
+            ("Scheduled", "False"),
+            ("Reachable", "True"),
+            ("SchemaCompatible", "True"),
+            ("Ready", "False"),
+        ],
+    )
+    .await;
+    let scheduled = condition(&obj, "Scheduled").unwrap();
+    assert_eq!(scheduled["reason"], "CronJobRefused", "{scheduled}");
+    let message = scheduled["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the API server refused CronJob orders-sweep (HTTP 403): ")
+            && message.contains("forbidden")
+            && message.ends_with(
+                "; the controller's ClusterRole must grant list, create and patch on cronjobs in API group batch"
+            ),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&obj, "Ready").unwrap()["reason"],
+        "CronJobRefused"
+    );
+    let note = wait_warning(&client, &ns, "CheckpointStore", "orders", "CronJobRefused").await;
+    assert_eq!(note, message);
+    assert!(failures(&infra.metrics().await, "CheckpointStore", "CronJobRefused") >= 1.0);
+
+    drop(restore);
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Scheduled", "True"), ("Ready", "True")],
+    )
+    .await;
+    assert_eq!(
+        condition(&obj, "Scheduled").unwrap()["reason"],
+        "CronJobApplied"
+    );
+    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "orders")
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CronJobRefused"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].series.is_none(),
+        "one Warning Event, not one per recheck: {warnings:?}"
     );
 }

@@ -204,26 +204,11 @@ pub(super) async fn reconcile(
             "data": rendered.data,
         });
         let cms = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns);
-        // A read instead of a write when nothing changed: the controller rechecks every
-        // assignment each minute and whenever a server it names changes.
-        let applied = match cms.get_opt(&cm_name).await {
-            Ok(existing) if config_map_current(existing.as_ref(), &cm) => Ok(()),
-            // A refused read (an install whose Role lacks `get`) falls back to the apply, so
-            // what the API server says about the write is what the condition reports.
-            Ok(_) | Err(kube::Error::Api(_)) => {
-                ctx.lease.check().await?;
-                cms.patch(
-                    &cm_name,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&cm),
-                )
-                .await
-                .map(drop)
-            }
-            Err(e) => Err(e),
-        };
-        config = match applied {
-            Ok(()) => {
+        // The API server's answer (RBAC, quota, size) and a ConfigMap that is not custody's are
+        // the install's or the user's to fix: a condition and an Event say so, where a
+        // reconcile error would only log. The status keeps describing the ConfigMap as it is.
+        config = match write_config_map(a, &cms, &cm_name, &cm, &ctx).await? {
+            Written::Applied => {
                 secret_env = rendered.env;
                 tool_count = Some(rendered.tool_count);
                 digest = Some(rendered.digest.clone());
@@ -233,16 +218,20 @@ pub(super) async fn reconcile(
                     format!("ConfigMap {cm_name} applied"),
                 )
             }
-            // The API server's answer (RBAC, quota, size) is the spec's or the install's to
-            // fix: a condition and an Event say so, where a reconcile error would only log.
-            // The status keeps describing the ConfigMap as it is.
-            Err(kube::Error::Api(refused)) => {
-                config_refused(a, &current, &cm_name, &refused, &ctx).await
+            Written::NotOwned(message) => {
+                not_written(a, &current, conditions::CONFIG_MAP_NOT_OWNED, message, &ctx).await
             }
-            Err(e) => return Err(e.into()),
+            Written::Refused(refused) => {
+                let message = format!(
+                    "the API server refused ConfigMap {cm_name} (HTTP {}): {}",
+                    refused.code, refused.message
+                );
+                not_written(a, &current, conditions::CONFIG_MAP_REFUSED, message, &ctx).await
+            }
         };
     }
-    // An RBAC or quota fix is not watched: look again soon.
+    // An RBAC or quota fix is not watched, nor is the deletion of a ConfigMap that is not
+    // custody's: look again soon.
     let requeue = if config.status == conditions::FALSE {
         WAITING
     } else {
@@ -293,7 +282,13 @@ pub(super) async fn reconcile(
     )
     .await;
     report_interrupts(a, &current, &interrupts, &ctx).await;
-    // 6. status, applied when changed (API)
+    // 6. status, applied when changed (API). Its ConfigMap is one custody wrote, never one of
+    //    the same name it may not write.
+    let config_map_name = if config.status == conditions::TRUE {
+        Some(cm_name.clone())
+    } else {
+        current.config_map_name.clone()
+    };
     let status = AgentAssignmentStatus {
         conditions: merge(
             &current.conditions,
@@ -302,10 +297,7 @@ pub(super) async fn reconcile(
             &time(Utc::now()),
         ),
         observed_generation: a.metadata.generation,
-        config_map_name: validated
-            .as_ref()
-            .map(|_| cm_name.clone())
-            .or(current.config_map_name.clone()),
+        config_map_name,
         tool_count,
         config_digest: digest,
         secret_env,
@@ -315,9 +307,73 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(requeue))
 }
 
-/// Whether `existing` already holds everything the `rendered` apply sets: its data, its labels
-/// and annotations, and the owner reference (another writer's extra labels do not count; an
-/// edited or removed key does).
+/// What became of the rendered ConfigMap ([`write_config_map`]).
+enum Written {
+    /// The ConfigMap in the cluster is the rendered one (applied now, or already).
+    Applied,
+    /// A ConfigMap of that name exists and this assignment is not its controller; the message
+    /// for `ConfigMapNotOwned`.
+    NotOwned(String),
+    /// The API server refused the read or the write.
+    Refused(Box<kube::core::Status>),
+}
+
+/// Applies the `rendered` ConfigMap `cm_name`, unless the one in the cluster already holds it
+/// ([`config_map_current`]) or is not this assignment's ([`super::controlled_by`]).
+///
+/// The read comes first: the controller rechecks every assignment each minute and whenever a
+/// server it names changes, and an unchanged ConfigMap costs no write. It also tells whose the
+/// ConfigMap is, so a refused read (a Role without `get`) is not followed by a write that could
+/// adopt someone else's. Between the read of a missing ConfigMap and the apply, another writer
+/// could still create one of that name: a window of one request, which no precondition of a
+/// server-side apply closes.
+///
+/// # Errors
+/// The Lease check's, and a kube error that is not an answer of the API server.
+async fn write_config_map(
+    a: &AgentAssignment,
+    cms: &Api<ConfigMap>,
+    cm_name: &str,
+    rendered: &Value,
+    ctx: &Context,
+) -> Result<Written, Error> {
+    let existing = match cms.get_opt(cm_name).await {
+        Ok(existing) => existing,
+        Err(kube::Error::Api(refused)) => return Ok(Written::Refused(refused)),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(other) = existing
+        .as_ref()
+        .filter(|cm| !super::controlled_by(&cm.metadata, a))
+    {
+        return Ok(Written::NotOwned(super::not_owned_message(
+            "ConfigMap",
+            cm_name,
+            &other.metadata,
+            "AgentAssignment",
+        )));
+    }
+    if config_map_current(existing.as_ref(), rendered) {
+        return Ok(Written::Applied);
+    }
+    ctx.lease.check().await?;
+    match cms
+        .patch(
+            cm_name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(rendered),
+        )
+        .await
+    {
+        Ok(_) => Ok(Written::Applied),
+        Err(kube::Error::Api(refused)) => Ok(Written::Refused(refused)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `existing`, a ConfigMap this assignment controls, already holds everything the
+/// `rendered` apply sets: its data, its labels and annotations (another writer's extra labels
+/// do not count; an edited or removed key does).
 fn config_map_current(existing: Option<&ConfigMap>, rendered: &Value) -> bool {
     let Some(Ok(existing)) = existing.map(serde_json::to_value) else {
         return false;
@@ -329,41 +385,25 @@ fn config_map_current(existing: Option<&ConfigMap>, rendered: &Value) -> bool {
             .all(|(k, v)| have.get(k) == Some(v))
     };
     let meta = |o: &Value, field: &str| o["metadata"][field].clone();
-    let uids = |o: &Value| -> BTreeSet<String> {
-        o["metadata"]["ownerReferences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| Some(r["uid"].as_str()?.to_owned()))
-            .collect()
-    };
     existing["data"] == rendered["data"]
         && subset(&meta(rendered, "labels"), &meta(&existing, "labels"))
         && subset(
             &meta(rendered, "annotations"),
             &meta(&existing, "annotations"),
         )
-        && uids(rendered).is_subset(&uids(&existing))
 }
 
-/// `ConfigRendered=False` for a ConfigMap the API server refused, counted, with a Warning Event
-/// unless the persisted status already says the same.
-async fn config_refused(
+/// `ConfigRendered=False` of `reason` (`ConfigMapRefused`, `ConfigMapNotOwned`): nothing was
+/// written. Counted, with a Warning Event unless the persisted status already says the same.
+async fn not_written(
     a: &AgentAssignment,
     current: &AgentAssignmentStatus,
-    cm_name: &str,
-    refused: &kube::core::Status,
+    reason: &'static str,
+    message: String,
     ctx: &Context,
 ) -> Cond {
-    ctx.count_unusable("AgentAssignment", conditions::CONFIG_MAP_REFUSED);
-    let c = Cond::no(
-        conditions::CONFIG_RENDERED,
-        conditions::CONFIG_MAP_REFUSED,
-        format!(
-            "the API server refused ConfigMap {cm_name} (HTTP {}): {}",
-            refused.code, refused.message
-        ),
-    );
+    ctx.count_unusable("AgentAssignment", reason);
+    let c = Cond::no(conditions::CONFIG_RENDERED, reason, message);
     let was = current
         .conditions
         .iter()
@@ -441,7 +481,7 @@ fn degraded(v: Option<&Validated<'_>>) -> Cond {
 /// Events about what changed since the persisted status, so a requeue or a controller restart
 /// does not repeat them: the assignment turning not ready (or for another reason or cause), tools
 /// withheld by the policy, optional servers left out or back, and a new configuration. (A
-/// refused ConfigMap has its own Event, [`config_refused`]; unknown names in `interruptOn`,
+/// ConfigMap not written has its own Event, [`not_written`]; unknown names in `interruptOn`,
 /// [`report_interrupts`].)
 async fn report(
     a: &AgentAssignment,
@@ -471,6 +511,7 @@ async fn report(
     if ready.status == conditions::FALSE
         && ready.reason != policy.reason
         && ready.reason != conditions::CONFIG_MAP_REFUSED
+        && ready.reason != conditions::CONFIG_MAP_NOT_OWNED
         && ready.reason != conditions::WAITING_FOR_DISCOVERY
         && was(conditions::READY).is_none_or(|p| {
             p.status != conditions::FALSE || p.reason != ready.reason || p.message != ready.message
@@ -1175,6 +1216,43 @@ mod tests {
             "{}",
             r.message
         );
+    }
+
+    /// A ConfigMap read RBAC refuses is not followed by a write: without the read, custody
+    /// cannot tell whether the ConfigMap of that name is its own.
+    #[tokio::test]
+    async fn a_refused_read_writes_nothing() {
+        use crate::controller::fixtures::{context, expect};
+        let (ctx, mut api) = context();
+        let a = assignment(&[]);
+        let server = tokio::spawn(async move {
+            expect(
+                &mut api,
+                "GET",
+                "/api/v1/namespaces/shop/configmaps/orders-mcp-config",
+                403,
+                json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 403,
+                       "reason": "Forbidden",
+                       "message": "configmaps \"orders-mcp-config\" is forbidden: cannot get resource"}),
+            )
+            .await;
+            api
+        });
+        let cms = Api::<ConfigMap>::namespaced(ctx.client.clone(), "shop");
+        let written = write_config_map(&a, &cms, "orders-mcp-config", &json!({}), &ctx)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&written, Written::Refused(s) if s.code == 403),
+            "{}",
+            matches!(written, Written::Applied)
+        );
+        drop((cms, ctx));
+        let mut api = server.await.unwrap();
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the refused read: {}", request.uri());
+        }
     }
 
     #[test]

@@ -76,9 +76,11 @@ pub(super) async fn reconcile(
         ctx.count_unusable("CheckpointStore", reachable.reason);
     }
     // 2. the sweep CronJob (pure build, API apply). A CronJob the API server refuses (a
-    // schedule of the right shape with an out-of-range field, `61 * * * *`) is the spec's
-    // fault: retrying cannot help, so it becomes a condition instead of an endless error. A run
-    // the CronJob controller skipped (pure, from the applied CronJob's status) is one too.
+    // schedule of the right shape with an out-of-range field, `61 * * * *`; a ClusterRole
+    // without `create` or `patch` on CronJobs) and one of that name that is not custody's are
+    // the spec's, the install's or the user's to fix: retrying at once cannot help, so each
+    // becomes a condition instead of an endless error. A run the CronJob controller skipped
+    // (pure, from the applied CronJob's status) is one too.
     let mut requeue = RECHECK;
     let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
         Err(message) => Cond::no(
@@ -87,17 +89,19 @@ pub(super) async fn reconcile(
             message,
         ),
         Ok(applied) => match applied.await {
-            Ok(_) if schedule::never_fires(&store.spec.schedule, Utc::now()) => Cond::no(
-                conditions::SCHEDULED,
-                conditions::SCHEDULE_NEVER_FIRES,
-                format!(
-                    "spec.schedule: {:?} has no run in the next {} years (in UTC), so CronJob {}-sweep never starts a sweep; is the day of the month one that exists?",
-                    store.spec.schedule,
-                    schedule::FIRES_WITHIN_YEARS,
-                    store.name_any()
-                ),
-            ),
-            Ok(cron) => {
+            Ok(Sweep::Applied(_)) if schedule::never_fires(&store.spec.schedule, Utc::now()) => {
+                Cond::no(
+                    conditions::SCHEDULED,
+                    conditions::SCHEDULE_NEVER_FIRES,
+                    format!(
+                        "spec.schedule: {:?} has no run in the next {} years (in UTC), so CronJob {}-sweep never starts a sweep; is the day of the month one that exists?",
+                        store.spec.schedule,
+                        schedule::FIRES_WITHIN_YEARS,
+                        store.name_any()
+                    ),
+                )
+            }
+            Ok(Sweep::Applied(cron)) => {
                 let runs = runs(store, &cron, Utc::now());
                 if let Some(soon) = runs.recheck {
                     requeue = requeue.min(soon);
@@ -117,8 +121,16 @@ pub(super) async fn reconcile(
                     }
                 }
             }
+            // Nothing custody watches changes when that CronJob is deleted or renamed.
+            Ok(Sweep::NotOwned(message)) => {
+                requeue = requeue.min(UNWATCHED_RECHECK);
+                Cond::no(
+                    conditions::SCHEDULED,
+                    conditions::CRON_JOB_NOT_OWNED,
+                    message,
+                )
+            }
             Err(Error::Kube(kube::Error::Api(refused))) if refused.code == 422 => {
-                ctx.count_unusable("CheckpointStore", conditions::CRON_JOB_REFUSED);
                 let field = if refused.message.contains("spec.schedule") {
                     "spec.schedule: "
                 } else {
@@ -134,6 +146,22 @@ pub(super) async fn reconcile(
                     ),
                 )
             }
+            // Nor when the ClusterRole is fixed.
+            Err(Error::Kube(kube::Error::Api(refused)))
+                if refused.code == 401 || refused.code == 403 =>
+            {
+                requeue = requeue.min(UNWATCHED_RECHECK);
+                Cond::no(
+                    conditions::SCHEDULED,
+                    conditions::CRON_JOB_REFUSED,
+                    format!(
+                        "the API server refused CronJob {}-sweep (HTTP {}): {}; the controller's ClusterRole must grant list, create and patch on cronjobs in API group batch",
+                        store.name_any(),
+                        refused.code,
+                        refused.message
+                    ),
+                )
+            }
             Err(e) => return Err(e),
         },
     };
@@ -142,20 +170,14 @@ pub(super) async fn reconcile(
         s if s.status == conditions::TRUE => match sweep_account(store, &ctx).await? {
             Some(missing) => {
                 // Nothing custody watches changes when the ServiceAccount is created.
-                requeue = requeue.min(ACCOUNT_RECHECK);
+                requeue = requeue.min(UNWATCHED_RECHECK);
                 missing
             }
             None => s,
         },
         s => s,
     };
-    if [
-        conditions::MISSED_SCHEDULE,
-        conditions::SCHEDULE_NEVER_FIRES,
-        conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
-    ]
-    .contains(&scheduled.reason)
-    {
+    if WARNED_SCHEDULED.contains(&scheduled.reason) {
         ctx.count_unusable("CheckpointStore", scheduled.reason);
     }
     // 3. how the latest finished sweep Job ended (API read, pure)
@@ -232,10 +254,20 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(requeue))
 }
 
+/// The `Scheduled=False` reasons that are counted in `custody_reconcile_failures_total` and
+/// published as a Warning Event ([`warnings`]).
+const WARNED_SCHEDULED: [&str; 5] = [
+    conditions::MISSED_SCHEDULE,
+    conditions::SCHEDULE_NEVER_FIRES,
+    conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
+    conditions::CRON_JOB_REFUSED,
+    conditions::CRON_JOB_NOT_OWNED,
+];
+
 /// The conditions among `news` (`Reachable`, `SchemaCompatible`, `Scheduled`,
 /// `LastSweepSucceeded`) that call for a Warning Event against the persisted status `current`:
-/// `Reachable=False` of another reason than before, `Scheduled` turned `MissedSchedule` (or
-/// naming another missed run), `ScheduleNeverFires` or `SweepServiceAccountMissing`, a
+/// `Reachable=False` of another reason than before, `Scheduled` turned one of
+/// [`WARNED_SCHEDULED`] (or naming another missed run, another refusal), a
 /// `SchemaCompatible=False` saying something else (no LangGraph tables, then an old migration),
 /// a `LastSweepSucceeded=False` about another Job or failure.
 fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
@@ -245,12 +277,7 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
             let was = conditions::find(&current.conditions, new.type_);
             match new.type_ {
                 conditions::SCHEDULED => {
-                    [
-                        conditions::MISSED_SCHEDULE,
-                        conditions::SCHEDULE_NEVER_FIRES,
-                        conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
-                    ]
-                    .contains(&new.reason)
+                    WARNED_SCHEDULED.contains(&new.reason)
                         && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
                 }
                 conditions::REACHABLE => {
@@ -269,8 +296,10 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
         .collect()
 }
 
-/// How soon a store whose sweep ServiceAccount is missing is checked again.
-const ACCOUNT_RECHECK: std::time::Duration = std::time::Duration::from_secs(20);
+/// How soon a store is checked again while what keeps it from being scheduled is nothing
+/// custody watches: its sweep ServiceAccount missing, the controller's ClusterRole refusing the
+/// CronJob, a CronJob of its name that is not custody's.
+const UNWATCHED_RECHECK: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// `Scheduled=False SweepServiceAccountMissing` when the ServiceAccount the sweep Jobs run as
 /// (`--sweep-service-account`) does not exist in the store's namespace; `None` when it exists or
@@ -564,13 +593,31 @@ fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
     }
 }
 
+/// What became of a store's sweep CronJob ([`ensure_cron_job`]).
+enum Sweep {
+    /// The CronJob as the API server has it (the cached one when nothing was applied).
+    Applied(Arc<CronJob>),
+    /// A CronJob of that name exists and this store is not its controller; the message for
+    /// `CronJobNotOwned`.
+    NotOwned(String),
+}
+
 /// The CronJob that runs `custody sweep --store <namespace>/<name>` on `spec.schedule`, as the
 /// sweep ServiceAccount, with the same restrictive security settings as the controller.
 ///
-/// Applied only when the cached CronJob ([`Context::cron_jobs`]) does not already hold what
-/// custody sets ([`covers`]): a recheck of an unchanged store writes nothing. Returns the
-/// CronJob as the API server has it (the cached one when nothing was applied).
-async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJob, Error> {
+/// Applied only when the CronJob in the cluster is this store's ([`super::controlled_by`]) and
+/// does not already hold what custody sets ([`covers`]): a recheck of an unchanged store writes
+/// nothing, and someone else's CronJob of that name is neither changed nor adopted. The
+/// controller's cache ([`Context::cron_jobs`]) holds only CronJobs labelled
+/// [`STORE_LABEL`], which someone else's need not be; one not there is looked up by name first
+/// (a list of that one name: the controller's ClusterRole has `list` on CronJobs for the cache,
+/// not `get`). Between a lookup that finds none and the apply, another writer could still
+/// create one: a window of one request, which no precondition of a server-side apply closes.
+///
+/// # Errors
+/// The API server's refusals of the lookup and the apply (the caller makes 401, 403 and 422
+/// conditions), the Lease check's.
+async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<Sweep, Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
     let cron = with_digest(cron_job(
@@ -579,19 +626,39 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJ
         &ctx.opts.sweep_service_account,
         ctx.opts.egress.deny_metadata_addresses,
     ));
-    if let Some(live) = cached_cron_job(ctx, &ns, &name).await
-        && covers(&serde_json::to_value(&*live)?, &cron)
-    {
-        return Ok((*live).clone());
+    let api = Api::<CronJob>::namespaced(ctx.client.clone(), &ns);
+    let live = match cached_cron_job(ctx, &ns, &name).await {
+        Some(live) => Some(live),
+        None => api
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await?
+            .items
+            .into_iter()
+            .next()
+            .map(Arc::new),
+    };
+    if let Some(live) = live {
+        if !super::controlled_by(&live.metadata, store) {
+            return Ok(Sweep::NotOwned(super::not_owned_message(
+                "CronJob",
+                &name,
+                &live.metadata,
+                "CheckpointStore",
+            )));
+        }
+        if covers(&serde_json::to_value(&*live)?, &cron) {
+            return Ok(Sweep::Applied(live));
+        }
     }
     ctx.lease.check().await?;
-    Ok(Api::<CronJob>::namespaced(ctx.client.clone(), &ns)
-        .patch(
+    Ok(Sweep::Applied(Arc::new(
+        api.patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&cron),
         )
-        .await?)
+        .await?,
+    )))
 }
 
 /// How long a reconcile waits for the CronJob cache's first list (right after the controllers
@@ -599,7 +666,7 @@ async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<CronJ
 const CACHE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// CronJob `ns/name` from the controller's cache; `None` when it is not there or the cache has
-/// not listed yet within [`CACHE_WAIT`] (the apply then goes ahead: one write too many at worst).
+/// not listed yet within [`CACHE_WAIT`] (the CronJob is then looked up by name).
 async fn cached_cron_job(ctx: &Context, ns: &str, name: &str) -> Option<Arc<CronJob>> {
     let cache = ctx
         .cron_jobs
@@ -1068,6 +1135,14 @@ mod tests {
                 "lastTransitionTime": "2026-12-01T10:00:00Z", "observedGeneration": 1}]},
         });
         let server = tokio::spawn(async move {
+            expect(
+                &mut api,
+                "GET",
+                "/apis/batch/v1/namespaces/agents/cronjobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "CronJobList", "metadata": {}, "items": []}),
+            )
+            .await;
             expect_lease(&mut api).await;
             let now = time(Utc::now());
             expect(

@@ -108,10 +108,15 @@ pub const SWEEP_SERVICE_ACCOUNT_MISSING: &str = "SweepServiceAccountMissing";
 pub const CONFIG_RENDERED: &str = "ConfigRendered";
 /// `ConfigRendered=True`: the API server took the ConfigMap.
 pub const CONFIG_MAP_APPLIED: &str = "ConfigMapApplied";
-/// `ConfigRendered=False` (and `Ready=False`): the API server refused the ConfigMap (RBAC
-/// without `patch` on ConfigMaps, a quota, a ConfigMap over 1 MiB); the message names the
-/// ConfigMap and the API server's answer.
+/// `ConfigRendered=False` (and `Ready=False`, Event): the API server refused the ConfigMap's
+/// read or write (RBAC without `get` or `patch` on ConfigMaps, a quota, a ConfigMap over 1 MiB);
+/// the message names the ConfigMap and the API server's answer.
 pub const CONFIG_MAP_REFUSED: &str = "ConfigMapRefused";
+/// `ConfigRendered=False` (and `Ready=False`, Event): a ConfigMap of the name custody renders
+/// (`<assignment>-mcp-config`) exists and this assignment is not its controller (someone else
+/// created it), so custody neither writes nor adopts it; the message names it and says to
+/// delete or rename it.
+pub const CONFIG_MAP_NOT_OWNED: &str = "ConfigMapNotOwned";
 /// Warning Event reason: the API server refused a status write (an installed CRD older than the
 /// controller, whose schema does not have or types differently a field the controller writes).
 pub const STATUS_REFUSED: &str = "StatusRefused";
@@ -252,8 +257,14 @@ pub const LANGGRAPH_TABLES_FOUND: &str = "LangGraphTablesFound";
 pub const UNSUPPORTED_SCHEMA: &str = "UnsupportedSchema";
 /// Reason (`Scheduled`): the sweep CronJob is applied.
 pub const CRON_JOB_APPLIED: &str = "CronJobApplied";
-/// Reason (`Scheduled`, Event): the API server refused the sweep CronJob.
+/// Reason (`Scheduled`, `Ready`, Event): the API server refused the sweep CronJob: a 422 (a
+/// schedule field out of range) or a 401/403 (the controller's ClusterRole lacks `create` or
+/// `patch` on `batch` CronJobs); the message names the CronJob and the API server's answer.
 pub const CRON_JOB_REFUSED: &str = "CronJobRefused";
+/// Reason (`Scheduled`, `Ready`, Event): a CronJob of the name custody gives the sweep
+/// (`<store>-sweep`) exists and this store is not its controller (someone else created it), so
+/// custody neither writes nor adopts it; the message names it and says to delete or rename it.
+pub const CRON_JOB_NOT_OWNED: &str = "CronJobNotOwned";
 /// Reason (`Ready`): the database answers and the sweep CronJob is scheduled (whether a sweep
 /// has run yet is `LastSweepSucceeded`'s to say).
 pub const SWEEPS_SCHEDULED: &str = "SweepsScheduled";

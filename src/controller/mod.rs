@@ -1107,6 +1107,50 @@ fn owner_ref<K: Resource<DynamicType = ()>>(
         .expect("objects from the API server have a name and uid")
 }
 
+/// Whether `owner` is the controller of the object with metadata `meta`: an owner reference with
+/// `controller: true` and `owner`'s uid. custody writes only objects it controls. A server-side
+/// apply over a ConfigMap or CronJob someone else created under the name custody renders would
+/// merge custody's fields into it and add custody's owner reference, and deleting the custody
+/// object would then have the garbage collector delete theirs.
+fn controlled_by<K: Resource<DynamicType = ()>>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    owner: &K,
+) -> bool {
+    let Some(uid) = owner.meta().uid.as_deref() else {
+        return false;
+    };
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+/// The message of a `ConfigMapNotOwned` or `CronJobNotOwned` reason: which object is in the way
+/// (`kind name`), whose it is, and what to do; `owner_kind` is the kind of the custody object
+/// that would have been its controller.
+fn not_owned_message(
+    kind: &str,
+    name: &str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    owner_kind: &str,
+) -> String {
+    let whose = match meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+    {
+        Some(r) => format!(
+            "is not this {owner_kind}'s (its controller is {} {}, uid {})",
+            r.kind, r.name, r.uid
+        ),
+        None => "is not custody's (it has no controller owner reference)".to_owned(),
+    };
+    format!(
+        "{kind} {name} exists and {whose}: custody does not write or adopt it; delete or rename that {kind}, or give this {owner_kind} another name"
+    )
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
     //! A Context over tower-test's mock API server, for request-sequence tests of reconcilers.
@@ -1192,6 +1236,50 @@ pub(crate) mod fixtures {
 mod tests {
     use super::*;
     use kube::core::Status;
+
+    /// Only an owner reference with `controller: true` and the owner's uid makes an object
+    /// custody's to write: not a plain owner reference, not another object's of the same name.
+    #[test]
+    fn only_a_controller_reference_with_the_owners_uid_is_custodys() {
+        let owner: AgentAssignment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+            "metadata": {"name": "five", "namespace": "agents", "uid": "u1"},
+            "spec": {"agent": "five", "servers": []},
+        }))
+        .unwrap();
+        let meta = |refs: serde_json::Value| -> kube::api::ObjectMeta {
+            serde_json::from_value(
+                serde_json::json!({"name": "five-mcp-config", "ownerReferences": refs}),
+            )
+            .unwrap()
+        };
+        let reference = |uid: &str, controller: bool| {
+            serde_json::json!({"apiVersion": "custody.dev/v1alpha1", "kind": "AgentAssignment",
+                               "name": "five", "uid": uid, "controller": controller})
+        };
+        assert!(controlled_by(
+            &meta(serde_json::json!([reference("u1", true)])),
+            &owner
+        ));
+        assert!(!controlled_by(
+            &meta(serde_json::json!([reference("u1", false)])),
+            &owner
+        ));
+        assert!(!controlled_by(
+            &meta(serde_json::json!([reference("u0", true)])),
+            &owner
+        ));
+        assert!(!controlled_by(&meta(serde_json::json!([])), &owner));
+        assert_eq!(
+            not_owned_message(
+                "ConfigMap",
+                "five-mcp-config",
+                &meta(serde_json::json!([reference("u0", true)])),
+                "AgentAssignment"
+            ),
+            "ConfigMap five-mcp-config exists and is not this AgentAssignment's (its controller is AgentAssignment five, uid u0): custody does not write or adopt it; delete or rename that ConfigMap, or give this AgentAssignment another name"
+        );
+    }
 
     #[test]
     fn a_status_is_unchanged_when_every_field_the_controller_sets_is() {
