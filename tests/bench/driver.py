@@ -6,6 +6,15 @@
                   [--only a_custody,c_careful,d_best]
   driver.py probe --out DIR --bin SCAN_BIN --resources DIR --server-pids P,P,...
                   --expect-probes K --runs 3
+  driver.py compare --out DIR --url BASE_URL --sizes 10000,100000 --runs 7
+                  --build NAME=SCAN_BIN,CUSTODY_BIN --build NAME=SCAN_BIN,CUSTODY_BIN [--db-suffix _p1]
+
+`compare` times two (or more) builds of custody against the same databases, interleaved round by
+round: each build's bench `scan --dsn` (scan + decode), its bench `probe` (the library's full
+sweep, probes refused by a closed port) and its CLI `custody sweep -f DIR --dry-run -o json`
+(the same resources, output to /dev/null), beside d (the first build's statement over psql). The
+first --build is the baseline; the summary gives each figure's median and its ratio to the
+baseline's, and checks that the scans' digests agree.
 
 Every measured run is its own process under /usr/bin/time (wall seconds, peak RSS of that
 process). Runs are interleaved round by round (d, a, c, then the slow b sweepers), after one
@@ -327,6 +336,96 @@ def render(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    builds = {}
+    for spec in args.build:
+        name, bins = spec.split("=", 1)
+        scan_bin, cli_bin = bins.split(",")
+        builds[name] = (scan_bin, cli_bin)
+    base = next(iter(builds))
+    stmt = custody_sql(builds[base][0], out, plan=args.plan)
+    raw = (out / "compare_raw.jsonl").open("a")
+    summary = {}
+    for n in [int(x) for x in args.sizes.split(",")]:
+        url = f"{args.url}/lg_{n}{args.db_suffix}"
+        full_sweep(argparse.Namespace(bin=builds[base][0]), out, url, n)  # writes the resources
+        res_dir = out / f"full-sweep-{n}"
+        cmds = {"d": psql_copy(url, stmt)}
+        for name, (scan_bin, cli_bin) in builds.items():
+            cmds[f"{name}/scan"] = [scan_bin, "scan", "--dsn", url]
+            cmds[f"{name}/probe"] = [scan_bin, "probe", "--resources", str(res_dir)]
+            cmds[f"{name}/cli"] = ["sh", "-c", f'exec "$0" sweep -f "$1" --dry-run -o json >/dev/null', cli_bin, str(res_dir)]
+        for cmd in cmds.values():  # warm-up, untimed
+            timed(cmd)
+        # What each build's CLI reports on this store (its JSON, kept out of the timed runs):
+        # the same rows and counts from every build.
+        cli_counts = {}
+        for name, (_, cli_bin) in builds.items():
+            doc = json.loads(subprocess.run([cli_bin, "sweep", "-f", str(res_dir), "--dry-run", "-o", "json"],
+                                            capture_output=True, text=True, check=True).stdout)
+            st = doc["stores"][0]
+            cli_counts[name] = {"rows": len(st["rows"]), "skipped": len(st["skipped"]),
+                                **{k: v for k, v in st["summary"].items() if isinstance(v, int) and k != "durationMs"}}
+            print(f"  N={n} {name}/cli reports {cli_counts[name]}", file=sys.stderr, flush=True)
+        runs: dict[str, list[dict]] = {k: [] for k in cmds}
+        for r in range(1, args.runs + 1):
+            # Rotate the order each round so that no build always runs right after d.
+            names = list(cmds)
+            names = names[r % len(names):] + names[:r % len(names)]
+            for name in names:
+                res = timed(cmds[name])
+                res.update(n=n, sweeper=name, round=r)
+                runs[name].append(res)
+                raw.write(json.dumps(res) + "\n")
+                raw.flush()
+                print(f"  N={n} round {r} {name}: {res['wall_s']:.2f} s, CPU {res['user_s'] + res['sys_s']:.2f} s, "
+                      f"{res['rss_kb'] / 1024:.0f} MiB, load {res['load_before']:.1f}->{res['load_after']:.1f}",
+                      file=sys.stderr, flush=True)
+        rows = {}
+        for name, rs in runs.items():
+            rows[name] = {
+                "runs": len(rs),
+                "median_wall_s": median([x["wall_s"] for x in rs]),
+                "min_wall_s": min(x["wall_s"] for x in rs),
+                "max_wall_s": max(x["wall_s"] for x in rs),
+                "median_cpu_s": median([x["user_s"] + x["sys_s"] for x in rs]),
+                "median_rss_mib": median([x["rss_kb"] / 1024 for x in rs]),
+                "peak_rss_mib": max(x["rss_kb"] for x in rs) / 1024,
+                "load_median": median([x["load_before"] for x in rs]),
+                "load_range": [min(x["load_before"] for x in rs), max(x["load_before"] for x in rs)],
+                "digests": sorted({x["out"].get("digest") for x in rs if x["out"].get("digest")}),
+                "parked": rs[-1]["out"].get("parked"),
+                "sweep_rows": sorted({x["out"]["stores"][0]["rows"] for x in rs if x["out"].get("stores")}),
+            }
+        digests = {d for k, v in rows.items() if k.endswith("/scan") for d in v["digests"]}
+        sweep_rows = {tuple(v["sweep_rows"]) for k, v in rows.items() if k.endswith("/probe")}
+        summary[n] = {"rows": rows, "scan_digests_agree": len(digests) == 1 and all(
+                          len(v["digests"]) == 1 for k, v in rows.items() if k.endswith("/scan")),
+                      "sweep_rows_agree": len(sweep_rows) == 1 and all(len(r) == 1 for r in sweep_rows),
+                      "cli_reports_agree": len({json.dumps(c, sort_keys=True) for c in cli_counts.values()}) == 1,
+                      "cli": cli_counts}
+        (out / "compare_summary.json").write_text(json.dumps(summary, indent=2))
+    lines = ["| N | run | runs | median wall s (min-max) | ratio to " + base + " | median CPU s | ratio | peak RSS MiB | load avg (1 min) median (min-max) |",
+             "|---:|---|---:|---|---:|---:|---:|---:|---|"]
+    for n, s in summary.items():
+        for name, r in s["rows"].items():
+            kind = name.split("/")[-1]
+            b = s["rows"].get(f"{base}/{kind}") if "/" in name else None
+            rw = f"{r['median_wall_s'] / b['median_wall_s']:.3f}" if b else "-"
+            rc = f"{r['median_cpu_s'] / b['median_cpu_s']:.3f}" if b and b["median_cpu_s"] else "-"
+            lines.append(f"| {n:,} | {name} | {r['runs']} | {r['median_wall_s']:.2f} ({r['min_wall_s']:.2f}-{r['max_wall_s']:.2f}) "
+                         f"| {rw} | {r['median_cpu_s']:.2f} | {rc} | {r['peak_rss_mib']:.0f} "
+                         f"| {r['load_median']:.1f} ({r['load_range'][0]:.1f}-{r['load_range'][1]:.1f}) |")
+        lines.append(f"| {n:,} | scan digests agree: {s['scan_digests_agree']}; full sweeps' rows agree: "
+                     f"{s['sweep_rows_agree']}; CLI reports agree: {s['cli_reports_agree']} | | | | | | | |")
+    (out / "compare_summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(s["scan_digests_agree"] and s["sweep_rows_agree"] and s["cli_reports_agree"]
+                    for s in summary.values()) else 1
+
+
 def proc_cpu(pid: int) -> float:
     f = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -400,8 +499,17 @@ def main() -> int:
     q.add_argument("--server-pids", required=True)
     q.add_argument("--expect-probes", type=int, required=True)
     q.add_argument("--runs", type=int, default=3)
+    c = sub.add_parser("compare")
+    c.add_argument("--out", required=True)
+    c.add_argument("--url", required=True, help="postgres://user@host:port (no database)")
+    c.add_argument("--sizes", required=True)
+    c.add_argument("--runs", type=int, default=7)
+    c.add_argument("--build", action="append", required=True,
+                   help="NAME=SCAN_BIN,CUSTODY_BIN; the first is the baseline (repeat for each build)")
+    c.add_argument("--db-suffix", default="")
+    c.add_argument("--plan", default="full", choices=["full", "indexed"], help="the baseline's statement for d")
     args = p.parse_args()
-    return scan(args) if args.cmd == "scan" else probe(args)
+    return {"scan": scan, "probe": probe, "compare": compare}[args.cmd](args)
 
 
 if __name__ == "__main__":
