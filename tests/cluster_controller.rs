@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, events, eventually, eventually_within, get, kind_api,
-    visible_text, wait_conditions, wait_event,
+    TestNs, apply, assert_one_event, client, condition, events, eventually, eventually_within, get,
+    kind_api, visible_text, wait_conditions, wait_event,
 };
 use chrono::{DateTime, Utc};
 use cluster::{ControllerProcess, metric, metric_sum, token_kubeconfig};
@@ -2675,15 +2675,14 @@ async fn a_first_reconcile_publishes_its_warning_once() {
     );
     // The reconciles the first one's writes queue have run.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let schema_events: Vec<_> = events(&client, &ns, "CheckpointStore", "no-tables")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("UnsupportedSchema"))
-        .collect();
-    assert!(
-        schema_events.len() == 1 && schema_events[0].series.is_none(),
-        "one Warning Event, not one per recheck: {schema_events:?}"
-    );
+    assert_one_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "no-tables",
+        "UnsupportedSchema",
+    )
+    .await;
     for name in &names {
         let notes: Vec<_> = events(&client, &ns, "CheckpointStore", name)
             .await
@@ -2854,15 +2853,14 @@ async fn a_store_without_the_sweep_service_account_is_not_scheduled() {
         condition(&obj, "Scheduled").unwrap()["reason"],
         "CronJobApplied"
     );
-    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "orders")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("SweepServiceAccountMissing"))
-        .collect();
-    assert!(
-        warnings.len() == 1 && warnings[0].series.is_none(),
-        "one Warning Event, not one per recheck: {warnings:?}"
-    );
+    assert_one_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "SweepServiceAccountMissing",
+    )
+    .await;
 }
 
 /// `backend: sqlite` in a cluster is refused: no CronJob, `Ready`, `Reachable` and `Scheduled`
@@ -3031,15 +3029,7 @@ async fn a_config_map_custody_does_not_own_is_never_written() {
     for poke in 0..2 {
         poke_and_wait(&client, &ns, &five, poke, ("get", "configmaps")).await;
     }
-    let warnings: Vec<_> = events(&client, &ns, "AgentAssignment", "five")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("ConfigMapNotOwned"))
-        .collect();
-    assert!(
-        warnings.len() == 1 && warnings[0].series.is_none(),
-        "one Warning Event, not one per reconcile: {warnings:?}"
-    );
+    assert_one_event(&client, &ns, "AgentAssignment", "five", "ConfigMapNotOwned").await;
     assert_eq!(
         serde_json::to_value(cms.get("five-mcp-config").await.unwrap()).unwrap(),
         serde_json::to_value(&theirs).unwrap(),
@@ -3194,15 +3184,7 @@ async fn a_cron_job_custody_does_not_own_is_never_written() {
     for poke in 0..2 {
         poke_and_wait(&client, &ns, &store("adopt"), poke, ("list", "jobs")).await;
     }
-    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "adopt")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("CronJobNotOwned"))
-        .collect();
-    assert!(
-        warnings.len() == 1 && warnings[0].series.is_none(),
-        "one Warning Event, not one per reconcile: {warnings:?}"
-    );
+    assert_one_event(&client, &ns, "CheckpointStore", "adopt", "CronJobNotOwned").await;
     assert_eq!(
         shape(&crons.get("adopt-sweep").await.unwrap()),
         shape(&theirs),

@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use apiserver::{
-    TestNs, apply, client, condition, events, eventually, eventually_within, get, kind_api,
-    visible_text, wait_conditions, wait_event,
+    TestNs, apply, assert_one_event, client, condition, eventually, eventually_within, get,
+    kind_api, visible_text, wait_conditions, wait_event,
 };
 use cluster::{ControllerProcess, metric, metric_sum};
 use futures::StreamExt;
@@ -1755,13 +1755,5 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
         condition(&obj, "Scheduled").unwrap()["reason"],
         "CronJobApplied"
     );
-    let warnings: Vec<_> = events(&client, &ns, "CheckpointStore", "orders")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("CronJobRefused"))
-        .collect();
-    assert!(
-        warnings.len() == 1 && warnings[0].series.is_none(),
-        "one Warning Event, not one per recheck: {warnings:?}"
-    );
+    assert_one_event(&client, &ns, "CheckpointStore", "orders", "CronJobRefused").await;
 }

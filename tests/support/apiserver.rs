@@ -211,6 +211,20 @@ pub async fn events(client: &Client, ns: &str, kind: &str, name: &str) -> Vec<Ev
         .collect()
 }
 
+/// Asserts that exactly one Event of `reason` is about `kind/name`, and not a series (kube's
+/// Recorder folds a repeat into one): published once, not once per reconcile or recheck.
+pub async fn assert_one_event(client: &Client, ns: &str, kind: &str, name: &str, reason: &str) {
+    let found: Vec<Event> = events(client, ns, kind, name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .collect();
+    assert!(
+        found.len() == 1 && found[0].series.is_none(),
+        "one {reason} Event about {kind} {ns}/{name}, not one per reconcile or recheck: {found:?}"
+    );
+}
+
 /// Waits for an Event of this reason and type (`Normal`, `Warning`) about `kind/name`.
 pub async fn wait_event(
     client: &Client,
