@@ -1346,6 +1346,28 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         assert_eq!(last[verdict], n, "{verdict}: {last}");
     }
     assert_eq!(last["skippedClasses"], json!(["orphan", "typo"]), "{last}");
+    // The store is not shown healthy while classes are left out.
+    let store = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("ClassesSwept", "False"), ("Ready", "False")],
+    )
+    .await;
+    let swept = condition(&store, "ClassesSwept").unwrap();
+    assert_eq!(swept["reason"], "HandleClassesLeftOut", "{swept}");
+    assert!(
+        swept["message"]
+            .as_str()
+            .unwrap()
+            .contains("left out HandleClass orphan, typo ("),
+        "{swept}"
+    );
+    assert_eq!(
+        condition(&store, "Ready").unwrap()["reason"],
+        "HandleClassesLeftOut"
+    );
     let event = wait_event(
         &client,
         &ns,

@@ -22,7 +22,7 @@ use super::schedule;
 use super::{Context, Error, FIELD_MANAGER, Guard, apply_status, owner_ref, skip_invalid};
 use crate::checkpoint::{Store, StoreError};
 use crate::cluster;
-use crate::crd::{Backend, CheckpointStore, CheckpointStoreStatus, validate};
+use crate::crd::{Backend, CheckpointStore, CheckpointStoreStatus, SweepSummary, validate};
 use crate::plan::Resources;
 
 /// How often reachability is re-checked: often enough to notice an outage before the next
@@ -185,7 +185,8 @@ pub(super) async fn reconcile(
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
         .await?;
     let last_run = last_sweep(&jobs.items);
-    let ready = ready(&[&reachable, &schema, &scheduled, &last_run]);
+    let classes = classes_swept(current.last_sweep.as_ref());
+    let ready = ready(&[&reachable, &schema, &scheduled, &last_run, &classes]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
     //    CronJob that exists has an interval (one that skipped a run exists).
     match (&current.last_sweep, &store.metadata.creation_timestamp) {
@@ -228,7 +229,7 @@ pub(super) async fn reconcile(
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, reachable, schema, scheduled, last_run],
+            vec![ready, reachable, schema, scheduled, last_run, classes],
             store.metadata.generation,
             &time(Utc::now()),
         ),
@@ -410,11 +411,14 @@ fn runs(store: &CheckpointStore, cron: &CronJob, now: chrono::DateTime<Utc>) -> 
 }
 
 /// `Ready`: `True` when every other condition is, else `False` with the first one that is not
-/// (`LastSweepSucceeded=Unknown`, no sweep finished yet, does not count against it).
+/// (`LastSweepSucceeded=Unknown` and `ClassesSwept=Unknown`, no sweep finished yet, do not count
+/// against it).
 fn ready(others: &[&Cond]) -> Cond {
     match others.iter().find(|c| {
         c.status == conditions::FALSE
-            || (c.status == conditions::UNKNOWN && c.type_ != conditions::LAST_SWEEP_SUCCEEDED)
+            || (c.status == conditions::UNKNOWN
+                && c.type_ != conditions::LAST_SWEEP_SUCCEEDED
+                && c.type_ != conditions::CLASSES_SWEPT)
     }) {
         Some(c) => Cond::no(
             conditions::READY,
@@ -438,6 +442,37 @@ fn supported_in_cluster(store: &CheckpointStore) -> Result<(), String> {
             "spec.backend: sqlite is for local mode (custody sweep -f DIR reads the file); a sweep Job in a cluster has no volume with the database file, so no CronJob is created; use backend: postgres in a cluster".to_owned(),
         ),
     }
+}
+
+/// `ClassesSwept` from the most recent sweep's summary (written by the sweep, so it changes when
+/// the next sweep reports, not when a class is fixed; the message says which sweep).
+fn classes_swept(last: Option<&SweepSummary>) -> Cond {
+    let Some(last) = last else {
+        return Cond::unknown(
+            conditions::CLASSES_SWEPT,
+            conditions::NO_SWEEP_FINISHED,
+            "no sweep has reported yet",
+        );
+    };
+    if last.skipped_classes.is_empty() {
+        return Cond::yes(
+            conditions::CLASSES_SWEPT,
+            conditions::ALL_CLASSES_SWEPT,
+            format!(
+                "the sweep finished at {} left no HandleClass out",
+                last.finished_at
+            ),
+        );
+    }
+    Cond::no(
+        conditions::CLASSES_SWEPT,
+        conditions::HANDLE_CLASSES_LEFT_OUT,
+        format!(
+            "the sweep finished at {} left out HandleClass {} (each one's Valid condition and this store's HandleClassSkipped Events say why); the store's other classes were swept",
+            last.finished_at,
+            last.skipped_classes.join(", ")
+        ),
+    )
 }
 
 /// `LastSweepSucceeded` from a store's sweep Jobs: how the most recently created Job that
@@ -913,6 +948,30 @@ mod tests {
         assert_eq!(r.message, "LastSweepSucceeded: late");
         let schema = Cond::unknown("SchemaCompatible", "NotChecked", "n");
         assert_eq!(ready(&[&schema]).status, "False");
+        let unswept = classes_swept(None);
+        assert_eq!(ready(&[&yes("Reachable"), &unswept]).status, "True");
+    }
+
+    #[test]
+    fn a_class_left_out_makes_the_store_not_ready() {
+        let mut last = SweepSummary {
+            finished_at: "2026-12-02T12:00:00Z".to_owned(),
+            ..SweepSummary::default()
+        };
+        let c = classes_swept(Some(&last));
+        assert_eq!((c.status, c.reason), ("True", "AllClassesSwept"));
+        last.skipped_classes = vec!["orphan".to_owned(), "typo".to_owned()];
+        let c = classes_swept(Some(&last));
+        assert_eq!((c.status, c.reason), ("False", "HandleClassesLeftOut"));
+        assert!(
+            c.message.starts_with(
+                "the sweep finished at 2026-12-02T12:00:00Z left out HandleClass orphan, typo ("
+            ),
+            "{}",
+            c.message
+        );
+        let r = ready(&[&Cond::yes("Reachable", "R", "m"), &c]);
+        assert_eq!((r.status, r.reason), ("False", "HandleClassesLeftOut"));
     }
 
     fn store_on(schedule: &str) -> CheckpointStore {

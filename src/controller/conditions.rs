@@ -94,6 +94,10 @@ pub const SCHEMA_COMPATIBLE: &str = "SchemaCompatible";
 pub const SCHEDULED: &str = "Scheduled";
 /// Condition type of a CheckpointStore: how the most recent finished sweep Job ended.
 pub const LAST_SWEEP_SUCCEEDED: &str = "LastSweepSucceeded";
+/// Condition type of a CheckpointStore: the most recent sweep swept every HandleClass of the
+/// store's namespace (a class it could not use is left out and the others are still swept, so a
+/// successful Job alone does not say it).
+pub const CLASSES_SWEPT: &str = "ClassesSwept";
 /// Reason (`Scheduled`, `Ready`, Event): the CronJob skipped a sweep that could not start
 /// within `spec.startingDeadlineSeconds` of its time.
 pub const MISSED_SCHEDULE: &str = "MissedSchedule";
@@ -272,8 +276,13 @@ pub const SWEEPS_SCHEDULED: &str = "SweepsScheduled";
 pub const SQLITE_NOT_SUPPORTED_IN_CLUSTER: &str = "SqliteNotSupportedInCluster";
 /// Reason (`LastSweepSucceeded`): the latest finished sweep Job completed.
 pub const JOB_COMPLETE: &str = "JobComplete";
-/// Reason (`LastSweepSucceeded`): no sweep Job has finished yet.
+/// Reason (`LastSweepSucceeded`, `ClassesSwept`): no sweep Job has finished yet.
 pub const NO_SWEEP_FINISHED: &str = "NoSweepFinished";
+/// Reason (`ClassesSwept`): the most recent sweep left no HandleClass out.
+pub const ALL_CLASSES_SWEPT: &str = "AllClassesSwept";
+/// Reason (`ClassesSwept`, `Ready`): the most recent sweep left out HandleClasses it could not
+/// use (`status.lastSweep.skippedClasses`); the message names them.
+pub const HANDLE_CLASSES_LEFT_OUT: &str = "HandleClassesLeftOut";
 /// Reason (`LastSweepSucceeded`, Event): a sweep Job failed for a reason Kubernetes did not name
 /// or custody does not know (known ones keep the Job's own reason, e.g. `DeadlineExceeded`).
 pub const JOB_FAILED: &str = "JobFailed";

@@ -212,8 +212,10 @@ pub enum StoreMode {
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointStoreStatus {
     /// `Ready` (all of the others `True`), `Reachable`, `SchemaCompatible`, `Scheduled` (the
-    /// sweep CronJob was applied) and `LastSweepSucceeded` (how the latest finished sweep Job
-    /// ended, with the Job's reason when it failed).
+    /// sweep CronJob was applied), `LastSweepSucceeded` (how the latest finished sweep Job
+    /// ended, with the Job's reason when it failed) and `ClassesSwept` (`False`,
+    /// `HandleClassesLeftOut`, when the most recent sweep left out a HandleClass it could not
+    /// use).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
