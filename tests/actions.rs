@@ -200,6 +200,17 @@ async fn escalate_case(kind: Kind) {
     assert_eq!(r["action"]["reason"], "already escalated", "{r}");
     assert_eq!(w.state("t-expired")["checkpoint_id"], checkpoint);
     assert_eq!(w.unsettled().await, 0);
+    // A dry run predicts that skip and counts it as no action taken.
+    let dry = w.sweep(false);
+    let r = row(&dry, "t-expired");
+    assert_eq!(r["action"]["outcome"], "planned", "{r}");
+    assert_eq!(r["action"]["would_skip"], "already escalated", "{r}");
+    assert!(
+        dry["stores"][0]["summary"]["actions"]
+            .as_object()
+            .is_none_or(|a| a.is_empty()),
+        "{dry}"
+    );
 
     // Resumed, the graph takes its handle_gone route on custody's verdict.
     let done = w.resume("t-expired", &json!({"sku": "widget", "qty": 1}));

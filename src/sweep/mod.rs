@@ -722,10 +722,19 @@ impl Sweep<'_> {
             self.observed[*index].row(class, row);
             let (plan, outcome) = match act::decide(row.verdict, class, facts) {
                 None => continue,
-                // Nothing to do, but say why a gone or absent handle is left as it is.
-                Some((plan, Some(reason))) => (plan, act::Outcome::Skipped { reason }),
+                // Nothing to do, but say why a gone or absent handle is left as it is: as a
+                // skip when acting, as the skip acting would make when not.
+                Some((plan, Some(reason))) => match actor {
+                    None => (
+                        plan,
+                        act::Outcome::Planned {
+                            would_skip: Some(reason),
+                        },
+                    ),
+                    Some(_) => (plan, act::Outcome::Skipped { reason }),
+                },
                 Some((plan, None)) => match actor {
-                    None => (plan, act::Outcome::Planned),
+                    None => (plan, act::Outcome::Planned { would_skip: None }),
                     Some(a) => (plan, a.act(row, class, facts, plan, self.now).await),
                 },
             };

@@ -879,7 +879,19 @@ mod tests {
     #[test]
     fn action_text() {
         let r = |plan, outcome| RowAction { plan, outcome }.to_string();
-        assert_eq!(r(Plan::Remint, Outcome::Planned), "planned: remint");
+        assert_eq!(
+            r(Plan::Remint, Outcome::Planned { would_skip: None }),
+            "planned: remint"
+        );
+        assert_eq!(
+            r(
+                Plan::Escalate,
+                Outcome::Planned {
+                    would_skip: Some("already escalated".to_owned())
+                }
+            ),
+            "would skip: already escalated"
+        );
         assert_eq!(
             r(
                 Plan::Remint,

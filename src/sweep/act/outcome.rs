@@ -18,7 +18,12 @@ use crate::domain::policy::Plan;
 )]
 pub enum Outcome {
     /// Not acting (dry run, `mode: observe`, or no `--apply`): what would be done.
-    Planned,
+    Planned {
+        /// Why acting would leave the row as it is (already escalated, no `verdictPath`), when
+        /// it would; an observing sweep predicts that skip rather than reporting one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        would_skip: Option<String>,
+    },
     /// A new handle is in the thread, the recorded items replayed onto it.
     Reminted {
         /// The new handle.
@@ -76,7 +81,10 @@ pub struct RowAction {
 impl fmt::Display for RowAction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.outcome {
-            Outcome::Planned => write!(f, "planned: {}", self.plan.as_str()),
+            Outcome::Planned { would_skip: None } => write!(f, "planned: {}", self.plan.as_str()),
+            Outcome::Planned {
+                would_skip: Some(reason),
+            } => write!(f, "would skip: {reason}"),
             Outcome::Reminted { handle, replayed } => {
                 write!(f, "reminted {handle} ({replayed} replayed)")
             }
