@@ -149,6 +149,28 @@ impl Resources {
                 (false, "Secret", "v1") => self
                     .secrets
                     .push(typed(value).map_err(|m| invalid(&kind, m))?),
+                // A document meant for custody that it would not read is a mistake to say,
+                // not one to skip: ignored, its servers or classes would silently not be swept.
+                (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
+                    return Err(invalid(
+                        &kind,
+                        format!(
+                            "apiVersion: {v} is not served by this custody, which reads {}/{}",
+                            crate::crd::GROUP,
+                            crate::crd::VERSION
+                        ),
+                    ));
+                }
+                (true, k, _) if k != "AgentAssignment" => {
+                    return Err(invalid(
+                        &kind,
+                        format!(
+                            "kind: {k:?} is not a kind of {}/{} (MCPServer, AgentAssignment, HandleClass, CheckpointStore)",
+                            crate::crd::GROUP,
+                            crate::crd::VERSION
+                        ),
+                    ));
+                }
                 _ => {
                     tracing::warn!(file = %path.display(), document = i + 1, %api_version, %kind, "ignoring a document custody does not read");
                 }
@@ -258,6 +280,31 @@ mod tests {
         assert_eq!(
             schema_words("invalid value: integer `-1`, expected u64"),
             "invalid value: integer `-1`, expected a non-negative integer"
+        );
+    }
+
+    #[test]
+    fn custody_documents_custody_does_not_read_are_errors_not_skipped() {
+        let load = |text: &str| {
+            let mut r = Resources::default();
+            r.add_file(Path::new("r.yaml"), text, &mut Seen::new())
+                .map(|()| r.servers.len())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            load("apiVersion: custody.dev/v1\nkind: MCPServer\nmetadata: {name: b}\nspec: {url: 'http://x/mcp'}\n"),
+            Err("r.yaml: document 1 (MCPServer default/b): apiVersion: custody.dev/v1 is not served by this custody, which reads custody.dev/v1alpha1".to_owned())
+        );
+        assert_eq!(
+            load("apiVersion: custody.dev/v1alpha1\nkind: HandleClas\nmetadata: {name: b}\n"),
+            Err("r.yaml: document 1 (HandleClas default/b): kind: \"HandleClas\" is not a kind of custody.dev/v1alpha1 (MCPServer, AgentAssignment, HandleClass, CheckpointStore)".to_owned())
+        );
+        // What a sweep has no use for stays a warning: an assignment, another group's kinds.
+        assert_eq!(
+            load(
+                "apiVersion: custody.dev/v1alpha1\nkind: AgentAssignment\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+            ),
+            Ok(0)
         );
     }
 
