@@ -74,6 +74,7 @@ impl Resources {
     }
 
     fn add_file(&mut self, path: &Path, text: &str, seen: &mut Seen) -> Result<(), LoadError> {
+        let served = format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION);
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
             let invalid = |kind: &str, message: String| LoadError::Invalid {
                 path: path.to_owned(),
@@ -107,7 +108,7 @@ impl Resources {
                 .and_then(|v| v.as_str())
                 .unwrap_or("default");
             let kind = format!("{kind} {ns}/{name}");
-            let custody = api_version == format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION);
+            let custody = api_version == served;
             let kind_name = kind.split(' ').next().unwrap_or_default();
             let read = matches!(
                 (custody, kind_name, api_version.as_str()),
@@ -155,9 +156,7 @@ impl Resources {
                     return Err(invalid(
                         &kind,
                         format!(
-                            "apiVersion: {v} is not served by this custody, which reads {}/{}",
-                            crate::crd::GROUP,
-                            crate::crd::VERSION
+                            "apiVersion: {v} is not served by this custody, which reads {served}"
                         ),
                     ));
                 }
@@ -165,9 +164,7 @@ impl Resources {
                     return Err(invalid(
                         &kind,
                         format!(
-                            "kind: {k:?} is not a kind of {}/{} (MCPServer, AgentAssignment, HandleClass, CheckpointStore)",
-                            crate::crd::GROUP,
-                            crate::crd::VERSION
+                            "kind: {k:?} is not a kind of {served} (MCPServer, AgentAssignment, HandleClass, CheckpointStore)"
                         ),
                     ));
                 }

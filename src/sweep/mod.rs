@@ -720,23 +720,15 @@ impl Sweep<'_> {
         for (row, (index, facts)) in rows.iter_mut().zip(&facts) {
             let class = &target.classes[*index];
             self.observed[*index].row(class, row);
-            let (plan, outcome) = match act::decide(row.verdict, class, facts) {
-                None => continue,
-                // Nothing to do, but say why a gone or absent handle is left as it is: as a
-                // skip when acting, as the skip acting would make when not.
-                Some((plan, Some(reason))) => match actor {
-                    None => (
-                        plan,
-                        act::Outcome::Planned {
-                            would_skip: Some(reason),
-                        },
-                    ),
-                    Some(_) => (plan, act::Outcome::Skipped { reason }),
-                },
-                Some((plan, None)) => match actor {
-                    None => (plan, act::Outcome::Planned { would_skip: None }),
-                    Some(a) => (plan, a.act(row, class, facts, plan, self.now).await),
-                },
+            let Some((plan, skip)) = act::decide(row.verdict, class, facts) else {
+                continue;
+            };
+            // A skip says why a gone or absent handle is left as it is; not acting, it is the
+            // skip acting would make.
+            let outcome = match (actor, skip) {
+                (None, would_skip) => act::Outcome::Planned { would_skip },
+                (Some(_), Some(reason)) => act::Outcome::Skipped { reason },
+                (Some(a), None) => a.act(row, class, facts, plan, self.now).await,
             };
             let action = act::RowAction { plan, outcome };
             if actor.is_some() {
