@@ -935,6 +935,8 @@ fn helm_install_grants_least_privilege() {
         (&controller, "patch", "configmaps", Some(other)),
         (&controller, "create", "cronjobs.batch", Some(other)),
         (&controller, "patch", "cronjobs.batch", Some(other)),
+        // list: a running sweep Job's Pods, to show one that cannot start.
+        (&controller, "list", "pods", Some(other)),
         (&controller, "create", "events.events.k8s.io", Some(other)),
         (&controller, "patch", "events.events.k8s.io", Some(other)),
         (
@@ -969,6 +971,9 @@ fn helm_install_grants_least_privilege() {
         (&controller, "create", "secrets", Some(other)),
         (&controller, "update", "secrets", Some(other)),
         (&controller, "create", "pods", Some(other)),
+        (&controller, "get", "pods", Some(other)),
+        (&controller, "watch", "pods", Some(other)),
+        (&controller, "delete", "pods", Some(other)),
         (&controller, "create", "jobs.batch", Some(other)),
         (&controller, "update", "cronjobs.batch", Some(other)),
         // Owned objects: deleted by the garbage collector, never by the controller.

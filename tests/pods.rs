@@ -973,6 +973,110 @@ fn failing_sweep_pod_shows_and_the_next_run_recovers() {
     assert_eq!(last["ok"], ok, "{last}");
 }
 
+/// A sweep Job whose image cannot be pulled: its Pod waits in ErrImagePull/ImagePullBackOff on the
+/// real kubelet, and the store says so (`LastSweepSucceeded=False SweepPodPending` naming the Pod
+/// and the image, not Ready, one Warning Event) long before the Job's ten-minute deadline; once the
+/// Job is gone the store no longer says it. The Job is the CronJob's own template with the image
+/// changed, as a mistyped `image.repository` in the chart would make it.
+#[test]
+fn a_sweep_pod_that_cannot_pull_its_image_shows_before_the_deadline() {
+    let _shared = ISOLATION.read().unwrap_or_else(|e| e.into_inner());
+    release_ns();
+    let ns = TestNs::new("pending");
+    let _world = World::new(&ns, "pods_pending", Some("t-live"), example_class());
+    // Once a year: the CronJob exists and starts nothing during the test.
+    store(&ns, json!({"schedule": "0 0 1 1 *"}));
+    let cron = eventually(|| {
+        let cron = c().kubectl(
+            &["get", "-n", &ns, "cronjob/orders-sweep", "-o", "json"],
+            None,
+        );
+        if cron.success {
+            Ok(serde_json::from_str::<Value>(&cron.stdout).unwrap())
+        } else {
+            Err(cron.stderr)
+        }
+    });
+    let image = "registry.invalid/custody:missing";
+    let template = &cron["spec"]["jobTemplate"];
+    let mut spec = template["spec"].clone();
+    spec["template"]["spec"]["containers"][0]["image"] = json!(image);
+    let started = Instant::now();
+    apply(
+        &ns,
+        &json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "orders-sweep-badimage", "labels": template["metadata"]["labels"]},
+                "spec": spec}),
+    );
+    let pending = eventually(|| {
+        let o = get(&ns, "checkpointstore/orders");
+        match condition(&o, "LastSweepSucceeded") {
+            Some(l) if l["reason"] == "SweepPodPending" => Ok(o),
+            _ => Err(format!("{}\n{}", o["status"], pods_summary(&ns))),
+        }
+    });
+    eprintln!(
+        "pending sweep pod: LastSweepSucceeded=False SweepPodPending {:?} after the Job was created",
+        started.elapsed()
+    );
+    let cond = condition(&pending, "LastSweepSucceeded").unwrap();
+    assert_eq!(cond["status"], "False", "{cond}");
+    let message = cond["message"].as_str().unwrap();
+    for part in [
+        "sweep Job orders-sweep-badimage is running but its Pod orders-sweep-badimage-",
+        &format!("cannot start container sweep (image {image})"),
+        "spec.sweepTimeoutSeconds (600 s)",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    assert!(
+        message.contains("ErrImagePull") || message.contains("ImagePullBackOff"),
+        "{message}"
+    );
+    let ready = condition(&pending, "Ready").unwrap();
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("SweepPodPending")),
+        "{ready}"
+    );
+    eventually(|| {
+        let events = c().get_json(&["-n", &ns, "events.events.k8s.io"]);
+        let warned: Vec<&Value> = events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["type"] == "Warning"
+                    && e["reason"] == "SweepPodPending"
+                    && e["regarding"]["kind"] == "CheckpointStore"
+            })
+            .collect();
+        match warned.as_slice() {
+            [one] if one["note"].as_str().unwrap().contains(image) => Ok(()),
+            _ => Err(format!("not one Warning SweepPodPending: {events}")),
+        }
+    });
+    c().kubectl(
+        &[
+            "delete",
+            "-n",
+            &ns,
+            "job/orders-sweep-badimage",
+            "--cascade=foreground",
+            "--wait",
+        ],
+        None,
+    )
+    .ok();
+    eventually(|| {
+        let o = get(&ns, "checkpointstore/orders");
+        match condition(&o, "LastSweepSucceeded") {
+            Some(l) if l["reason"] == "NoSweepFinished" => Ok(()),
+            _ => Err(o["status"].to_string()),
+        }
+    });
+}
+
 /// Deletes a basket on the host's basket server (its handle then reads as gone).
 fn delete_basket(url: &str, basket: &str) {
     runtime().block_on(async {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::batch::v1::{CronJob, Job, JobCondition};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -184,7 +184,18 @@ pub(super) async fn reconcile(
     let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
         .await?;
-    let last_run = last_sweep(&jobs.items);
+    let running: Vec<&Job> = jobs
+        .items
+        .iter()
+        .filter(|j| finished(j).is_none())
+        .collect();
+    if !running.is_empty() {
+        requeue = requeue.min(RUNNING_RECHECK);
+    }
+    let last_run = match pending_pod(store, &ctx, &running).await? {
+        Some(pending) => pending,
+        None => last_sweep(&jobs.items),
+    };
     let classes = classes_swept(current.last_sweep.as_ref());
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run, &classes]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
@@ -270,7 +281,8 @@ const WARNED_SCHEDULED: [&str; 5] = [
 /// `Reachable=False` of another reason than before, `Scheduled` turned one of
 /// [`WARNED_SCHEDULED`] (or naming another missed run, another refusal), a
 /// `SchemaCompatible=False` saying something else (no LangGraph tables, then an old migration),
-/// a `LastSweepSucceeded=False` about another Job or failure.
+/// a `LastSweepSucceeded=False` about another Job or failure (`SweepPodPending` once, whatever
+/// its message).
 fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a Cond> {
     news.iter()
         .copied()
@@ -280,6 +292,11 @@ fn warnings<'a>(current: &CheckpointStoreStatus, news: &[&'a Cond]) -> Vec<&'a C
                 conditions::SCHEDULED => {
                     WARNED_SCHEDULED.contains(&new.reason)
                         && was.is_none_or(|c| c.reason != new.reason || c.message != new.message)
+                }
+                // One Event while sweep Pods cannot start, not one per message: the kubelet's
+                // flips between ErrImagePull and ImagePullBackOff on every retry.
+                conditions::LAST_SWEEP_SUCCEEDED if new.reason == conditions::SWEEP_POD_PENDING => {
+                    was.is_none_or(|c| c.reason != new.reason)
                 }
                 conditions::REACHABLE => {
                     new.status == conditions::FALSE
@@ -481,19 +498,9 @@ fn classes_swept(last: Option<&SweepSummary>) -> Cond {
 /// failed; `PodFailurePolicy`, `MaxFailedIndexesExceeded`, `FailedIndexes`: an Indexed Job's
 /// shards), else `JobFailed`.
 fn last_sweep(jobs: &[Job]) -> Cond {
-    let finished = |j: &&Job| {
-        let conds = j.status.as_ref().and_then(|s| s.conditions.as_ref());
-        conds.and_then(|cs| {
-            cs.iter()
-                .find(|c| {
-                    (c.type_ == "Complete" || c.type_ == "Failed") && c.status == conditions::TRUE
-                })
-                .cloned()
-        })
-    };
     let latest = jobs
         .iter()
-        .filter_map(|j| finished(&j).map(|c| (j, c)))
+        .filter_map(|j| finished(j).map(|c| (j, c)))
         .max_by_key(|(j, _)| {
             (
                 j.metadata.creation_timestamp.clone().map(|t| t.0),
@@ -532,6 +539,113 @@ fn last_sweep(jobs: &[Job]) -> Cond {
             c.message.as_deref().unwrap_or("no message")
         ),
     )
+}
+
+/// The `Complete` or `Failed` condition of a Job that has finished; `None` while it runs.
+fn finished(job: &Job) -> Option<JobCondition> {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == conditions::TRUE)
+        .cloned()
+}
+
+/// How often a store is reconciled while one of its sweep Jobs runs: Pods are not watched, so
+/// this is how soon a Pod that cannot start shows as [`conditions::SWEEP_POD_PENDING`].
+const RUNNING_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `LastSweepSucceeded=False SweepPodPending` when a Pod of one of the `running` sweep Jobs
+/// cannot start ([`cannot_start`]); `None` when each one's Pods are starting or running, or the
+/// controller may not list Pods (a ClusterRole from before this check: the Job's deadline still
+/// reports the failure, later).
+///
+/// # Errors
+/// The API read's, other than a refusal (401, 403).
+async fn pending_pod(
+    store: &CheckpointStore,
+    ctx: &Context,
+    running: &[&Job],
+) -> Result<Option<Cond>, Error> {
+    let ns = store.namespace().unwrap_or_default();
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &ns);
+    for job in running {
+        // The Job controller labels its Pods with their Job's name (batch/v1, Kubernetes 1.27+).
+        let selector = format!("batch.kubernetes.io/job-name={}", job.name_any());
+        let pods = match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(pods) => pods,
+            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+                tracing::debug!(%ns, "may not list the sweep Job's Pods: not checked");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(cause) = pods.items.iter().find_map(cannot_start) {
+            return Ok(Some(Cond::no(
+                conditions::LAST_SWEEP_SUCCEEDED,
+                conditions::SWEEP_POD_PENDING,
+                format!(
+                    "sweep Job {} is running but {cause}; unless that changes, the Job fails when spec.sweepTimeoutSeconds ({} s) have passed",
+                    job.name_any(),
+                    store.spec.sweep_timeout_seconds
+                ),
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// The waiting reasons of a container the kubelet cannot start without someone changing
+/// something: the image's (kubelet `pkg/kubelet/images/types.go`) and the container's creation
+/// (`pkg/kubelet/kuberuntime`). `ContainerCreating` and `PodInitializing` are not among them:
+/// those pass on their own.
+const CANNOT_START: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "ErrImageInspect",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// Why a Pending `pod` cannot start, as a phrase naming it: the scheduler's `Unschedulable`
+/// (`PodScheduled=False`), or a container (init containers first) waiting for one of
+/// [`CANNOT_START`], with the kubelet's message. `None` for a Pod that is starting, running or
+/// finished.
+fn cannot_start(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() != Some("Pending") {
+        return None;
+    }
+    let name = pod.name_any();
+    if let Some(c) = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == conditions::FALSE
+            && c.reason.as_deref() == Some("Unschedulable")
+    }) {
+        return Some(format!(
+            "no node can take its Pod {name}: {}",
+            c.message.as_deref().unwrap_or("no message")
+        ));
+    }
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|s| {
+            let waiting = s.state.as_ref()?.waiting.as_ref()?;
+            let reason = waiting.reason.as_deref()?;
+            CANNOT_START.contains(&reason).then(|| {
+                format!(
+                    "its Pod {name} cannot start container {} (image {}): {reason}: {}",
+                    s.name,
+                    s.image,
+                    waiting.message.as_deref().unwrap_or("no message")
+                )
+            })
+        })
 }
 
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
@@ -935,6 +1049,57 @@ mod tests {
             json!({"type": "Failed", "status": "True", "reason": "SomethingNew"}),
         );
         assert_eq!(last_sweep(&[late, odd]).reason, "JobFailed");
+        assert!(finished(&running_job()).is_none());
+    }
+
+    fn running_job() -> Job {
+        job(
+            "orders-sweep-5",
+            "2026-12-01T11:00:00Z",
+            json!({"type": "Suspended", "status": "False"}),
+        )
+    }
+
+    /// A Pod as the API server reports one (shapes from a kubelet of 1.37 and its scheduler).
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": "orders-sweep-5-x7k2p"}, "status": status}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_sweep_pod_that_cannot_start_is_named_with_its_cause() {
+        let pulling = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sweep", "image": "registry.invalid/custody:0.1.0", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                                  "message": "Back-off pulling image \"registry.invalid/custody:0.1.0\""}}}]}));
+        assert_eq!(
+            cannot_start(&pulling).unwrap(),
+            "its Pod orders-sweep-5-x7k2p cannot start container sweep (image registry.invalid/custody:0.1.0): ImagePullBackOff: Back-off pulling image \"registry.invalid/custody:0.1.0\""
+        );
+        let unschedulable = pod(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 node(s) were unschedulable."}]}));
+        assert_eq!(
+            cannot_start(&unschedulable).unwrap(),
+            "no node can take its Pod orders-sweep-5-x7k2p: 0/1 nodes are available: 1 node(s) were unschedulable."
+        );
+        // Starting, running, finished: nothing to say.
+        let creating = pod(json!({"phase": "Pending", "containerStatuses": [{
+            "name": "sweep", "image": "custody", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
+        assert!(cannot_start(&creating).is_none());
+        let not_yet = pod(json!({"phase": "Pending"}));
+        assert!(cannot_start(&not_yet).is_none());
+        let running = pod(json!({"phase": "Running"}));
+        assert!(cannot_start(&running).is_none());
+        // A waiting reason left over on a Pod that failed is the Job's to report.
+        let failed = pod(json!({"phase": "Failed", "containerStatuses": [{
+            "name": "sweep", "image": "custody", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]}));
+        assert!(cannot_start(&failed).is_none());
     }
 
     #[test]
@@ -1140,10 +1305,27 @@ mod tests {
         assert!(reasons(&status(&[&never]), &[&never]).is_empty());
         let later = Cond::no(conditions::SCHEDULED, conditions::MISSED_SCHEDULE, "10:07");
         assert_eq!(reasons(&status(&[&missed]), &[&later]), ["MissedSchedule"]);
+        let pending = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            conditions::SWEEP_POD_PENDING,
+            "ErrImagePull",
+        );
+        let backoff = Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            conditions::SWEEP_POD_PENDING,
+            "ImagePullBackOff",
+        );
+        assert_eq!(reasons(&fresh, &[&pending]), ["SweepPodPending"]);
+        // The kubelet's retries flip the message; one Event for the whole wait.
+        assert!(reasons(&status(&[&pending]), &[&backoff]).is_empty());
         let failed = Cond::no(
             conditions::LAST_SWEEP_SUCCEEDED,
             "DeadlineExceeded",
             "Job a",
+        );
+        assert_eq!(
+            reasons(&status(&[&pending]), &[&failed]),
+            ["DeadlineExceeded"]
         );
         let other = Cond::no(
             conditions::LAST_SWEEP_SUCCEEDED,

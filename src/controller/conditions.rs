@@ -283,6 +283,11 @@ pub const ALL_CLASSES_SWEPT: &str = "AllClassesSwept";
 /// Reason (`ClassesSwept`, `Ready`): the most recent sweep left out HandleClasses it could not
 /// use (`status.lastSweep.skippedClasses`); the message names them.
 pub const HANDLE_CLASSES_LEFT_OUT: &str = "HandleClassesLeftOut";
+/// Reason (`LastSweepSucceeded`, `Ready`, Event): a sweep Job is running but its Pod cannot
+/// start (its image cannot be pulled, its container cannot be created, no node can take it);
+/// the message names the Pod and the kubelet's or the scheduler's cause. Without it the store
+/// would look healthy until the Job's `activeDeadlineSeconds`.
+pub const SWEEP_POD_PENDING: &str = "SweepPodPending";
 /// Reason (`LastSweepSucceeded`, Event): a sweep Job failed for a reason Kubernetes did not name
 /// or custody does not know (known ones keep the Job's own reason, e.g. `DeadlineExceeded`).
 pub const JOB_FAILED: &str = "JobFailed";

@@ -172,7 +172,8 @@ pub struct Metrics {
     /// Seconds between the store's scheduled sweeps: the longest gap between consecutive runs
     /// of its cron schedule (see `controller::schedule`).
     pub sweep_schedule_interval: Family<ObjectLabels, Gauge>,
-    /// 1 when the store's most recently finished sweep Job failed (`LastSweepSucceeded=False`).
+    /// 1 when the store's most recently finished sweep Job failed or a running one's Pod cannot
+    /// start (`LastSweepSucceeded=False`).
     pub sweep_last_failed: Family<ObjectLabels, Gauge>,
     /// Observed handle lifetimes ([`super::lifetime`]).
     pub lifetime: super::lifetime::LifetimeMetrics,
