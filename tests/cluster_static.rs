@@ -140,6 +140,7 @@ fn deployment_follows_the_controller_contract() {
             "--image=custody:0.1.0",
             "--sweep-service-account=custody-sweep",
             "--deny-metadata-addresses=true",
+            "--sweep-image-pull-policy=IfNotPresent",
         ])
     );
     let env: BTreeMap<&str, &Value> = c["env"]
@@ -190,6 +191,8 @@ fn deployment_follows_the_controller_contract() {
             "image.repository=registry.example.com/custody,image.tag=1.2.3,controller.logLevel=debug",
             "--set",
             "sweep.serviceAccountName=sweeper,metrics.port=9090,controller.replicas=1",
+            "--set",
+            "image.pullPolicy=Always,imagePullSecrets[0].name=registry-a,imagePullSecrets[1].name=registry-b",
         ],
     );
     let deploy = find(&docs, "Deployment", "custody-controller");
@@ -200,6 +203,18 @@ fn deployment_follows_the_controller_contract() {
         "{args:?}"
     );
     assert!(args.contains(&"--metrics-addr=0.0.0.0:9090"), "{args:?}");
+    // The sweep Pods pull the image as the controller's do.
+    for arg in [
+        "--sweep-image-pull-policy=Always",
+        "--sweep-image-pull-secret=registry-a",
+        "--sweep-image-pull-secret=registry-b",
+    ] {
+        assert!(args.contains(&arg), "{arg} not in {args:?}");
+    }
+    assert_eq!(
+        deploy["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "registry-a"}, {"name": "registry-b"}])
+    );
     assert_eq!(deploy["spec"]["replicas"], 1);
     assert!(
         c["env"]

@@ -769,12 +769,7 @@ enum Sweep {
 async fn ensure_cron_job(store: &CheckpointStore, ctx: &Context) -> Result<Sweep, Error> {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
-    let cron = with_digest(cron_job(
-        store,
-        &ctx.opts.image,
-        &ctx.opts.sweep_service_account,
-        ctx.opts.egress.deny_metadata_addresses,
-    ));
+    let cron = with_digest(cron_job(store, &SweepPod::of(&ctx.opts)));
     let api = Api::<CronJob>::namespaced(ctx.client.clone(), &ns);
     let live = match cached_cron_job(ctx, &ns, &name).await {
         Some(live) => Some(live),
@@ -861,21 +856,43 @@ fn covers(live: &serde_json::Value, desired: &serde_json::Value) -> bool {
     }
 }
 
+/// What the controller's flags set on every sweep Pod.
+#[derive(Clone, Debug)]
+struct SweepPod<'a> {
+    /// `--image`.
+    image: &'a str,
+    /// `--sweep-service-account`.
+    service_account: &'a str,
+    /// `--sweep-image-pull-policy`.
+    image_pull_policy: Option<&'a str>,
+    /// `--sweep-image-pull-secret`, in order.
+    image_pull_secrets: &'a [String],
+    /// `--deny-metadata-addresses`.
+    deny_metadata_addresses: bool,
+}
+
+impl<'a> SweepPod<'a> {
+    fn of(opts: &'a super::Options) -> Self {
+        Self {
+            image: &opts.image,
+            service_account: &opts.sweep_service_account,
+            image_pull_policy: opts.sweep_image_pull_policy.as_deref(),
+            image_pull_secrets: &opts.sweep_image_pull_secrets,
+            deny_metadata_addresses: opts.egress.deny_metadata_addresses,
+        }
+    }
+}
+
 /// The sweep CronJob of a store. With `spec.parallelism` N above 1 its Job is an Indexed Job of
 /// N completions run at once: Kubernetes gives each pod its index in `JOB_COMPLETION_INDEX`,
 /// which the container's args expand into `--shard $(JOB_COMPLETION_INDEX)/N`, and the Job's
 /// name (the `batch.kubernetes.io/job-name` label) into `--run`, so the shards of one run can
 /// tell each other from an earlier run's.
-fn cron_job(
-    store: &CheckpointStore,
-    image: &str,
-    service_account: &str,
-    deny_metadata_addresses: bool,
-) -> serde_json::Value {
+fn cron_job(store: &CheckpointStore, pod: &SweepPod<'_>) -> serde_json::Value {
     let ns = store.namespace().unwrap_or_default();
     let name = format!("{}-sweep", store.name_any());
     let n = store.spec.parallelism;
-    let mut args = sweep_args(&ns, &store.name_any(), deny_metadata_addresses);
+    let mut args = sweep_args(&ns, &store.name_any(), pod.deny_metadata_addresses);
     if n > 1 {
         args.extend([
             "--shard".to_owned(),
@@ -891,12 +908,12 @@ fn cron_job(
         "template": {
             "metadata": {"labels": {"app.kubernetes.io/name": "custody", "app.kubernetes.io/component": "sweep"}},
             "spec": {
-                "serviceAccountName": service_account,
+                "serviceAccountName": pod.service_account,
                 "restartPolicy": "Never",
                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
                 "containers": [{
                     "name": "sweep",
-                    "image": image,
+                    "image": pod.image,
                     "args": args,
                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                     "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
@@ -905,6 +922,16 @@ fn cron_job(
             },
         },
     });
+    if let Some(policy) = pod.image_pull_policy {
+        job["template"]["spec"]["containers"][0]["imagePullPolicy"] = json!(policy);
+    }
+    if !pod.image_pull_secrets.is_empty() {
+        job["template"]["spec"]["imagePullSecrets"] = pod
+            .image_pull_secrets
+            .iter()
+            .map(|name| json!({"name": name}))
+            .collect();
+    }
     if n > 1 {
         job["template"]["spec"]["containers"][0]["env"] = json!([{
             "name": "CUSTODY_SWEEP_RUN",
@@ -1225,13 +1252,50 @@ mod tests {
         );
     }
 
+    /// The chart's defaults.
+    fn defaults() -> SweepPod<'static> {
+        SweepPod {
+            image: "custody:0.1.0",
+            service_account: "custody-sweep",
+            image_pull_policy: None,
+            image_pull_secrets: &[],
+            deny_metadata_addresses: true,
+        }
+    }
+
+    #[test]
+    fn sweep_pods_pull_their_image_as_the_controller_is_told() {
+        let mut store = store_on("*/15 * * * *");
+        store.metadata.uid = Some("4b1d".into());
+        let plain = cron_job(&store, &defaults());
+        let spec = &plain["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert!(spec.get("imagePullSecrets").is_none(), "{spec}");
+        assert!(spec["containers"][0].get("imagePullPolicy").is_none());
+        let secrets = ["registry-a".to_owned(), "registry-b".to_owned()];
+        let private = cron_job(
+            &store,
+            &SweepPod {
+                image: "registry.example.com/custody:1.2.3",
+                image_pull_policy: Some("Always"),
+                image_pull_secrets: &secrets,
+                ..defaults()
+            },
+        );
+        let spec = &private["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert_eq!(
+            spec["imagePullSecrets"],
+            json!([{"name": "registry-a"}, {"name": "registry-b"}])
+        );
+        let container = &spec["containers"][0];
+        assert_eq!(container["image"], "registry.example.com/custody:1.2.3");
+        assert_eq!(container["imagePullPolicy"], "Always");
+    }
+
     #[test]
     fn a_cron_job_is_current_when_it_holds_what_custody_sets() {
         let mut store = store_on("*/15 * * * *");
         store.metadata.uid = Some("4b1d".into());
-        let desired = |store: &CheckpointStore| {
-            with_digest(cron_job(store, "custody:0.1.0", "custody-sweep", true))
-        };
+        let desired = |store: &CheckpointStore| with_digest(cron_job(store, &defaults()));
         let want = desired(&store);
         // What the API server adds (defaults, metadata, status) and another manager's label.
         let mut live = want.clone();

@@ -72,6 +72,15 @@ pub struct Options {
         default_value = "custody-sweep"
     )]
     pub sweep_service_account: String,
+    /// `imagePullPolicy` of the sweep Pods' container (the chart passes `image.pullPolicy`);
+    /// unset, Kubernetes' default for the tag (`Always` for `latest`, else `IfNotPresent`).
+    #[arg(long, value_parser = ["Always", "IfNotPresent", "Never"])]
+    pub sweep_image_pull_policy: Option<String>,
+    /// A Secret the sweep Pods pull their image with (`imagePullSecrets`), repeatable; the chart
+    /// passes its `imagePullSecrets`. Pods read pull Secrets from their own namespace, so each
+    /// must exist in every namespace with a CheckpointStore.
+    #[arg(long = "sweep-image-pull-secret", value_name = "NAME")]
+    pub sweep_image_pull_secrets: Vec<String>,
     /// Reconciles in flight at once, per kind (at least 1). An MCPServer reconcile is a discovery
     /// or health check bounded by the server's timeout, so without a bound a health round at
     /// 1 000 servers is one burst of 1 000 checks that times out many of them and can starve
