@@ -113,8 +113,17 @@ if ! rustup target list --installed | grep -qx "$target"; then
     log "adding the rustup target $target"
     rustup target add "$target" >&2 || die "rustup target add $target failed"
 fi
-log "cargo build --release --locked --target $target"
-(cd "$root" && cargo build --release --locked --target "$target" >&2) || die "cargo build failed"
+# The commit goes into the binary (custody --version, custody_build_info) and the image's labels.
+revision=unknown
+stamp=0
+if git -C "$root" rev-parse --verify -q HEAD >/dev/null 2>&1; then
+    revision="$(git -C "$root" rev-parse HEAD)"
+    [[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ]] || revision="$revision-dirty"
+    stamp="$(git -C "$root" log -1 --format=%ct HEAD)"
+fi
+log "cargo build --release --locked --target $target (revision $revision)"
+(cd "$root" && CUSTODY_REVISION="$revision" cargo build --release --locked --target "$target" >&2) \
+    || die "cargo build failed"
 bin="${CARGO_TARGET_DIR:-$root/target}/$target/release/custody"
 [[ -x "$bin" ]] || die "no binary at $bin after cargo build"
 # Static means no program interpreter (PT_INTERP) and no shared library (DT_NEEDED): a FROM
@@ -134,13 +143,6 @@ cp -L "$ca_bundle" "$context/ca-certificates.crt"
 
 # 3. the image
 version="$(awk -F'"' '/^version = / {print $2; exit}' "$root/Cargo.toml")"
-revision=unknown
-stamp=0
-if git -C "$root" rev-parse --verify -q HEAD >/dev/null 2>&1; then
-    revision="$(git -C "$root" rev-parse HEAD)"
-    [[ -z "$(git -C "$root" status --porcelain --untracked-files=no)" ]] || revision="$revision-dirty"
-    stamp="$(git -C "$root" log -1 --format=%ct HEAD)"
-fi
 # Where the source is: $CUSTODY_IMAGE_SOURCE, else the remote `origin` with any user:password@
 # removed (a label is public).
 source="${CUSTODY_IMAGE_SOURCE:-$(git -C "$root" remote get-url origin 2>/dev/null || true)}"

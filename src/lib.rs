@@ -28,6 +28,18 @@
 //! policy ([`domain::policy`]), the recovery rules of a re-mint ([`domain::recovery`]), audit
 //! settlement ([`domain::audit`]), templates. Adapters convert into its types at their edge.
 
+/// The git commit this binary was built from (`deploy/build-image.sh` sets it; `-dirty` when the
+/// tree had uncommitted changes), or `unknown` (build.rs).
+pub const REVISION: &str = env!("CUSTODY_REVISION");
+
+/// `custody --version`: the crate version and [`REVISION`].
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("CUSTODY_REVISION"),
+    ")"
+);
+
 pub mod checkpoint;
 pub mod cluster;
 pub mod controller;

@@ -10,7 +10,7 @@ use custody::report::{self, Format};
 
 /// custody: keeps LangGraph checkpoints and the MCP handles they hold in agreement.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = custody::VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -217,9 +217,18 @@ fn the_binary_runs_alone_read_only_as_65532() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The binary knows the commit the image's label names.
+    let revision = u.config["config"]["Labels"]["org.opencontainers.image.revision"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(revision, "unknown");
     assert_eq!(
         stdout.trim(),
-        format!("custody {}", env!("CARGO_PKG_VERSION"))
+        format!(
+            "custody {} (revision {revision})",
+            env!("CARGO_PKG_VERSION")
+        )
     );
 
     let out = run_in(&u.rootfs, None, &["crd"]);

@@ -306,15 +306,15 @@ impl Metrics {
             "1 when the store's most recently finished sweep Job failed",
             m.sweep_last_failed.clone(),
         );
-        // An Info metric: `custody_build_info{version="…"} 1`, so a dashboard can tell which
-        // build runs.
+        // An Info metric: `custody_build_info{version="…",revision="…"} 1`, so a dashboard can
+        // tell which build runs.
         r.register(
             "build",
             "custody's build",
-            prometheus_client::metrics::info::Info::new(vec![(
-                "version",
-                env!("CARGO_PKG_VERSION"),
-            )]),
+            prometheus_client::metrics::info::Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("revision", crate::REVISION),
+            ]),
         );
         m
     }
@@ -603,8 +603,9 @@ mod tests {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let line = format!(
-            "custody_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+            "custody_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            crate::REVISION
         );
         assert!(text.lines().any(|l| l == line), "{text}");
     }
