@@ -1008,7 +1008,9 @@ fn a_sweep_pod_that_cannot_pull_its_image_shows_before_the_deadline() {
                 "metadata": {"name": "orders-sweep-badimage", "labels": template["metadata"]["labels"]},
                 "spec": spec}),
     );
-    let pending = eventually(|| {
+    // The node reaches no registry: the pull fails after the resolver gives up, then the
+    // controller sees it at its next 30-s look, so this wait is longer than the others.
+    let pending = c().eventually(Duration::from_secs(240), || {
         let o = get(&ns, "checkpointstore/orders");
         match condition(&o, "LastSweepSucceeded") {
             Some(l) if l["reason"] == "SweepPodPending" => Ok(o),
