@@ -766,11 +766,23 @@ async fn health_flips_with_events_and_transition_times() {
     assert_eq!(still["status"], "False");
     assert_eq!(still["lastTransitionTime"], down_since);
     assert!(obj["status"]["consecutiveFailures"].as_u64().unwrap() >= 2);
+    // Down long enough that the discovery backoff (5 s doubling per failure) is past the
+    // health interval.
+    let mut failures = obj["status"]["consecutiveFailures"].as_u64().unwrap();
+    while failures < 4 {
+        let obj = next_health_check(&client, &ns, "flip").await;
+        failures = obj["status"]["consecutiveFailures"].as_u64().unwrap();
+    }
 
-    // Back on the same port.
+    // Back on the same port: the first health check it answers rediscovers it, so the status
+    // that says Healthy says Ready too, with the failures reset; before, Ready waited out the
+    // backoff of the failed discoveries while every healthy check still counted a failure.
     let _back = BasketServer::on(port, &[]);
     let obj = wait_conditions(&client, &ns, "MCPServer", "flip", &[("Healthy", "True")]).await;
     assert!(time(&condition(&obj, "Healthy").unwrap()["lastTransitionTime"]) > time(&down_since));
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(ready["status"], "True", "{}", obj["status"]);
+    assert_eq!(obj["status"]["consecutiveFailures"], 0, "{}", obj["status"]);
     wait_event(&client, &ns, "MCPServer", "flip", "Healthy", "Normal").await;
 }
 
@@ -869,6 +881,8 @@ async fn mcp_failures_have_distinct_causes_and_current_event_messages() {
     .await;
     let message = condition(&obj, "Healthy").unwrap()["message"].clone();
     assert!(message.as_str().unwrap().contains("401"), "{message}");
+    // Ready names the current cause, not the refusal it was discovered with.
+    assert_eq!(condition(&obj, "Ready").unwrap()["reason"], "AuthFailed");
     let event = wait_event(
         &client,
         &ns,

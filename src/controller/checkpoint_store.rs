@@ -82,6 +82,12 @@ pub(super) async fn reconcile(
     // becomes a condition instead of an endless error. A run the CronJob controller skipped
     // (pure, from the applied CronJob's status) is one too.
     let mut requeue = RECHECK;
+    // The store's sweep Jobs: how the latest one ended (step 3), and which one was running when
+    // a run was skipped (the CronJob's `status.active` forgets it once it ends).
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
+        .await?
+        .items;
     let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
         Err(message) => Cond::no(
             conditions::SCHEDULED,
@@ -102,7 +108,7 @@ pub(super) async fn reconcile(
                 )
             }
             Ok(Sweep::Applied(cron)) => {
-                let runs = runs(store, &cron, Utc::now());
+                let runs = runs(store, &cron, &jobs, Utc::now());
                 if let Some(soon) = runs.recheck {
                     requeue = requeue.min(soon);
                 }
@@ -180,21 +186,14 @@ pub(super) async fn reconcile(
     if WARNED_SCHEDULED.contains(&scheduled.reason) {
         ctx.count_unusable("CheckpointStore", scheduled.reason);
     }
-    // 3. how the latest finished sweep Job ended (API read, pure)
-    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns)
-        .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
-        .await?;
-    let running: Vec<&Job> = jobs
-        .items
-        .iter()
-        .filter(|j| finished(j).is_none())
-        .collect();
+    // 3. how the latest finished sweep Job ended (pure; API for a running Job's Pods)
+    let running: Vec<&Job> = jobs.iter().filter(|j| finished(j).is_none()).collect();
     if !running.is_empty() {
         requeue = requeue.min(RUNNING_RECHECK);
     }
     let last_run = match pending_pod(store, &ctx, &running).await? {
         Some(pending) => pending,
-        None => last_sweep(&jobs.items),
+        None => last_sweep(&jobs),
     };
     let classes = classes_swept(current.last_sweep.as_ref());
     let ready = ready(&[&reachable, &schema, &scheduled, &last_run, &classes]);
@@ -365,8 +364,11 @@ struct Runs {
 /// and after custody last changed it (creation or its own latest apply, so a new schedule is
 /// not judged by the old one's runs). The CronJob controller records a run it skips only as an
 /// Event on the CronJob; this is how the store shows it. `@every` schedules are not checked
-/// ([`schedule::cron`]).
-fn runs(store: &CheckpointStore, cron: &CronJob, now: chrono::DateTime<Utc>) -> Runs {
+/// ([`schedule::cron`]). The cause names the store's Job (of `jobs`) that was running at the
+/// due time, whether or not it still runs, so the message of one miss does not change when that
+/// Job ends; with none known, a Job the CronJob still lists as active, else the CronJob
+/// controller not starting the run.
+fn runs(store: &CheckpointStore, cron: &CronJob, jobs: &[Job], now: chrono::DateTime<Utc>) -> Runs {
     let none = Runs {
         missed: None,
         recheck: None,
@@ -405,13 +407,32 @@ fn runs(store: &CheckpointStore, cron: &CronJob, now: chrono::DateTime<Utc>) -> 
         .ok()
         .filter(|due| since.is_some_and(|s| *due > s) && last.is_none_or(|l| l < *due))
         .map(|due| {
-            let why = if active.is_empty() {
+            let mut blocking: Vec<String> = jobs
+                .iter()
+                .filter(|j| {
+                    let started = j
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .and_then(|t| to_chrono(&t.0));
+                    let ended = finished(j)
+                        .and_then(|c| c.last_transition_time)
+                        .and_then(|t| to_chrono(&t.0));
+                    started.is_some_and(|s| s <= due) && ended.is_none_or(|e| e > due)
+                })
+                .map(|j| j.name_any())
+                .collect();
+            if blocking.is_empty() {
+                blocking = active.clone();
+            }
+            blocking.sort();
+            let why = if blocking.is_empty() {
                 "the CronJob controller did not start it (was kube-controller-manager down?)"
                     .to_owned()
             } else {
                 format!(
                     "Job {} was still running and concurrencyPolicy is Forbid",
-                    active.join(", ")
+                    blocking.join(", ")
                 )
             };
             format!(
@@ -1199,7 +1220,7 @@ mod tests {
             Some("2026-12-01T10:05:00Z"),
             &["orders-sweep-29412345"],
         );
-        let r = runs(&every_minute, &stuck, at("2026-12-01T10:06:20Z"));
+        let r = runs(&every_minute, &stuck, &[], at("2026-12-01T10:06:20Z"));
         assert_eq!(
             r.missed.as_deref(),
             Some(
@@ -1209,13 +1230,13 @@ mod tests {
         // Looked at again right after the 10:07 run's deadline, 10:07:20.
         assert_eq!(r.recheck, Some(std::time::Duration::from_secs(60)));
         // Within the deadline the run may still start.
-        let r = runs(&every_minute, &stuck, at("2026-12-01T10:06:12Z"));
+        let r = runs(&every_minute, &stuck, &[], at("2026-12-01T10:06:12Z"));
         assert_eq!(r.missed, None);
         assert_eq!(r.recheck, Some(std::time::Duration::from_secs(8)));
         // A run that started is not missed, and with nothing running nothing can be skipped.
         let started = cron_status("2026-12-01T10:00:00Z", Some("2026-12-01T10:06:00Z"), &[]);
         assert_eq!(
-            runs(&every_minute, &started, at("2026-12-01T10:06:30Z")),
+            runs(&every_minute, &started, &[], at("2026-12-01T10:06:30Z")),
             Runs {
                 missed: None,
                 recheck: None
@@ -1225,10 +1246,10 @@ mod tests {
         // by the old schedule's runs; the controller manager being down is named.
         let fresh = cron_status("2026-12-01T10:06:30Z", None, &[]);
         assert_eq!(
-            runs(&every_minute, &fresh, at("2026-12-01T10:06:50Z")).missed,
+            runs(&every_minute, &fresh, &[], at("2026-12-01T10:06:50Z")).missed,
             None
         );
-        let missed = runs(&every_minute, &fresh, at("2026-12-01T10:08:00Z")).missed;
+        let missed = runs(&every_minute, &fresh, &[], at("2026-12-01T10:08:00Z")).missed;
         assert!(
             missed
                 .as_deref()
@@ -1236,15 +1257,50 @@ mod tests {
                     && m.contains("the CronJob controller did not start it")),
             "{missed:?}"
         );
+        // Once the Job that blocked the 10:06 run has ended (at 10:06:40), the CronJob lists
+        // nothing active, and the miss still names that Job, not the controller manager.
+        let ended = cron_status("2026-12-01T10:00:00Z", Some("2026-12-01T10:05:00Z"), &[]);
+        let blocker = job(
+            "orders-sweep-29412345",
+            "2026-12-01T10:05:00Z",
+            json!({"type": "Complete", "status": "True",
+                   "lastTransitionTime": "2026-12-01T10:06:40Z"}),
+        );
+        let earlier = job(
+            "orders-sweep-29412344",
+            "2026-12-01T10:04:00Z",
+            json!({"type": "Complete", "status": "True",
+                   "lastTransitionTime": "2026-12-01T10:04:30Z"}),
+        );
+        assert_eq!(
+            runs(
+                &every_minute,
+                &ended,
+                &[earlier, blocker],
+                at("2026-12-01T10:06:50Z")
+            )
+            .missed,
+            runs(&every_minute, &stuck, &[], at("2026-12-01T10:06:20Z")).missed
+        );
         // Macros parse; `@every` is not judged.
-        let hourly = runs(&store_on("@hourly"), &stuck, at("2026-12-01T11:00:20Z"));
+        let hourly = runs(
+            &store_on("@hourly"),
+            &stuck,
+            &[],
+            at("2026-12-01T11:00:20Z"),
+        );
         assert!(
             hourly
                 .missed
                 .is_some_and(|m| m.starts_with("the sweep due at 2026-12-01T11:00:00Z ")),
         );
         assert_eq!(
-            runs(&store_on("@every 30m"), &stuck, at("2026-12-01T11:00:20Z")),
+            runs(
+                &store_on("@every 30m"),
+                &stuck,
+                &[],
+                at("2026-12-01T11:00:20Z")
+            ),
             Runs {
                 missed: None,
                 recheck: None
@@ -1443,6 +1499,14 @@ mod tests {
             expect(
                 &mut api,
                 "GET",
+                "/apis/batch/v1/namespaces/agents/jobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
+            )
+            .await;
+            expect(
+                &mut api,
+                "GET",
                 "/apis/batch/v1/namespaces/agents/cronjobs",
                 200,
                 json!({"apiVersion": "batch/v1", "kind": "CronJobList", "metadata": {}, "items": []}),
@@ -1466,14 +1530,6 @@ mod tests {
                 200,
                 json!({"apiVersion": "v1", "kind": "ServiceAccount",
                           "metadata": {"name": "custody-sweep", "namespace": "agents"}}),
-            )
-            .await;
-            expect(
-                &mut api,
-                "GET",
-                "/apis/batch/v1/namespaces/agents/jobs",
-                200,
-                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
             )
             .await;
             expect(

@@ -109,7 +109,7 @@ pub(super) async fn reconcile(
     let previous = ctx.observed.read().await.get(&key).cloned();
     let health_every = chrono::Duration::seconds(ctx.opts.health_interval_seconds as i64);
     let schedule = ctx.opts.schedule();
-    let discovery_due = previous.as_ref().is_none_or(|p| {
+    let mut discovery_due = previous.as_ref().is_none_or(|p| {
         p.generation != server.metadata.generation
             || p.fingerprint != fingerprint
             || now >= p.discovered_at + next_in(&schedule, p)
@@ -129,6 +129,22 @@ pub(super) async fn reconcile(
         health_at: now,
         consecutive_failures: 0,
     });
+    // A health check alone comes first: after a failed discovery, a server that answers it
+    // again, or fails it for another cause (refused, then 401), is rediscovered now, not when
+    // the failure's backoff (up to `--discovery-max-seconds`) runs out, so it is Ready within
+    // one health interval of its recovery and its conditions name the current cause.
+    let mut checked = false;
+    if health_due && !discovery_due {
+        let health = discovery::check_health(&cfg).await;
+        discovery_due = observed
+            .discovery_error
+            .as_ref()
+            .is_some_and(|(category, _)| health.healthy || health.category != Some(*category));
+        count_health_failure(&ctx, &health);
+        observed.health = Some(health);
+        observed.health_at = Utc::now();
+        checked = true;
+    }
     if discovery_due {
         let started = std::time::Instant::now();
         match discovery::discover(&cfg, &allowlist, DEFAULT_PAGE_CAP).await {
@@ -156,8 +172,10 @@ pub(super) async fn reconcile(
         observed.fingerprint = fingerprint;
         observed.discovered_at = Utc::now();
     }
-    if health_due || discovery_due {
-        observed.health = Some(discovery::check_health(&cfg).await);
+    if discovery_due && !checked {
+        let health = discovery::check_health(&cfg).await;
+        count_health_failure(&ctx, &health);
+        observed.health = Some(health);
         observed.health_at = Utc::now();
     }
     if discovery_due || health_due {
@@ -195,13 +213,28 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(wait.max(std::time::Duration::from_secs(1))))
 }
 
+/// A failed health check counts in `custody_reconcile_failures_total{kind="MCPServer"}` under
+/// its cause, as a failed discovery does: the server's status could not be brought up to date.
+fn count_health_failure(ctx: &Context, health: &discovery::Health) {
+    if let (false, Some(reason)) = (health.healthy, health.category) {
+        ctx.metrics
+            .failures
+            .get_or_create(&FailureLabels {
+                kind: "MCPServer",
+                reason,
+            })
+            .inc();
+    }
+}
+
 fn to_value(status: &Option<MCPServerStatus>) -> Result<Option<serde_json::Value>, Error> {
     Ok(status.as_ref().map(serde_json::to_value).transpose()?)
 }
 
 /// When to discover again: on the server's cache-hint schedule after a success; after a failure,
 /// with a backoff that doubles from 5 s up to the schedule's maximum. (Retrying at once would
-/// turn every status write of the failure into the next attempt: a reconcile storm.)
+/// turn every status write of the failure into the next attempt: a reconcile storm.) A health
+/// check that the server answers again cuts the backoff short ([`reconcile`]).
 fn next_in(schedule: &discovery::Schedule, o: &Observed) -> chrono::Duration {
     let wait = if o.discovery_error.is_some() {
         let doublings = o.consecutive_failures.saturating_sub(1).min(16);

@@ -76,6 +76,11 @@ pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<String> {
                 .is_some_and(|(_, b)| !b.trim().is_empty());
             Some(answered(target, status, body))
         }
+        // rmcp's text is `Unexpected content type: Some("text/html")`, a Rust Debug.
+        Http::UnexpectedContentType(content_type) => Some(format!(
+            "{target} answered with Content-Type {}, not application/json or text/event-stream: is spec.url an MCP endpoint?",
+            content_type.as_deref().unwrap_or("(none)")
+        )),
         _ => None,
     })
     .or_else(|| {
@@ -318,6 +323,22 @@ mod tests {
                 rustls::InvalidMessage::InvalidContentType
             ))
             .starts_with("the server did not answer as a TLS server")
+        );
+    }
+
+    #[test]
+    fn a_reply_that_is_not_mcp_names_its_content_type() {
+        let html = Http::<reqwest::Error>::UnexpectedContentType(Some("text/html".into()));
+        assert_eq!(
+            describe(&html, "shop.example:443").unwrap(),
+            "shop.example:443 answered with Content-Type text/html, not application/json or \
+             text/event-stream: is spec.url an MCP endpoint?"
+        );
+        let none = Http::<reqwest::Error>::UnexpectedContentType(None);
+        assert!(
+            describe(&none, "h:80")
+                .unwrap()
+                .contains("Content-Type (none)")
         );
     }
 
