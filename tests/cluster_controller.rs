@@ -1271,7 +1271,10 @@ async fn sweep_command_of_the_cron_job_writes_last_sweep() {
 }
 
 /// One HandleClass the API server accepts but custody's validation refuses (a template typo),
-/// and one whose MCPServer does not exist, next to the example class: the sweep leaves both out
+/// one whose MCPServer does not exist, and one whose probe tool the server does not offer (the
+/// controller's `Valid=False ToolNotOffered`; before, the sweep probed it and judged each of
+/// its threads `unknown` while the store stayed green), next to the example class: the sweep
+/// leaves all three out
 /// and sweeps the example class (exit 0, every parked thread judged), and says so in its
 /// warnings, `status.lastSweep.skippedClasses` and a `HandleClassSkipped` Event naming the
 /// field; the bad class's own `Valid` condition names it too.
@@ -1292,6 +1295,11 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         json!({"serverRef": "nowhere", "statePath": "other"}),
     );
     apply(&client, &ns, &object("HandleClass", "orphan", orphan)).await;
+    let misnamed = merged(
+        basket_class(),
+        json!({"statePath": "other", "probe": {"tool": "get_baskett"}}),
+    );
+    apply(&client, &ns, &object("HandleClass", "misnamed", misnamed)).await;
     apply(
         &client,
         &ns,
@@ -1311,12 +1319,32 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
             .starts_with("spec.probe.arguments.basket_id: "),
         "{message}"
     );
+    let misnamed = wait_conditions(
+        &client,
+        &ns,
+        "HandleClass",
+        "misnamed",
+        &[("Valid", "False")],
+    )
+    .await;
+    assert_eq!(
+        condition(&misnamed, "Valid").unwrap()["reason"],
+        "ToolNotOffered"
+    );
     let (args, out) = run_cron_job_command(infra, &client, &ns, "orders").await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "custody {args:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    let misnamed_warning = format!(
+        "HandleClass misnamed left out: HandleClass {}/misnamed: spec.probe.tool: ",
+        &*ns
+    );
+    assert!(
+        stdout.contains(&misnamed_warning) && stdout.contains("(Valid=False ToolNotOffered)"),
+        "want {misnamed_warning:?} in:\n{stdout}"
     );
     let typo_warning = format!(
         "HandleClass typo left out: HandleClass {}/typo: spec.probe.arguments.basket_id: ",
@@ -1359,7 +1387,11 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         let n = parked.iter().filter(|e| **e == verdict).count();
         assert_eq!(last[verdict], n, "{verdict}: {last}");
     }
-    assert_eq!(last["skippedClasses"], json!(["orphan", "typo"]), "{last}");
+    assert_eq!(
+        last["skippedClasses"],
+        json!(["misnamed", "orphan", "typo"]),
+        "{last}"
+    );
     // The store is not shown healthy while classes are left out.
     let store = wait_conditions(
         &client,
@@ -1375,7 +1407,7 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         swept["message"]
             .as_str()
             .unwrap()
-            .contains("left out HandleClass orphan, typo ("),
+            .contains("left out HandleClass misnamed, orphan, typo ("),
         "{swept}"
     );
     assert_eq!(

@@ -229,6 +229,13 @@ impl Resources {
                 field: "spec.serverRef".into(),
                 message: format!("no MCPServer {:?} in namespace {ns}", class.spec.server_ref),
             })?;
+        if let Some((field, message)) = unusable_against_catalog(class) {
+            return Err(LoadError::Reference {
+                resource: label(class),
+                field,
+                message,
+            });
+        }
         // Files are compiled when loaded; objects from the API server are compiled here.
         let (template, gone, replay) = match self.compiled.classes.get(&compiled_key(class)) {
             Some(rules) => rules.clone(),
@@ -530,6 +537,37 @@ pub fn selects(
     Ok(true)
 }
 
+/// `(field, message)` when the controller found `class` unusable against its server's
+/// discovered tools for the class's current generation: `Valid=False` with reason
+/// `ToolNotOffered` (the probe or mint tool is not in the catalog) or `ProbeToolDestructive`
+/// (the controller's `conditions::TOOL_NOT_OFFERED`, `PROBE_TOOL_DESTRUCTIVE`). Every thread of
+/// such a class would be judged `unknown`, so a sweep leaves it out and says so instead of
+/// reporting a clean run. Objects from files carry no status: local mode finds these at probe
+/// time.
+fn unusable_against_catalog(class: &HandleClass) -> Option<(String, String)> {
+    let status = class.status.as_ref()?;
+    let valid = status.conditions.iter().find(|c| c.type_ == "Valid")?;
+    let applies = valid.status == "False"
+        && matches!(
+            valid.reason.as_str(),
+            "ToolNotOffered" | "ProbeToolDestructive"
+        )
+        && valid.observed_generation == class.metadata.generation;
+    if !applies {
+        return None;
+    }
+    // The controller's messages lead with the field (`spec.probe.tool: ...`).
+    let (field, message) = valid
+        .message
+        .split_once(": ")
+        .filter(|(field, _)| field.starts_with("spec."))
+        .unwrap_or(("spec.probe.tool", valid.message.as_str()));
+    Some((
+        field.to_owned(),
+        format!("{message} (Valid=False {})", valid.reason),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,6 +612,57 @@ mod tests {
             .unwrap()
         );
         assert!(selects(Some(&sel(None, Some(("team", "Matches", vec![])))), &labels).is_err());
+    }
+
+    #[test]
+    fn a_class_the_controller_found_unusable_is_left_out_with_its_field() {
+        let class = |status: serde_json::Value, generation: i64| -> HandleClass {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "custody.dev/v1alpha1", "kind": "HandleClass",
+                "metadata": {"name": "typo", "namespace": "shop", "generation": generation},
+                "spec": {"serverRef": "basket", "statePath": "basket",
+                         "probe": {"tool": "get_baskett", "arguments": {"basket_id": "{{handle}}"}}},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let valid = |reason: &str, message: &str| {
+            serde_json::json!({"conditions": [{"type": "Valid", "status": "False",
+                "reason": reason, "message": message, "observedGeneration": 2,
+                "lastTransitionTime": "2026-12-02T10:00:00Z"}]})
+        };
+        let offered = valid(
+            "ToolNotOffered",
+            "spec.probe.tool: MCPServer basket does not offer get_baskett",
+        );
+        assert_eq!(
+            unusable_against_catalog(&class(offered.clone(), 2)),
+            Some((
+                "spec.probe.tool".to_owned(),
+                "MCPServer basket does not offer get_baskett (Valid=False ToolNotOffered)"
+                    .to_owned()
+            ))
+        );
+        // A status about an earlier generation says nothing about this spec.
+        assert_eq!(unusable_against_catalog(&class(offered, 3)), None);
+        // Only the catalog's verdicts: a template error is the sweep's own to find.
+        let template = valid(
+            "InvalidSpec",
+            "spec.probe.arguments.basket_id: no such field",
+        );
+        assert_eq!(unusable_against_catalog(&class(template, 2)), None);
+        assert_eq!(
+            unusable_against_catalog(&class(serde_json::json!({}), 2)),
+            None
+        );
+        let destructive = valid(
+            "ProbeToolDestructive",
+            "spec.probe.tool: tool get_baskett of MCPServer basket declares destructiveHint",
+        );
+        assert_eq!(
+            unusable_against_catalog(&class(destructive, 2)).map(|(f, _)| f),
+            Some("spec.probe.tool".to_owned())
+        );
     }
 
     /// One final newline of a Secret's header value goes (`echo`-written files); one only, and
