@@ -158,6 +158,38 @@ pub struct Context {
     /// The CheckpointStore controller's cache of the sweep CronJobs, set when the controllers
     /// start: a store's recheck compares its CronJob with it and applies only a difference.
     pub cron_jobs: std::sync::Mutex<Option<Store<CronJob>>>,
+    /// When each object's last `StatusRefused` Event was published ([`StatusRefusals`]).
+    pub status_refusals: StatusRefusals,
+}
+
+/// How often one object's refused status writes become a Warning Event: at most once per
+/// [`Self::EVERY`] per object and HTTP code. The API server's message names the refused value
+/// (`consecutiveFailures` grows with each health check), so the Recorder cannot fold the
+/// repeats into one series, and `kubectl describe` would list one Event per check.
+#[derive(Debug, Default)]
+pub struct StatusRefusals(std::sync::Mutex<HashMap<(String, u16), std::time::Instant>>);
+
+impl StatusRefusals {
+    /// The least time between two `StatusRefused` Events about one object and code.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// Whether a refusal of `object` (kind/namespace/name) with `code` at `now` gets an Event;
+    /// records it when it does.
+    pub fn due(&self, object: String, code: u16, now: std::time::Instant) -> bool {
+        let mut last = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = (object, code);
+        if last
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < Self::EVERY)
+        {
+            return false;
+        }
+        last.insert(key, now);
+        true
+    }
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -359,6 +391,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         readiness: Arc::default(),
         assignments: std::sync::Mutex::default(),
         cron_jobs: std::sync::Mutex::default(),
+        status_refusals: StatusRefusals::default(),
     });
     let server = tokio::spawn(http::serve(
         listener,
@@ -1025,7 +1058,8 @@ where
 }
 
 /// A status write the API server answered with an error: without a status to show it in, a
-/// Warning Event on the object and `custody_reconcile_failures_total{reason="StatusRefused"}`
+/// Warning Event on the object (at most once per [`StatusRefusals::EVERY`] for one object and
+/// code) and `custody_reconcile_failures_total{reason="StatusRefused"}`
 /// say what an operator should know. Answers that say to come back later (409 conflict, 429,
 /// 503, 504) are the retry's business.
 async fn status_refused<K: Resource<DynamicType = ()>>(
@@ -1045,6 +1079,17 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
             reason: conditions::STATUS_REFUSED,
         })
         .inc();
+    let object = format!(
+        "{kind}/{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    );
+    if !ctx
+        .status_refusals
+        .due(object, refused.code, std::time::Instant::now())
+    {
+        return;
+    }
     ctx.event(
         obj,
         EventType::Warning,
@@ -1194,6 +1239,7 @@ pub(crate) mod fixtures {
             readiness: Arc::default(),
             assignments: std::sync::Mutex::default(),
             cron_jobs: std::sync::Mutex::default(),
+            status_refusals: StatusRefusals::default(),
         };
         (Arc::new(ctx), handle)
     }
@@ -1321,6 +1367,20 @@ mod tests {
             "a field the controller set is left out: the apply removes it"
         );
         assert!(!status_unchanged(&meta, None, &same));
+    }
+
+    #[test]
+    fn a_status_refusal_is_published_once_per_object_and_interval() {
+        let refusals = StatusRefusals::default();
+        let t0 = std::time::Instant::now();
+        let a = || "MCPServer/shop/basket".to_owned();
+        assert!(refusals.due(a(), 500, t0));
+        // The next health check's refusal names another value: no second Event.
+        assert!(!refusals.due(a(), 500, t0 + std::time::Duration::from_secs(10)));
+        // Another object, or another answer, is news.
+        assert!(refusals.due("MCPServer/shop/catalog".to_owned(), 500, t0));
+        assert!(refusals.due(a(), 422, t0));
+        assert!(refusals.due(a(), 500, t0 + StatusRefusals::EVERY));
     }
 
     /// kube's Display of an API error is the `Status` object's Debug dump; people get the API
