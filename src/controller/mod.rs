@@ -171,7 +171,7 @@ pub struct StatusRefusals(std::sync::Mutex<HashMap<(String, u16), std::time::Ins
 
 impl StatusRefusals {
     /// The least time between two `StatusRefused` Events about one object and code.
-    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+    pub const EVERY: Duration = Duration::from_secs(600);
 
     /// Whether a refusal of `object` (kind/namespace/name) with `code` at `now` gets an Event;
     /// records it when it does.
@@ -1376,7 +1376,7 @@ mod tests {
         let a = || "MCPServer/shop/basket".to_owned();
         assert!(refusals.due(a(), 500, t0));
         // The next health check's refusal names another value: no second Event.
-        assert!(!refusals.due(a(), 500, t0 + std::time::Duration::from_secs(10)));
+        assert!(!refusals.due(a(), 500, t0 + Duration::from_secs(10)));
         // Another object, or another answer, is news.
         assert!(refusals.due("MCPServer/shop/catalog".to_owned(), 500, t0));
         assert!(refusals.due(a(), 422, t0));
