@@ -1620,6 +1620,10 @@ async fn a_config_map_refused_by_rbac_shows_on_the_assignment() {
         "{message}"
     );
     assert!(message.contains("forbidden"), "{message}");
+    assert!(
+        message.ends_with("must grant get, create and patch on configmaps in the core API group"),
+        "{message}"
+    );
     assert_eq!(
         condition(&obj, "Ready").unwrap()["reason"],
         "ConfigMapRefused"

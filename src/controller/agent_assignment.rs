@@ -222,8 +222,14 @@ pub(super) async fn reconcile(
                 not_written(a, &current, conditions::CONFIG_MAP_NOT_OWNED, message, &ctx).await
             }
             Written::Refused(refused) => {
+                // As CronJobRefused does: an RBAC refusal names the grant the ClusterRole needs.
+                let grant = if refused.code == 401 || refused.code == 403 {
+                    "; the controller's ClusterRole must grant get, create and patch on configmaps in the core API group"
+                } else {
+                    ""
+                };
                 let message = format!(
-                    "the API server refused ConfigMap {cm_name} (HTTP {}): {}",
+                    "the API server refused ConfigMap {cm_name} (HTTP {}): {}{grant}",
                     refused.code, refused.message
                 );
                 not_written(a, &current, conditions::CONFIG_MAP_REFUSED, message, &ctx).await
