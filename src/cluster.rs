@@ -108,6 +108,23 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError 
     move |source| ClusterError::Api { what, source }
 }
 
+/// The error of a sweep's status write to CheckpointStore `ns/name`. A 422 or 500 is how the API
+/// server refuses a field its installed CRD does not have or types otherwise (an older CRD than
+/// this binary's), so the message says what to apply, as the controller's `StatusRefused` does.
+fn status_err(ns: &str, name: &str) -> impl FnOnce(kube::Error) -> ClusterError {
+    let what = format!("patch CheckpointStore {ns}/{name} status");
+    move |source| {
+        let what = match &source {
+            kube::Error::Api(s) if s.code == 422 || s.code == 500 => format!(
+                "{what} (refused by the installed CRD? apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml)",
+                env!("CARGO_PKG_VERSION")
+            ),
+            _ => what,
+        };
+        ClusterError::Api { what, source }
+    }
+}
+
 /// Fetches the Secrets named by `refs` in `ns`; a Secret that does not exist is left out, so
 /// resolution reports it by name and key.
 ///
@@ -398,7 +415,7 @@ pub async fn write_sweep_status(
         &Patch::Apply(&patch),
     )
     .await
-    .map_err(api_err(format!("patch CheckpointStore {ns}/{name} status")))?;
+    .map_err(status_err(ns, name))?;
     Ok(())
 }
 
@@ -496,7 +513,7 @@ pub async fn write_shard_status(
             &Patch::Apply(&patch),
         )
         .await
-        .map_err(api_err(format!("patch CheckpointStore {ns}/{name} status")))?;
+        .map_err(status_err(ns, name))?;
     let shards = updated.status.map(|s| s.shards).unwrap_or_default();
     if let Some(total) = merge_shards(&shards, shard.count(), run) {
         write_sweep_status(client, ns, name, &total).await?;
@@ -750,6 +767,27 @@ pub fn object_key<K: ResourceExt>(obj: &K) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_write_the_crd_refuses_says_what_to_apply() {
+        let refused = |code| {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("status.lastSweep.skippedClasses: unknown field", "")
+                    .with_code(code),
+            ))
+        };
+        let text = status_err("agents", "orders")(refused(500)).to_string();
+        assert!(
+            text.starts_with("patch CheckpointStore agents/orders status (refused by the installed CRD? apply the CRDs of custody "),
+            "{text}"
+        );
+        assert!(text.contains("kubectl apply --server-side --force-conflicts -f crds/crds.yaml"));
+        let text = status_err("agents", "orders")(refused(403)).to_string();
+        assert!(
+            text.starts_with("patch CheckpointStore agents/orders status: "),
+            "{text}"
+        );
+    }
 
     #[test]
     fn the_event_sink_keeps_a_bounded_number_and_counts_the_rest() {
