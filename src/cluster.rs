@@ -31,11 +31,39 @@ pub const SWEEP_FIELD_MANAGER: &str = "custody-sweep";
 pub async fn client() -> anyhow::Result<Client> {
     Client::try_default().await.map_err(|e| {
         anyhow::anyhow!(
-            "cannot reach a Kubernetes cluster: {e} (custody reads the kubeconfig from \
+            "cannot reach a Kubernetes cluster: {} (custody reads the kubeconfig from \
              $KUBECONFIG or ~/.kube/config, or the in-cluster ServiceAccount inside a Pod; \
-             -f PATH sweeps local files without a cluster)"
+             -f PATH sweeps local files without a cluster)",
+            no_client_text(&e)
         )
     })
+}
+
+/// Why no client could be made, once, on one line: for a kubeconfig that cannot be read, its
+/// path and the reason (kube says "Failed to infer configuration: failed to infer config: ..."
+/// with the path in Debug quotes, `'"/root/.kube/config"'`); for one that does not load, the
+/// first line of why; else kube's text.
+fn no_client_text(e: &kube::Error) -> String {
+    use kube::config::KubeconfigError;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        match s.downcast_ref::<KubeconfigError>() {
+            Some(KubeconfigError::ReadConfig(io, path)) => {
+                return format!(
+                    "cannot read the kubeconfig {}: {io}, and this is not a Pod with an in-cluster ServiceAccount",
+                    path.display()
+                );
+            }
+            // A YAML error's own text draws the line under its first one.
+            Some(other) => {
+                let text = other.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                return format!("the kubeconfig does not load: {first}");
+            }
+            None => source = s.source(),
+        }
+    }
+    e.to_string()
 }
 
 /// A kube client error for a person: the API server's own message and HTTP status for an error

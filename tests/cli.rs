@@ -378,14 +378,38 @@ fn filename_may_be_given_several_times() {
     );
 }
 
-/// `sweep --store` and `controller` without a reachable cluster say where custody looked, once.
+/// `sweep --store` and `controller` without a reachable cluster say where custody looked, once,
+/// on one line: a kubeconfig that is not there by its path, one that does not parse by the first
+/// line of why.
 #[test]
 fn no_cluster_names_kubeconfig_once() {
     let home = tempfile::tempdir().unwrap();
-    for args in [&["sweep", "--store", "shop/orders"][..], &["controller"]] {
+    let broken = home.path().join("broken");
+    std::fs::write(&broken, "clusters: [\n").unwrap();
+    let missing = home.path().join("missing");
+    for (args, kubeconfig, says) in [
+        (
+            &["sweep", "--store", "shop/orders"][..],
+            &missing,
+            format!(
+                "cannot read the kubeconfig {}: No such file or directory",
+                missing.display()
+            ),
+        ),
+        (
+            &["controller"],
+            &missing,
+            "cannot read the kubeconfig".into(),
+        ),
+        (
+            &["sweep", "--store", "shop/orders"],
+            &broken,
+            "the kubeconfig does not load: ".into(),
+        ),
+    ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
             .args(args)
-            .env("KUBECONFIG", home.path().join("missing"))
+            .env("KUBECONFIG", kubeconfig)
             .env("HOME", home.path())
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("KUBERNETES_SERVICE_PORT")
@@ -402,6 +426,14 @@ fn no_cluster_names_kubeconfig_once() {
         assert!(
             stderr.contains("$KUBECONFIG or ~/.kube/config"),
             "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&says),
+            "{args:?}: want {says:?} in {stderr}"
+        );
+        assert!(
+            !stderr.contains("'\""),
+            "{args:?}: a Debug-quoted path: {stderr}"
         );
         assert_eq!(
             stderr.lines().count(),
