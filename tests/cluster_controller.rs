@@ -2101,6 +2101,11 @@ async fn write_tools_missing_from_interrupt_on_are_never_published() {
         "tools that may write are missing from interruptOn and withheld from the configuration: basket_add_item, basket_delete_basket"
     );
     assert_eq!(aa["status"]["toolCount"], 3, "{}", aa["status"]);
+    // Valid counts what validates, and says the withheld ones are PolicyCompliant's to name.
+    assert_eq!(
+        condition(&aa, "Valid").unwrap()["message"],
+        "5 tools validate for agent create-agent (before interruptOn: PolicyCompliant names any withheld)"
+    );
     let (servers, _, _) = rendered(&client, &ns, "agent").await;
     let published: BTreeSet<&str> = servers["basket"]["tool_allowlist"]
         .as_array()

@@ -161,7 +161,12 @@ pub(super) async fn reconcile(
             Cond::yes(
                 conditions::VALID,
                 conditions::VALIDATED,
-                format!("{} tools for agent {}", v.final_tools.len(), a.spec.agent),
+                // Before the approval policy: what is published is PolicyCompliant's to say.
+                format!(
+                    "{} tools validate for agent {} (before interruptOn: PolicyCompliant names any withheld)",
+                    v.final_tools.len(),
+                    a.spec.agent
+                ),
             ),
             Some(v),
             RECHECK,
