@@ -973,8 +973,10 @@ fn failing_sweep_pod_shows_and_the_next_run_recovers() {
     assert_eq!(last["ok"], ok, "{last}");
 }
 
-/// A sweep Job whose image cannot be pulled: its Pod waits in ErrImagePull/ImagePullBackOff on the
-/// real kubelet, and the store says so (`LastSweepSucceeded=False SweepPodPending` naming the Pod
+/// A sweep Job whose image is not on the node and cannot be pulled: its Pod waits on the real
+/// kubelet (here `ErrImageNeverPull`: the test's release sets `image.pullPolicy=Never`, which the
+/// sweep Pods now inherit, as there is no registry; with one it would be `ErrImagePull`, then
+/// `ImagePullBackOff`), and the store says so (`LastSweepSucceeded=False SweepPodPending` naming the Pod
 /// and the image, not Ready, one Warning Event) long before the Job's ten-minute deadline; once the
 /// Job is gone the store no longer says it. The Job is the CronJob's own template with the image
 /// changed, as a mistyped `image.repository` in the chart would make it.
@@ -1008,8 +1010,7 @@ fn a_sweep_pod_that_cannot_pull_its_image_shows_before_the_deadline() {
                 "metadata": {"name": "orders-sweep-badimage", "labels": template["metadata"]["labels"]},
                 "spec": spec}),
     );
-    // The node reaches no registry: the pull fails after the resolver gives up, then the
-    // controller sees it at its next 30-s look, so this wait is longer than the others.
+    // The controller looks at a running Job's Pods every 30 s.
     let pending = c().eventually(Duration::from_secs(240), || {
         let o = get(&ns, "checkpointstore/orders");
         match condition(&o, "LastSweepSucceeded") {
@@ -1032,7 +1033,9 @@ fn a_sweep_pod_that_cannot_pull_its_image_shows_before_the_deadline() {
         assert!(message.contains(part), "{part:?} not in {message}");
     }
     assert!(
-        message.contains("ErrImagePull") || message.contains("ImagePullBackOff"),
+        ["ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff"]
+            .iter()
+            .any(|reason| message.contains(&format!("): {reason}: "))),
         "{message}"
     );
     let ready = condition(&pending, "Ready").unwrap();
