@@ -349,6 +349,19 @@ fn store(ns: &str, spec: Value) {
     );
 }
 
+/// The CronJob `orders-sweep` in `ns`, or why it cannot be read (for [`eventually`]).
+fn cron_job(ns: &str) -> Result<Value, String> {
+    let cron = c().kubectl(
+        &["get", "-n", ns, "cronjob/orders-sweep", "-o", "json"],
+        None,
+    );
+    if cron.success {
+        Ok(serde_json::from_str(&cron.stdout).unwrap())
+    } else {
+        Err(cron.stderr)
+    }
+}
+
 /// Waits for `status.lastSweep` of store `orders`; returns the store.
 fn wait_last_sweep(ns: &str) -> Value {
     eventually(|| {
@@ -617,15 +630,7 @@ fn scheduled_sweep_pod_writes_last_sweep() {
             Some(c) if c["status"] == "True" => {}
             _ => return Err(o["status"].to_string()),
         }
-        let cron = c().kubectl(
-            &["get", "-n", &ns, "cronjob/orders-sweep", "-o", "json"],
-            None,
-        );
-        if cron.success {
-            Ok(serde_json::from_str::<Value>(&cron.stdout).unwrap())
-        } else {
-            Err(cron.stderr)
-        }
+        cron_job(&ns)
     });
     assert_eq!(cron["spec"]["schedule"], "@every 10s");
     let o = wait_last_sweep(&ns);
@@ -988,17 +993,7 @@ fn a_sweep_pod_that_cannot_pull_its_image_shows_before_the_deadline() {
     let _world = World::new(&ns, "pods_pending", Some("t-live"), example_class());
     // Once a year: the CronJob exists and starts nothing during the test.
     store(&ns, json!({"schedule": "0 0 1 1 *"}));
-    let cron = eventually(|| {
-        let cron = c().kubectl(
-            &["get", "-n", &ns, "cronjob/orders-sweep", "-o", "json"],
-            None,
-        );
-        if cron.success {
-            Ok(serde_json::from_str::<Value>(&cron.stdout).unwrap())
-        } else {
-            Err(cron.stderr)
-        }
-    });
+    let cron = eventually(|| cron_job(&ns));
     let image = "registry.invalid/custody:missing";
     let template = &cron["spec"]["jobTemplate"];
     let mut spec = template["spec"].clone();

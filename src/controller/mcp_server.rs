@@ -135,14 +135,11 @@ pub(super) async fn reconcile(
     // one health interval of its recovery and its conditions name the current cause.
     let mut checked = false;
     if health_due && !discovery_due {
-        let health = discovery::check_health(&cfg).await;
+        let health = check_health(&cfg, &ctx, &mut observed).await;
         discovery_due = observed
             .discovery_error
             .as_ref()
             .is_some_and(|(category, _)| health.healthy || health.category != Some(*category));
-        count_health_failure(&ctx, &health);
-        observed.health = Some(health);
-        observed.health_at = Utc::now();
         checked = true;
     }
     if discovery_due {
@@ -173,10 +170,7 @@ pub(super) async fn reconcile(
         observed.discovered_at = Utc::now();
     }
     if discovery_due && !checked {
-        let health = discovery::check_health(&cfg).await;
-        count_health_failure(&ctx, &health);
-        observed.health = Some(health);
-        observed.health_at = Utc::now();
+        check_health(&cfg, &ctx, &mut observed).await;
     }
     if discovery_due || health_due {
         let failed = observed.discovery_error.is_some()
@@ -213,9 +207,15 @@ pub(super) async fn reconcile(
     Ok(Action::requeue(wait.max(std::time::Duration::from_secs(1))))
 }
 
-/// A failed health check counts in `custody_reconcile_failures_total{kind="MCPServer"}` under
-/// its cause, as a failed discovery does: the server's status could not be brought up to date.
-fn count_health_failure(ctx: &Context, health: &discovery::Health) {
+/// Checks the server's health into `observed` (result and time) and returns the result. A
+/// failed check counts in `custody_reconcile_failures_total{kind="MCPServer"}` under its cause,
+/// as a failed discovery does: the server's status could not be brought up to date.
+async fn check_health(
+    cfg: &ServerConfig,
+    ctx: &Context,
+    observed: &mut Observed,
+) -> discovery::Health {
+    let health = discovery::check_health(cfg).await;
     if let (false, Some(reason)) = (health.healthy, health.category) {
         ctx.metrics
             .failures
@@ -225,6 +225,9 @@ fn count_health_failure(ctx: &Context, health: &discovery::Health) {
             })
             .inc();
     }
+    observed.health = Some(health.clone());
+    observed.health_at = Utc::now();
+    health
 }
 
 fn to_value(status: &Option<MCPServerStatus>) -> Result<Option<serde_json::Value>, Error> {
