@@ -136,11 +136,14 @@ fn at_least_one(text: &str) -> Result<usize, String> {
 /// - `kube_runtime::watcher` (at ERROR): each failed list or watch as the API server's
 ///   `Status` dump, which custody logs and counts in its own words.
 ///
-/// kube-lease-manager keeps its level: its ERROR on a failed Lease renewal is the only place the
-/// renewal's cause shows before custody's lapse check says the leader lost its Lease.
+/// - `kube_lease_manager` (at ERROR): each failed Lease read or renewal as kube's `Debug` dump,
+///   every backoff step; custody's lapse check says in its own words, once, that the leader lost
+///   its Lease and why (the read's cause, or that its renewals stopped landing).
+///
 /// `RUST_LOG=rmcp=debug` (and so on) shows any of them.
 const DEFAULT_LOG: &str = "warn,custody=info,rmcp=off,kube_client::client::builder=off,\
-                           rustls_platform_verifier=off,kube_runtime::watcher=error";
+                           rustls_platform_verifier=off,kube_runtime::watcher=error,\
+                           kube_lease_manager=off";
 
 #[tokio::main]
 async fn main() -> ExitCode {

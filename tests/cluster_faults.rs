@@ -1284,12 +1284,14 @@ async fn watches_refused_by_rbac_make_the_controller_not_ready() {
     let dir = infra.dir.join("no-watch");
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = cluster::token_kubeconfig(&dir.join("kubeconfig"), &ns, sa);
-    let replica = ControllerProcess::spawn(
+    // custody's default log filter: what an operator reads without RUST_LOG.
+    let replica = ControllerProcess::spawn_with_filter(
         custody_bin(),
         &kubeconfig,
         sa,
         &dir.join("replica.log"),
         &["--lease-namespace", &ns, "--lease-seconds", "15"],
+        None,
     );
     let kinds = [
         "MCPServer",
@@ -1346,6 +1348,21 @@ async fn watches_refused_by_rbac_make_the_controller_not_ready() {
         },
     )
     .await;
+    // The loss is said once, in custody's words, with the API server's cause; kube-lease-manager's
+    // ERROR per failed renewal (kube's `Debug` dump, every backoff step) stays out.
+    let log = replica.log_text();
+    let lost: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("lost the leader lease"))
+        .collect();
+    assert!(
+        lost.len() == 1 && lost[0].contains("could not be read") && lost[0].contains("401"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("LeaseManager watcher error") && !log.contains("ErrorResponse {"),
+        "{log}"
+    );
     drop(replica);
     c.kubectl(
         &[

@@ -571,6 +571,12 @@ async fn lapsed(lease: &LeaseFence, duration: Duration) -> String {
         tokio::time::sleep(duration).await;
         match lease.check().await {
             Ok(()) => shown = std::time::Instant::now(),
+            Err(Error::LostLease(holder)) if holder == lease.identity => {
+                return "the Lease expired: this replica's renewals did not land within its lease \
+                        duration (the API server refused them or did not answer in time; \
+                        RUST_LOG=kube_lease_manager=error shows each renewal's error)"
+                    .into();
+            }
             Err(Error::LostLease(holder)) => {
                 return format!("the Lease is held by {holder} or has expired");
             }

@@ -377,6 +377,26 @@ impl ControllerProcess {
         log: &Path,
         args: &[&str],
     ) -> Self {
+        Self::spawn_with_filter(
+            binary,
+            kubeconfig,
+            identity,
+            log,
+            args,
+            Some("info,custody=debug"),
+        )
+    }
+
+    /// [`Self::spawn`] with `RUST_LOG` set to `filter`, or unset (custody's own default filter)
+    /// for `None`.
+    pub fn spawn_with_filter(
+        binary: &Path,
+        kubeconfig: &Path,
+        identity: &str,
+        log: &Path,
+        args: &[&str],
+        filter: Option<&str>,
+    ) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
@@ -390,7 +410,8 @@ impl ControllerProcess {
             .args(args)
             .env("KUBECONFIG", kubeconfig)
             .env("CUSTODY_LOG", log)
-            .env("RUST_LOG", "info,custody=debug")
+            .env_remove("RUST_LOG")
+            .envs(filter.map(|f| ("RUST_LOG", f)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
