@@ -128,28 +128,31 @@ impl Resources {
             }
             match (custody, kind_name, api_version.as_str()) {
                 (true, "MCPServer", _) => {
-                    let s: MCPServer = typed(value).map_err(|m| invalid(&kind, m))?;
+                    let s: MCPServer = typed(value, Some(&schema_of::<MCPServer>()))
+                        .map_err(|m| invalid(&kind, m))?;
                     let rules = validate::mcp_server(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.compiled.reconciliation.insert(compiled_key(&s), rules);
                     self.servers.push(s);
                 }
                 (true, "HandleClass", _) => {
-                    let c: HandleClass = typed(value).map_err(|m| invalid(&kind, m))?;
+                    let c: HandleClass = typed(value, Some(&schema_of::<HandleClass>()))
+                        .map_err(|m| invalid(&kind, m))?;
                     let rules = validate::handle_class(&c.spec)
                         .map_err(|e| invalid(&label(&c), e.to_string()))?;
                     self.compiled.classes.insert(compiled_key(&c), rules);
                     self.classes.push(c);
                 }
                 (true, "CheckpointStore", _) => {
-                    let s: CheckpointStore = typed(value).map_err(|m| invalid(&kind, m))?;
+                    let s: CheckpointStore = typed(value, Some(&schema_of::<CheckpointStore>()))
+                        .map_err(|m| invalid(&kind, m))?;
                     validate::checkpoint_store(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.stores.push(s);
                 }
                 (false, "Secret", "v1") => self
                     .secrets
-                    .push(typed(value).map_err(|m| invalid(&kind, m))?),
+                    .push(typed(value, None).map_err(|m| invalid(&kind, m))?),
                 // A document meant for custody that it would not read is a mistake to say,
                 // not one to skip: ignored, its servers or classes would silently not be swept.
                 (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
@@ -177,9 +180,44 @@ impl Resources {
     }
 }
 
-/// Deserializes into the cluster type. Unknown fields are errors: the API server would prune
-/// them, and a misspelt `goneWhen` or `headersFrom` silently dropped changes what custody does.
-fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
+/// The `openAPIV3Schema` of kind `K`'s CRD, as `custody crd` prints it.
+fn schema_of<K: kube::CustomResourceExt>() -> serde_json::Value {
+    serde_json::to_value(K::crd())
+        .ok()
+        .and_then(|crd| {
+            crd.pointer("/spec/versions/0/schema/openAPIV3Schema")
+                .cloned()
+        })
+        .unwrap_or_default()
+}
+
+/// The `minimum` and `maximum` the CRD's `schema` gives the field at `path` (serde_path_to_error's
+/// `spec.servers[0].timeoutSeconds`), when it gives both.
+fn schema_range(schema: &serde_json::Value, path: &str) -> Option<(f64, f64)> {
+    let mut node = schema;
+    for part in path.split('.') {
+        let (name, indexed) = match part.split_once('[') {
+            Some((name, _)) => (name, true),
+            None => (part, false),
+        };
+        node = node.get("properties")?.get(name)?;
+        if indexed {
+            node = node.get("items")?;
+        }
+    }
+    Some((
+        node.get("minimum")?.as_f64()?,
+        node.get("maximum")?.as_f64()?,
+    ))
+}
+
+/// Deserializes into the cluster type, `schema` being its CRD's (for the bounds a type error
+/// should name). Unknown fields are errors: the API server would prune them, and a misspelt
+/// `goneWhen` or `headersFrom` silently dropped changes what custody does.
+fn typed<T: DeserializeOwned>(
+    value: serde_yaml::Value,
+    schema: Option<&serde_json::Value>,
+) -> Result<T, String> {
     let mut unknown = Vec::new();
     // The derived kinds take apiVersion and kind from their type, not from the document.
     let mut note = |path: serde_ignored::Path<'_>| {
@@ -191,7 +229,14 @@ fn typed<T: DeserializeOwned>(value: serde_yaml::Value) -> Result<T, String> {
     let de = serde_ignored::Deserializer::new(value, &mut note);
     let typed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
-        let message = schema_words(&e.into_inner().to_string());
+        let mut message = schema_words(&e.into_inner().to_string());
+        // `parallelism: -3` fails as a u32 before validation could say 1 to 64: say the schema's
+        // range, as the API server would, not the Rust type's.
+        if let Some((min, max)) = schema.and_then(|s| schema_range(s, &path))
+            && let Some((found, _)) = message.split_once(", expected ")
+        {
+            message = format!("{found}, expected an integer from {min} to {max}");
+        }
         if path == "." {
             message
         } else {
@@ -265,7 +310,21 @@ mod tests {
             .to_string();
         assert!(
             e.ends_with(
-                "spec.parallelism: invalid type: string \"two\", expected a non-negative integer up to 4294967295"
+                "spec.parallelism: invalid type: string \"two\", expected an integer from 1 to 64"
+            ),
+            "{e}"
+        );
+        let e = Resources::default()
+            .add_file(
+                Path::new("store.yaml"),
+                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite:///x.db\n  parallelism: -3\n",
+                &mut Seen::new(),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with(
+                "spec.parallelism: invalid value: integer `-3`, expected an integer from 1 to 64"
             ),
             "{e}"
         );
