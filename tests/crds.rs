@@ -163,3 +163,50 @@ fn every_description_reads_as_sentences() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Every condition type the controller writes (each `Condition type of …` constant in
+/// `src/controller/`, for the kinds its doc names) is named in that kind's
+/// `status.conditions` description, so `kubectl explain <kind>.status.conditions` lists them all.
+#[test]
+fn every_condition_type_is_in_its_kinds_description() {
+    let kinds = [
+        "MCPServer",
+        "AgentAssignment",
+        "HandleClass",
+        "CheckpointStore",
+    ];
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/controller");
+    let declared = regex::Regex::new(
+        r#"(?m)^/// Condition type of ([^:]+):[^\n]*\n(?:///[^\n]*\n)*pub const [A-Z_]+: &str = "([A-Za-z]+)";"#,
+    )
+    .unwrap();
+    let mut expected = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        for c in declared.captures_iter(&text) {
+            for kind in kinds {
+                if &c[1] == "every kind" || c[1].contains(kind) {
+                    expected.push((kind, c[2].to_owned()));
+                }
+            }
+        }
+    }
+    assert!(expected.len() >= 20, "{expected:?}");
+    let described = |kind: &str| {
+        let crd = custody::crd::all()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .unwrap();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        schema
+            .pointer("/openAPIV3Schema/properties/status/properties/conditions/description")
+            .and_then(|d| d.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let missing: Vec<_> = expected
+        .iter()
+        .filter(|(kind, t)| !described(kind).contains(&format!("`{t}`")))
+        .collect();
+    assert!(missing.is_empty(), "not in the descriptions: {missing:?}");
+}

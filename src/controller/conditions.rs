@@ -193,7 +193,7 @@ pub const CATALOG_INCOMPLETE: &str = "CatalogIncomplete";
 /// Event (Warning): discovery left tools out of the catalog (names that cannot be exposed); the
 /// note names them and why, unless the catalog is private.
 pub const TOOLS_LEFT_OUT: &str = "ToolsLeftOut";
-/// Condition (MCPServer): whether the server's answers at the last discovery, and the tool
+/// Condition type of an MCPServer: whether the server's answers at the last discovery, and the tool
 /// results sweeps got, kept to the MCP specification (`False` lists the deviations custody
 /// tolerated).
 pub const CONFORMANT: &str = "Conformant";

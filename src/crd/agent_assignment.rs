@@ -87,7 +87,8 @@ pub struct SecretEnv {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentAssignmentStatus {
-    /// `Ready`, `Valid`, `PolicyCompliant`, `Degraded` and `ConfigRendered`.
+    /// `Ready`, `Valid`, `PolicyCompliant`, `Degraded`, `InterruptOnKnown` (every name in
+    /// `interruptOn` is a tool the servers list) and `ConfigRendered`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,

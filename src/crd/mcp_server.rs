@@ -160,7 +160,8 @@ pub struct HeaderFromSecret {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MCPServerStatus {
-    /// `Ready`, `Discovered` and `Healthy`.
+    /// `Ready`, `Discovered`, `Healthy` and `Conformant` (`False` lists the deviations from the
+    /// MCP specification custody tolerated).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
