@@ -819,9 +819,18 @@ fn basket_example_applies_with_server_dry_run() {
         "checkpointstore.custody.dev/orders",
         "agentassignment.custody.dev/create-agent",
     ];
-    for w in want {
-        assert!(out.contains(w), "{w} missing from:\n{out}");
-    }
+    // Applied in the order written, each object after those it names (the Secrets before the
+    // MCPServer, the MCPServer before the HandleClass and the AgentAssignment): a first
+    // `apply -k` in kustomize's legacy kind order would create the HandleClass first and the
+    // controller would warn, for a moment, of an unknown server.
+    let at: Vec<usize> = want
+        .iter()
+        .map(|w| {
+            out.find(w)
+                .unwrap_or_else(|| panic!("{w} missing from:\n{out}"))
+        })
+        .collect();
+    assert!(at.is_sorted(), "applied out of order:\n{out}");
     // Every example object lands in `agents`.
     let docs = yaml_docs(
         &c.kubectl(&["kustomize", "deploy/examples/basket"], None)
