@@ -13,6 +13,7 @@
 //! | F4 | [`crds_of_another_release_are_named_and_their_refusals_reach_the_objects`] | an installed CRD of another release (its `custody.dev/schema-sha256` differs; its schema refuses a status field) | at startup: an ERROR log and `/readyz` 503 naming the CRD and what to apply, ready once applied without a restart; a refused status write: a Warning Event `StatusRefused` on the object naming the field, and a count |
 //! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
 //! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
+//! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -1777,4 +1778,61 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
         "CronJobApplied"
     );
     assert_one_event(&client, &ns, "CheckpointStore", "orders", "CronJobRefused").await;
+}
+
+/// F7: an API call a reconcile needs and RBAC refuses (the controller's ClusterRole loses `list`
+/// on Jobs, which every CheckpointStore reconcile reads) is a Warning Event `ReconcileForbidden`
+/// on the object with the API server's 403, and `custody_reconcile_failures_total` counts it as
+/// `forbidden`, not as a generic API failure; restoring the role makes the store Ready.
+#[tokio::test]
+async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-jobsrbac").await;
+    let dsn = langgraph_database("faults_jobsrbac").await;
+    let restore = reduce_role(infra, "jobs", &["watch"]);
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    let note = wait_warning(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ReconcileForbidden",
+    )
+    .await;
+    assert!(
+        note.starts_with("the API server refused a call reconciling this CheckpointStore (HTTP 403): ")
+            && note.contains("jobs")
+            && note.contains("forbidden")
+            && note.ends_with("the controller's ClusterRole must grant it (helm upgrade custody, or kubectl apply -k deploy/base)"),
+        "{note}"
+    );
+    assert!(failures(&infra.metrics().await, "CheckpointStore", "forbidden") >= 1.0);
+    drop(restore);
+    wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "True")],
+    )
+    .await;
+    assert_one_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ReconcileForbidden",
+    )
+    .await;
 }

@@ -124,6 +124,10 @@ pub const CONFIG_MAP_NOT_OWNED: &str = "ConfigMapNotOwned";
 /// Warning Event reason: the API server refused a status write (an installed CRD older than the
 /// controller, whose schema does not have or types differently a field the controller writes).
 pub const STATUS_REFUSED: &str = "StatusRefused";
+/// Warning Event reason (any kind): RBAC refused an API call a reconcile needs (HTTP 403; the
+/// controller's ClusterRole lacks a verb), also counted as
+/// `custody_reconcile_failures_total{reason="forbidden"}`.
+pub const RECONCILE_FORBIDDEN: &str = "ReconcileForbidden";
 
 /// Reason (any kind's `Valid` or `Reachable`, Event): the spec fails validation.
 pub const INVALID_SPEC: &str = "InvalidSpec";

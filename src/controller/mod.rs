@@ -319,9 +319,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// Bounded label for metrics.
+    /// Bounded label for metrics: `forbidden` for an API call RBAC refused (HTTP 403), `api`
+    /// for any other failed API call, `resources`, `serialize`, `lost_lease`.
     pub fn category(&self) -> &'static str {
         match self {
+            Self::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
             Self::Kube(_) => "api",
             Self::Cluster(_) => "resources",
             Self::Serialize(_) => "serialize",
@@ -334,8 +336,15 @@ impl Error {
 /// retries soon without hammering the API server (watch events still trigger earlier).
 const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 
-fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
-    move |_obj, error, ctx| {
+/// Logs and counts a failed reconcile. One refused by RBAC (an API call the controller's
+/// ServiceAccount may not make, such as listing a store's Jobs after its ClusterRole was cut)
+/// also becomes a Warning Event on the object, at most once per [`StatusRefusals::EVERY`]: a
+/// log line at 3 a.m. is not where `kubectl describe` looks.
+fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+{
+    move |obj, error, ctx| {
         tracing::warn!(kind, error = %error, "reconcile failed");
         ctx.metrics
             .failures
@@ -344,6 +353,33 @@ fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) 
                 reason: error.category(),
             })
             .inc();
+        if error.category() == "forbidden" {
+            // Its own key: a refused status write of the same object is another Event.
+            let object = format!(
+                "reconcile {kind}/{}/{}",
+                obj.meta().namespace.as_deref().unwrap_or_default(),
+                obj.meta().name.as_deref().unwrap_or_default()
+            );
+            if ctx
+                .status_refusals
+                .due(object, 403, std::time::Instant::now())
+            {
+                let note = format!(
+                    "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
+                     the controller's ClusterRole must grant it (helm upgrade custody, or \
+                     kubectl apply -k deploy/base)"
+                );
+                tokio::spawn(async move {
+                    ctx.event(
+                        &*obj,
+                        EventType::Warning,
+                        conditions::RECONCILE_FORBIDDEN,
+                        note,
+                    )
+                    .await;
+                });
+            }
+        }
         Action::requeue(ERROR_REQUEUE)
     }
 }
