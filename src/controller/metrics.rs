@@ -487,9 +487,22 @@ impl Metrics {
 /// `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
 /// `process_virtual_memory_max_bytes`, `process_open_fds`, `process_max_fds`,
 /// `process_start_time_seconds`, `process_threads`. Read from `/proc/self` at each scrape by
-/// `metrics-process`; a value the platform does not give is left out.
+/// `metrics-process`; a value the platform does not give is left out. An unlimited limit is
+/// [`UNLIMITED`], as client_golang reports it.
 #[derive(Debug)]
 struct ProcessCollector;
+
+/// The value of an unlimited `process_max_fds` or `process_virtual_memory_max_bytes`: 2^64 - 1,
+/// what client_golang exports (prometheus/procfs parses "unlimited" in `/proc/self/limits` as
+/// `math.MaxUint64`), so `process_virtual_memory_bytes / process_virtual_memory_max_bytes` stays
+/// near 0 instead of dividing by zero. metrics-process says 0 for unlimited; a limit of 0 could
+/// not hold a running process, so 0 can only mean unlimited.
+const UNLIMITED: u64 = u64::MAX;
+
+/// `limit` as exported: 0 (metrics-process's unlimited) becomes [`UNLIMITED`].
+fn limit(limit: Option<u64>) -> Option<u64> {
+    limit.map(|v| if v == 0 { UNLIMITED } else { v })
+}
 
 impl prometheus_client::collector::Collector for ProcessCollector {
     fn encode(
@@ -525,9 +538,9 @@ impl prometheus_client::collector::Collector for ProcessCollector {
             ),
             (
                 "process_virtual_memory_max",
-                "Maximum amount of virtual memory available in bytes (0: unlimited)",
+                "Maximum amount of virtual memory available in bytes",
                 Some(Unit::Bytes),
-                m.virtual_memory_max_bytes,
+                limit(m.virtual_memory_max_bytes),
             ),
             (
                 "process_open_fds",
@@ -537,9 +550,9 @@ impl prometheus_client::collector::Collector for ProcessCollector {
             ),
             (
                 "process_max_fds",
-                "Maximum number of open file descriptors (0: unlimited)",
+                "Maximum number of open file descriptors",
                 None,
-                m.max_fds,
+                limit(m.max_fds),
             ),
             (
                 "process_start_time",
@@ -593,6 +606,33 @@ mod tests {
                 1.0
             };
             assert!(value.parse::<f64>().unwrap() >= least, "{name} {value}");
+        }
+    }
+
+    /// An unlimited address space (the usual case in a container) is 2^64 - 1, not 0: a usage
+    /// ratio over 0 would be +Inf and fire every "near the limit" alert.
+    #[test]
+    fn an_unlimited_limit_is_client_golangs_max() {
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+        let unlimited = limits
+            .lines()
+            .find(|l| l.starts_with("Max address space"))
+            .unwrap()
+            .contains("unlimited");
+        let mut registry = Registry::default();
+        Metrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let value: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_virtual_memory_max_bytes "))
+            .unwrap_or_else(|| panic!("process_virtual_memory_max_bytes missing:\n{text}"))
+            .parse()
+            .unwrap();
+        if unlimited {
+            assert_eq!(value, 18_446_744_073_709_551_615);
+        } else {
+            assert!(value > 0 && value < UNLIMITED, "{value}");
         }
     }
 
