@@ -585,6 +585,40 @@ fn local_stores_are_held_to_the_crds_bounds() {
     }
 }
 
+/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in the words it uses
+/// for a CheckpointStore's bounds: a value below 0 too (it was refused by the Rust type's bound,
+/// "expected a non-negative integer up to 4294967295", while the CRD said the range in CEL).
+#[test]
+fn local_servers_are_held_to_the_crds_bounds() {
+    for (value, says) in [
+        (
+            -5,
+            "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300",
+        ),
+        (0, "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
+        (301, "spec.timeoutSeconds: 301 is out of range: 1 to 300"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+        support::fixtures::write_resources(
+            dir.path(),
+            "server.yaml",
+            &[support::fixtures::object(
+                "MCPServer",
+                "basket",
+                json!({"url": support::NOWHERE, "timeoutSeconds": value}),
+            )],
+        );
+        let err = sweep_fails(dir.path());
+        assert!(
+            err.contains(&format!(
+                "server.yaml: document 1 (MCPServer default/basket): {says}\n"
+            )),
+            "{value}: {err}"
+        );
+    }
+}
+
 /// A header value HTTP cannot carry (a newline) is an error when the resources load, naming the
 /// file, the resource and the field (and the Secret key for `headersFrom`), never the value.
 #[test]
