@@ -565,6 +565,17 @@ fn local_stores_are_held_to_the_crds_bounds() {
             json!("every day"),
             "spec.schedule: \"every day\": schedule must be five cron fields",
         ),
+        // The CRD's shape, but a field the API server refuses in the sweep CronJob.
+        (
+            "schedule",
+            json!("61 * * * *"),
+            "spec.schedule: \"61 * * * *\": minute: 61 is out of range: 0 to 59",
+        ),
+        (
+            "schedule",
+            json!("0 0 * * 7"),
+            "spec.schedule: \"0 0 * * 7\": day-of-week: 7 is out of range: 0 to 6",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");

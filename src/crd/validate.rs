@@ -352,7 +352,8 @@ pub fn replay_template(spec: &HandleClassSpec) -> Result<Option<Template>, Field
 /// # Errors
 /// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`; `parallelism`,
 /// `sweepTimeoutSeconds`, `startingDeadlineSeconds` or `schedule` outside the CRD's bounds (which
-/// the API server enforces in a cluster; local mode has only this check); `audit.maxAgeSeconds`
+/// the API server enforces in a cluster; local mode has only this check); a `schedule` the API
+/// server would refuse for a CronJob (a field out of range, `61 * * * *`); `audit.maxAgeSeconds`
 /// not greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
 pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     match (&spec.dsn, &spec.dsn_from) {
@@ -421,7 +422,10 @@ fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
             format!("{:?}: {SCHEDULE_MESSAGE}", spec.schedule),
         ));
     }
-    Ok(())
+    // The CRD's rule checks only the shape; the API server checks each field when the
+    // controller applies the sweep CronJob, and would refuse `61 * * * *` only then.
+    super::cron::check(&spec.schedule)
+        .map_err(|why| err("spec.schedule", format!("{:?}: {why}", spec.schedule)))
 }
 
 /// A bound the CRD's schema gives as `minimum` and `maximum` (which the API server enforces in a
