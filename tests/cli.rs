@@ -62,6 +62,53 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// A PostgreSQL DSN whose port answers HTTP (a real Node.js `http` server, which answers the
+/// SSL request's bytes with `HTTP/1.1 400` at once; Python's `http.server` waits for a line and
+/// times out instead) says that the server there is not PostgreSQL and what it answered, naming
+/// the DSN without its password; not sqlx's `unexpected response from SSLRequest: 0x48
+/// (sqlx_postgres::connection::tls:95)`.
+#[test]
+fn a_postgres_dsn_at_an_http_server_says_what_answered() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let port = support::free_port();
+    let _http = Killed(
+        std::process::Command::new("node")
+            .args([
+                "-e",
+                &format!(
+                    "require('http').createServer((q, r) => r.end('ok')).listen({port}, '127.0.0.1')"
+                ),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    support::wait_for_port(port, std::time::Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    let err = sweep_fails(dir.path());
+    let want = format!(
+        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
+         server there does not speak PostgreSQL's protocol: it answered the SSL request with 'H' \
+         (0x48), as an HTTP server does\n"
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(
+        !err.contains("sqlx_")
+            && !err.contains("hunter2")
+            && err.matches("cannot connect").count() == 1,
+        "{err}"
+    );
+}
+
 /// `custody crd | head -1`: a reader that goes away is not custody's failure: exit 0, nothing on
 /// stderr (was a panic, or `error: Broken pipe (os error 32)`).
 #[test]
