@@ -306,7 +306,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             &custody::sweep::act::LogSink
         };
         let applies = options.apply;
-        out.begin_store(&target.store);
+        out.begin_store(&target.store, custody::sweep::input_warnings(target));
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(f) => {
                 if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {

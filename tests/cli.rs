@@ -587,6 +587,85 @@ fn apply_on_an_observing_store_says_so() {
     );
 }
 
+/// Warnings about the input come before the table they qualify, with stdout and stderr in one
+/// pipe as in a terminal: `--apply` on an observing store (stderr), then the store's name and
+/// what its resources alone show (no HandleClass selected), then the rows; a finding of the scan
+/// (`principalKey` on no thread) after them, as it is known only once every row is out.
+#[test]
+fn warnings_about_the_input_come_before_the_table() {
+    use support::fixtures::{merged, object, store_spec, write_resources};
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    let db = dir.path().join("checkpoints.sqlite");
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            object(
+                "CheckpointStore",
+                "orders",
+                merged(
+                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                    json!({"handleClassSelector": {"matchLabels": {"team": "nobody"}}}),
+                ),
+            ),
+            object(
+                "CheckpointStore",
+                "others",
+                merged(
+                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                    json!({"principalKey": "tenant"}),
+                ),
+            ),
+        ],
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' sweep --apply -f '{}' 2>&1",
+            env!("CARGO_BIN_EXE_custody"),
+            dir.path().display()
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    let at = |line: &str| {
+        text.lines()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no line {line:?} in:\n{text}"))
+    };
+    let orders = at("store default/orders");
+    let others = at("store default/others");
+    let first_table = orders
+        + text
+            .lines()
+            .skip(orders)
+            .position(|l| l.starts_with("THREAD"))
+            .unwrap();
+    let second_table = others
+        + text
+            .lines()
+            .skip(others)
+            .position(|l| l.starts_with("THREAD"))
+            .unwrap();
+    assert!(
+        at("warning: CheckpointStore default/orders has spec.mode observe") < orders,
+        "{text}"
+    );
+    assert_eq!(
+        at("warning: no HandleClass applies to this store"),
+        orders + 1,
+        "{text}"
+    );
+    assert!(orders + 1 < first_table, "{text}");
+    assert!(
+        at("warning: no parked thread has metadata key \"tenant\"") > second_table,
+        "{text}"
+    );
+    assert_eq!(text.matches("no HandleClass applies").count(), 1, "{text}");
+}
+
 /// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the
 /// same constants, naming the file, the resource and the field.
 #[test]
