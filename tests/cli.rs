@@ -666,6 +666,65 @@ fn warnings_about_the_input_come_before_the_table() {
     assert_eq!(text.matches("no HandleClass applies").count(), 1, "{text}");
 }
 
+/// A `--apply` with nothing to do logs one line at the default level, not one per thread: the
+/// second sweep of an escalating store finds its gone and absent threads already escalated (three
+/// more threads are ok), and says so per thread only at DEBUG.
+#[test]
+fn a_no_op_apply_logs_one_line() {
+    use support::fixtures::{acting_basket_class, merged, object, store_spec, write_resources};
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    let db = dir.path().join("checkpoints.sqlite");
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[object(
+            "CheckpointStore",
+            "orders",
+            merged(
+                store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                json!({"mode": "act"}),
+            ),
+        )],
+    );
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object(
+            "HandleClass",
+            "basket",
+            acting_basket_class("escalate"),
+        )],
+    );
+    let apply = |log: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_custody"));
+        command.args(["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
+        match log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    // The first sweep writes: a line per escalated thread.
+    let first = apply(None);
+    assert_eq!(first.matches("custody acted").count(), 3, "{first}");
+    let second = apply(None);
+    assert_eq!(second.lines().count(), 1, "{second}");
+    assert!(
+        second.contains("acting sweep done: 3 skipped (6 parked threads)"),
+        "{second}"
+    );
+    let debug = apply(Some("custody=debug"));
+    assert_eq!(
+        debug.matches("custody left the thread as it is").count(),
+        3,
+        "{debug}"
+    );
+}
+
 /// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the
 /// same constants, naming the file, the resource and the field.
 #[test]
