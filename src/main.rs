@@ -306,9 +306,28 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             &custody::sweep::act::LogSink
         };
         let applies = options.apply;
-        out.begin_store(&target.store);
+        out.begin_store(&target.store, custody::sweep::input_warnings(target));
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(f) => {
+                if cluster.is_none() && applies && target.mode == custody::crd::StoreMode::Act {
+                    // One line for the store; LogSink logs each thread left as it is at DEBUG.
+                    let counts: Vec<String> = f
+                        .summary
+                        .actions
+                        .iter()
+                        .map(|(kind, n)| format!("{n} {kind}"))
+                        .collect();
+                    tracing::info!(
+                        store = %target.store,
+                        "acting sweep done: {} ({} parked threads)",
+                        if counts.is_empty() {
+                            "nothing to act on".to_owned()
+                        } else {
+                            counts.join(", ")
+                        },
+                        f.summary.parked_threads
+                    );
+                }
                 if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
                     events.gone_not_acted_on(&f.summary, "spec.mode is observe");
                 } else if cluster.is_some() && !applies {

@@ -53,6 +53,8 @@ pub struct SweepWriter<W: Write + Send> {
 
 struct OpenStore {
     name: String,
+    /// Table: warnings printed above its rows, so not again below them.
+    early_warnings: Vec<String>,
     /// Whether its header is written.
     opened: bool,
     rows: u64,
@@ -116,10 +118,14 @@ impl<W: Write + Send> SweepWriter<W> {
         }
     }
 
-    /// Starts the report of the store `name` (`namespace/name`).
-    pub fn begin_store(&mut self, name: &str) {
+    /// Starts the report of the store `name` (`namespace/name`). The table prints
+    /// `early_warnings` (what the resources alone show, [`crate::sweep::input_warnings`]) under
+    /// the store's name, above the rows they qualify, and leaves them out of the warnings after
+    /// the rows; JSON lists every warning in the store's `warnings`.
+    pub fn begin_store(&mut self, name: &str, early_warnings: Vec<String>) {
         self.current = Some(OpenStore {
             name: name.to_owned(),
+            early_warnings,
             opened: false,
             rows: 0,
             spool: None,
@@ -188,6 +194,7 @@ impl<W: Write + Send> SweepWriter<W> {
         let first = self.stores == 0;
         self.stores += 1;
         let name = store.name.clone();
+        let early = store.early_warnings.clone();
         self.write(|out, json, format| match format {
             Format::Json => {
                 if first {
@@ -201,7 +208,10 @@ impl<W: Write + Send> SweepWriter<W> {
                 key(out, json, "rows", false)?;
                 json.begin_array(out)
             }
-            Format::Table => writeln!(out, "store {name}"),
+            Format::Table => {
+                writeln!(out, "store {name}")?;
+                early.iter().try_for_each(|w| writeln!(out, "warning: {w}"))
+            }
         });
     }
 
@@ -252,7 +262,7 @@ impl<W: Write + Send> SweepWriter<W> {
                     write_rows(out, &[], true)?;
                 }
                 if let Ok(f) = result {
-                    write_end(out, f, store.rows)?;
+                    write_end(out, f, store.rows, &store.early_warnings)?;
                 }
                 writeln!(out)?;
             }
@@ -475,9 +485,9 @@ fn write_rows(out: &mut dyn Write, rows: &[Row], header: bool) -> std::io::Resul
     tw.flush()
 }
 
-/// What follows a store's rows in the table: settled actions, audit records, warnings, and the
-/// summary line.
-fn write_end(out: &mut dyn Write, r: &Report, rows: u64) -> std::io::Result<()> {
+/// What follows a store's rows in the table: settled actions, audit records, warnings (but the
+/// `early` ones, printed above the rows), and the summary line.
+fn write_end(out: &mut dyn Write, r: &Report, rows: u64, early: &[String]) -> std::io::Result<()> {
     for s in &r.settled {
         writeln!(
             out,
@@ -488,7 +498,7 @@ fn write_end(out: &mut dyn Write, r: &Report, rows: u64) -> std::io::Result<()> 
     if let Some(audit) = &r.audit {
         write_audit(out, audit)?;
     }
-    for w in &r.warnings {
+    for w in r.warnings.iter().filter(|w| !early.contains(w)) {
         writeln!(out, "warning: {w}")?;
     }
     for c in &r.servers {
@@ -837,7 +847,7 @@ mod tests {
         use crate::sweep::RowSink;
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![row("t1"), row("t2")]);
         w.skipped(crate::checkpoint::SkippedThread::new(
             "t-bad".into(),
@@ -847,10 +857,10 @@ mod tests {
         ));
         w.rows(vec![row("t3")]);
         w.end_store(Ok(&finished("ns/a")));
-        w.begin_store("ns/b");
+        w.begin_store("ns/b", Vec::new());
         w.rows(vec![row("u1")]);
         w.end_store(Err("store ns/b: the scan stopped"));
-        w.begin_store("ns/c");
+        w.begin_store("ns/c", Vec::new());
         w.end_store(Err("store ns/c: cannot connect"));
         let errors = [
             "store ns/b: the scan stopped".to_owned(),
@@ -895,12 +905,12 @@ mod tests {
         );
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![row("t1")]);
         w.skipped(skipped.clone());
         w.rows(vec![row("t2")]);
         w.end_store(Ok(&finished("ns/a")));
-        w.begin_store("ns/b");
+        w.begin_store("ns/b", Vec::new());
         w.rows(vec![row("u1")]);
         w.end_store(Err("store ns/b: \"quoted\""));
         w.finish(&["store ns/b: \"quoted\"".to_owned()]).unwrap();
@@ -939,7 +949,7 @@ mod tests {
         use crate::sweep::RowSink;
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![row("t1")]);
         w.rows(vec![row("t2")]);
         w.end_store(Ok(&finished("ns/a")));
@@ -963,10 +973,23 @@ mod tests {
             "the caller prints a store's error, once: {text}"
         );
 
+        // Warnings the resources alone show: above the rows they qualify, and only there.
+        let mut buf = Vec::new();
+        let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
+        w.begin_store("ns/a", vec!["a warning".to_owned()]);
+        w.rows(vec![row("t1")]);
+        w.end_store(Ok(&finished("ns/a")));
+        w.finish(&[]).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[..2], ["store ns/a", "warning: a warning"], "{text}");
+        assert!(lines[2].starts_with("THREAD"), "{text}");
+        assert_eq!(text.matches("warning:").count(), 1, "{text}");
+
         // Batches without rows: the header once, at the store's end.
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![]);
         w.rows(vec![]);
         w.end_store(Ok(&finished("ns/a")));
@@ -979,7 +1002,7 @@ mod tests {
         // ... and before the first row when a batch without rows came first.
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![]);
         w.rows(vec![row("t1")]);
         w.end_store(Ok(&finished("ns/a")));
@@ -1011,7 +1034,7 @@ mod tests {
         wide.reason = "line one\nline\ttwo".into();
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Table);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![huge.clone(), wide, row("t1")]);
         w.end_store(Ok(&finished("ns/a")));
         w.finish(&[]).unwrap();
@@ -1041,7 +1064,7 @@ mod tests {
         assert!(at.windows(2).all(|w| w[0] == w[1]), "{at:?}\n{text}");
         let mut buf = Vec::new();
         let mut w = super::SweepWriter::new(&mut buf, super::Format::Json);
-        w.begin_store("ns/a");
+        w.begin_store("ns/a", Vec::new());
         w.rows(vec![huge]);
         w.end_store(Ok(&finished("ns/a")));
         w.finish(&[]).unwrap();

@@ -62,6 +62,53 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// A PostgreSQL DSN whose port answers HTTP (a real Node.js `http` server, which answers the
+/// SSL request's bytes with `HTTP/1.1 400` at once; Python's `http.server` waits for a line and
+/// times out instead) says that the server there is not PostgreSQL and what it answered, naming
+/// the DSN without its password; not sqlx's `unexpected response from SSLRequest: 0x48
+/// (sqlx_postgres::connection::tls:95)`.
+#[test]
+fn a_postgres_dsn_at_an_http_server_says_what_answered() {
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let port = support::free_port();
+    let _http = Killed(
+        std::process::Command::new("node")
+            .args([
+                "-e",
+                &format!(
+                    "require('http').createServer((q, r) => r.end('ok')).listen({port}, '127.0.0.1')"
+                ),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    support::wait_for_port(port, std::time::Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    let err = sweep_fails(dir.path());
+    let want = format!(
+        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
+         server there does not speak PostgreSQL's protocol: it answered the SSL request with 'H' \
+         (0x48), as an HTTP server does\n"
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(
+        !err.contains("sqlx_")
+            && !err.contains("hunter2")
+            && err.matches("cannot connect").count() == 1,
+        "{err}"
+    );
+}
+
 /// `custody crd | head -1`: a reader that goes away is not custody's failure: exit 0, nothing on
 /// stderr (was a panic, or `error: Broken pipe (os error 32)`).
 #[test]
@@ -540,6 +587,144 @@ fn apply_on_an_observing_store_says_so() {
     );
 }
 
+/// Warnings about the input come before the table they qualify, with stdout and stderr in one
+/// pipe as in a terminal: `--apply` on an observing store (stderr), then the store's name and
+/// what its resources alone show (no HandleClass selected), then the rows; a finding of the scan
+/// (`principalKey` on no thread) after them, as it is known only once every row is out.
+#[test]
+fn warnings_about_the_input_come_before_the_table() {
+    use support::fixtures::{merged, object, store_spec, write_resources};
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    let db = dir.path().join("checkpoints.sqlite");
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            object(
+                "CheckpointStore",
+                "orders",
+                merged(
+                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                    json!({"handleClassSelector": {"matchLabels": {"team": "nobody"}}}),
+                ),
+            ),
+            object(
+                "CheckpointStore",
+                "others",
+                merged(
+                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                    json!({"principalKey": "tenant"}),
+                ),
+            ),
+        ],
+    );
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "'{}' sweep --apply -f '{}' 2>&1",
+            env!("CARGO_BIN_EXE_custody"),
+            dir.path().display()
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{text}");
+    let at = |line: &str| {
+        text.lines()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no line {line:?} in:\n{text}"))
+    };
+    let orders = at("store default/orders");
+    let others = at("store default/others");
+    let first_table = orders
+        + text
+            .lines()
+            .skip(orders)
+            .position(|l| l.starts_with("THREAD"))
+            .unwrap();
+    let second_table = others
+        + text
+            .lines()
+            .skip(others)
+            .position(|l| l.starts_with("THREAD"))
+            .unwrap();
+    assert!(
+        at("warning: CheckpointStore default/orders has spec.mode observe") < orders,
+        "{text}"
+    );
+    assert_eq!(
+        at("warning: no HandleClass applies to this store"),
+        orders + 1,
+        "{text}"
+    );
+    assert!(orders + 1 < first_table, "{text}");
+    assert!(
+        at("warning: no parked thread has metadata key \"tenant\"") > second_table,
+        "{text}"
+    );
+    assert_eq!(text.matches("no HandleClass applies").count(), 1, "{text}");
+}
+
+/// A `--apply` with nothing to do logs one line at the default level, not one per thread: the
+/// second sweep of an escalating store finds its gone and absent threads already escalated (three
+/// more threads are ok), and says so per thread only at DEBUG.
+#[test]
+fn a_no_op_apply_logs_one_line() {
+    use support::fixtures::{acting_basket_class, merged, object, store_spec, write_resources};
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    let db = dir.path().join("checkpoints.sqlite");
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[object(
+            "CheckpointStore",
+            "orders",
+            merged(
+                store_spec("sqlite", &format!("sqlite://{}", db.display())),
+                json!({"mode": "act"}),
+            ),
+        )],
+    );
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object(
+            "HandleClass",
+            "basket",
+            acting_basket_class("escalate"),
+        )],
+    );
+    let apply = |log: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_custody"));
+        command.args(["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
+        match log {
+            Some(filter) => command.env("RUST_LOG", filter),
+            None => command.env_remove("RUST_LOG"),
+        };
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    // The first sweep writes: a line per escalated thread.
+    let first = apply(None);
+    assert_eq!(first.matches("custody acted").count(), 3, "{first}");
+    let second = apply(None);
+    assert_eq!(second.lines().count(), 1, "{second}");
+    assert!(
+        second.contains("acting sweep done: 3 skipped (6 parked threads)"),
+        "{second}"
+    );
+    let debug = apply(Some("custody=debug"));
+    assert_eq!(
+        debug.matches("custody left the thread as it is").count(),
+        3,
+        "{debug}"
+    );
+}
+
 /// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the
 /// same constants, naming the file, the resource and the field.
 #[test]
@@ -565,6 +750,17 @@ fn local_stores_are_held_to_the_crds_bounds() {
             json!("every day"),
             "spec.schedule: \"every day\": schedule must be five cron fields",
         ),
+        // The CRD's shape, but a field the API server refuses in the sweep CronJob.
+        (
+            "schedule",
+            json!("61 * * * *"),
+            "spec.schedule: \"61 * * * *\": minute: 61 is out of range: 0 to 59",
+        ),
+        (
+            "schedule",
+            json!("0 0 * * 7"),
+            "spec.schedule: \"0 0 * * 7\": day-of-week: 7 is out of range: 0 to 6",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
@@ -581,6 +777,40 @@ fn local_stores_are_held_to_the_crds_bounds() {
                 "store.yaml: document 1 (CheckpointStore default/orders): {says}"
             )),
             "{field}: {err}"
+        );
+    }
+}
+
+/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in the words it uses
+/// for a CheckpointStore's bounds: a value below 0 too (it was refused by the Rust type's bound,
+/// "expected a non-negative integer up to 4294967295", while the CRD said the range in CEL).
+#[test]
+fn local_servers_are_held_to_the_crds_bounds() {
+    for (value, says) in [
+        (
+            -5,
+            "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300",
+        ),
+        (0, "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
+        (301, "spec.timeoutSeconds: 301 is out of range: 1 to 300"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+        support::fixtures::write_resources(
+            dir.path(),
+            "server.yaml",
+            &[support::fixtures::object(
+                "MCPServer",
+                "basket",
+                json!({"url": support::NOWHERE, "timeoutSeconds": value}),
+            )],
+        );
+        let err = sweep_fails(dir.path());
+        assert!(
+            err.contains(&format!(
+                "server.yaml: document 1 (MCPServer default/basket): {says}\n"
+            )),
+            "{value}: {err}"
         );
     }
 }

@@ -526,12 +526,12 @@ fn validation_rules_reject_bad_resources_with_their_messages() {
         (
             "timeoutSeconds 0",
             GOOD_SERVER.replace("spec: {", "spec: {timeoutSeconds: 0, "),
-            "timeoutSeconds must be between 1 and 300",
+            "spec.timeoutSeconds in body should be greater than or equal to 1",
         ),
         (
             "timeoutSeconds 301",
             GOOD_SERVER.replace("spec: {", "spec: {timeoutSeconds: 301, "),
-            "timeoutSeconds must be between 1 and 300",
+            "spec.timeoutSeconds in body should be less than or equal to 300",
         ),
         (
             "unknown mode",

@@ -224,14 +224,60 @@ pub enum StoreError {
 /// A database driver's error for a person. For an error the server answered, its message and
 /// SQLSTATE (`database "orders" does not exist (SQLSTATE 3D000)`): sqlx appends the `line` field
 /// of PostgreSQL's error (`at line 948`), which is the line of PostgreSQL's own source that
-/// raised it, not of anything the user wrote. Any other error keeps sqlx's text.
+/// raised it, not of anything the user wrote. A reply that breaks PostgreSQL's protocol is said
+/// as such ([`protocol_text`]). Any other error keeps sqlx's text.
 pub fn db_text(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => match db.code() {
             Some(code) => format!("{} (SQLSTATE {code})", db.message()),
             None => db.message().to_owned(),
         },
+        sqlx::Error::Protocol(text) => protocol_text(text),
         other => other.to_string(),
+    }
+}
+
+/// sqlx's protocol error `text` without the source location sqlx appends to it
+/// (`(sqlx_postgres::connection::tls:95)`, sqlx's own code, nothing the user wrote). The first
+/// thing a PostgreSQL client reads is the one-byte answer to its SSL request (`S` or `N`); any
+/// other byte means another kind of server listens there, which is what a DSN with the wrong
+/// port meets, so that answer is said with the byte as a character: `H`, the start of
+/// `HTTP/1.1 400`, is an HTTP server's.
+fn protocol_text(text: &str) -> String {
+    let text = match text.rsplit_once(" (") {
+        Some((message, place))
+            if place.strip_suffix(')').is_some_and(|p| {
+                p.contains("::")
+                    && p.rsplit_once(':').is_some_and(|(_, line)| {
+                        !line.is_empty() && line.bytes().all(|b| b.is_ascii_digit())
+                    })
+            }) =>
+        {
+            message
+        }
+        _ => text,
+    };
+    let answered = text
+        .strip_prefix("unexpected response from SSLRequest: 0x")
+        .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+    match answered {
+        Some(byte) => {
+            let shown = if byte.is_ascii_graphic() {
+                format!("'{}' (0x{byte:02x})", char::from(byte))
+            } else {
+                format!("the byte 0x{byte:02x}")
+            };
+            let http = if byte == b'H' {
+                ", as an HTTP server does"
+            } else {
+                ""
+            };
+            format!(
+                "the server there does not speak PostgreSQL's protocol: it answered the SSL \
+                 request with {shown}{http}"
+            )
+        }
+        None => format!("the server's reply breaks PostgreSQL's protocol: {text}"),
     }
 }
 
@@ -482,6 +528,26 @@ mod tests {
             metadata: serde_json::Map::new(),
             channels,
         })
+    }
+
+    /// Texts as sqlx 0.9's `err_protocol!` builds them.
+    #[test]
+    fn protocol_errors_lose_sqlx_source_locations() {
+        let text = |t: &str| db_text(&sqlx::Error::Protocol(t.to_owned()));
+        assert_eq!(
+            text("unexpected response from SSLRequest: 0x00 (sqlx_postgres::connection::tls:95)"),
+            "the server there does not speak PostgreSQL's protocol: it answered the SSL request \
+             with the byte 0x00"
+        );
+        assert_eq!(
+            text("unknown message type: 'x' (sqlx_postgres::message:173)"),
+            "the server's reply breaks PostgreSQL's protocol: unknown message type: 'x'"
+        );
+        // a parenthesis that is not a source location stays
+        assert_eq!(
+            text("expected SASLFinal (got Ok)"),
+            "the server's reply breaks PostgreSQL's protocol: expected SASLFinal (got Ok)"
+        );
     }
 
     #[test]

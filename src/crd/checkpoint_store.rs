@@ -166,8 +166,9 @@ fn default_sweep_timeout_seconds() -> u32 {
 // The bounds the CRD's schema enforces, and local mode checks the same
 // (`validate::checkpoint_store`), one definition for both.
 
-/// `spec.schedule`'s shape (a CEL rule in the CRD): five cron fields or a macro. Kubernetes
-/// checks each field's range when it creates the CronJob.
+/// `spec.schedule`'s shape (a CEL rule in the CRD): five cron fields or a macro. Each field's
+/// range is checked by `validate::checkpoint_store` (as the API server checks a CronJob's), in
+/// local mode and by the controller.
 pub const SCHEDULE_PATTERN: &str = "^(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|@every [0-9a-z.]+|[^ ]+( +[^ ]+){4})$";
 /// What a `spec.schedule` that does not match [`SCHEDULE_PATTERN`] is told.
 pub const SCHEDULE_MESSAGE: &str = "schedule must be five cron fields (minute hour day-of-month month day-of-week) or a macro such as @hourly";

@@ -49,9 +49,12 @@ pub struct MCPServerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headers_from: Vec<HeaderFromSecret>,
 
-    /// One deadline, in seconds, for connecting, negotiating and each request. Default 10.
+    /// One deadline, in seconds, for connecting, negotiating and each request. 1 to 300,
+    /// default 10.
+    // A plain `minimum`/`maximum`, not a CEL rule: the API server says it in its standard words,
+    // and local mode reads the range from the schema for a value the type refuses (`-5`).
     #[serde(default = "default_timeout_seconds")]
-    #[x_kube(validation = Rule::new("self >= 1 && self <= 300").message("timeoutSeconds must be between 1 and 300"))]
+    #[schemars(range(min = 1, max = TIMEOUT_SECONDS_MAX))]
     pub timeout_seconds: u32,
 
     /// Protocol era negotiation: `auto` tries 2026-07-28 `server/discover` and falls back to the
@@ -140,6 +143,10 @@ pub struct FoundSpec {
 fn default_timeout_seconds() -> u32 {
     10
 }
+
+/// The upper bound of `spec.timeoutSeconds` (from 1): five minutes, longer than any probe or
+/// discovery should take, so a hung server cannot hold a sweep for long.
+pub const TIMEOUT_SECONDS_MAX: u32 = 300;
 
 /// One header whose value is read from a Secret key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

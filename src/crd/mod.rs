@@ -6,6 +6,7 @@
 
 mod agent_assignment;
 mod checkpoint_store;
+mod cron;
 mod handle_class;
 mod mcp_server;
 mod schema;

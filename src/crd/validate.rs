@@ -73,9 +73,12 @@ pub fn mcp_server(spec: &MCPServerSpec) -> Result<Vec<LookupRule>, FieldError> {
              to the scheme's default port); write the port, or leave out the colon",
         ));
     }
-    if !(1..=300).contains(&spec.timeout_seconds) {
-        return Err(err("spec.timeoutSeconds", "must be between 1 and 300"));
-    }
+    in_range(
+        "spec.timeoutSeconds",
+        spec.timeout_seconds,
+        1,
+        super::TIMEOUT_SECONDS_MAX,
+    )?;
     for (name, value) in &spec.headers {
         header_name(name).map_err(|m| err(format!("spec.headers.{name}"), m))?;
         header_value(value).map_err(|m| err(format!("spec.headers.{name}"), m))?;
@@ -349,7 +352,8 @@ pub fn replay_template(spec: &HandleClassSpec) -> Result<Option<Template>, Field
 /// # Errors
 /// Both or neither of `dsn` and `dsnFrom`; an empty `principalKey`; `parallelism`,
 /// `sweepTimeoutSeconds`, `startingDeadlineSeconds` or `schedule` outside the CRD's bounds (which
-/// the API server enforces in a cluster; local mode has only this check); `audit.maxAgeSeconds`
+/// the API server enforces in a cluster; local mode has only this check); a `schedule` the API
+/// server would refuse for a CronJob (a field out of range, `61 * * * *`); `audit.maxAgeSeconds`
 /// not greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
 pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     match (&spec.dsn, &spec.dsn_from) {
@@ -393,24 +397,14 @@ fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     };
     static SCHEDULE: std::sync::LazyLock<regex::Regex> =
         std::sync::LazyLock::new(|| regex::Regex::new(SCHEDULE_PATTERN).expect("a valid regex"));
-    let range = |field: &str, value: u32, min: u32, max: u32| {
-        if (min..=max).contains(&value) {
-            Ok(())
-        } else {
-            Err(err(
-                field,
-                format!("{value} is out of range: {min} to {max}"),
-            ))
-        }
-    };
-    range("spec.parallelism", spec.parallelism, 1, PARALLELISM_MAX)?;
-    range(
+    in_range("spec.parallelism", spec.parallelism, 1, PARALLELISM_MAX)?;
+    in_range(
         "spec.sweepTimeoutSeconds",
         spec.sweep_timeout_seconds,
         1,
         SECONDS_MAX,
     )?;
-    range(
+    in_range(
         "spec.startingDeadlineSeconds",
         spec.starting_deadline_seconds,
         STARTING_DEADLINE_MIN,
@@ -428,7 +422,23 @@ fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
             format!("{:?}: {SCHEDULE_MESSAGE}", spec.schedule),
         ));
     }
-    Ok(())
+    // The CRD's rule checks only the shape; the API server checks each field when the
+    // controller applies the sweep CronJob, and would refuse `61 * * * *` only then.
+    super::cron::check(&spec.schedule)
+        .map_err(|why| err("spec.schedule", format!("{:?}: {why}", spec.schedule)))
+}
+
+/// A bound the CRD's schema gives as `minimum` and `maximum` (which the API server enforces in a
+/// cluster), checked for local mode: `field: 0 is out of range: 1 to 300`.
+fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), FieldError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(err(
+            field,
+            format!("{value} is out of range: {min} to {max}"),
+        ))
+    }
 }
 
 /// An alias of the agent toolkit: starts with a letter; letters, digits, `_`, `-`; at most 32.

@@ -28,7 +28,7 @@ pub const MIGRATIONS_TABLE: &str = "custody_migrations";
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     /// A statement failed.
-    #[error("ledger: {0}")]
+    #[error("ledger: {}", crate::checkpoint::db_text(.0))]
     Query(#[from] sqlx::Error),
     /// Migrating custody's tables failed.
     #[error("ledger migration: {0}")]

@@ -128,24 +128,24 @@ impl Resources {
             }
             match (custody, kind_name, api_version.as_str()) {
                 (true, "MCPServer", _) => {
-                    let s: MCPServer = typed(value, Some(&schema_of::<MCPServer>()))
-                        .map_err(|m| invalid(&kind, m))?;
+                    let s: MCPServer =
+                        typed(value, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::mcp_server(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.compiled.reconciliation.insert(compiled_key(&s), rules);
                     self.servers.push(s);
                 }
                 (true, "HandleClass", _) => {
-                    let c: HandleClass = typed(value, Some(&schema_of::<HandleClass>()))
-                        .map_err(|m| invalid(&kind, m))?;
+                    let c: HandleClass =
+                        typed(value, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::handle_class(&c.spec)
                         .map_err(|e| invalid(&label(&c), e.to_string()))?;
                     self.compiled.classes.insert(compiled_key(&c), rules);
                     self.classes.push(c);
                 }
                 (true, "CheckpointStore", _) => {
-                    let s: CheckpointStore = typed(value, Some(&schema_of::<CheckpointStore>()))
-                        .map_err(|m| invalid(&kind, m))?;
+                    let s: CheckpointStore =
+                        typed(value, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
                     validate::checkpoint_store(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.stores.push(s);
@@ -179,6 +179,19 @@ impl Resources {
         Ok(())
     }
 }
+
+/// The `openAPIV3Schema` of each kind local mode reads, built once (not per document).
+struct Schemas {
+    server: serde_json::Value,
+    class: serde_json::Value,
+    store: serde_json::Value,
+}
+
+static SCHEMAS: std::sync::LazyLock<Schemas> = std::sync::LazyLock::new(|| Schemas {
+    server: schema_of::<MCPServer>(),
+    class: schema_of::<HandleClass>(),
+    store: schema_of::<CheckpointStore>(),
+});
 
 /// The `openAPIV3Schema` of kind `K`'s CRD, as `custody crd` prints it.
 fn schema_of<K: kube::CustomResourceExt>() -> serde_json::Value {
@@ -298,33 +311,47 @@ type Seen = BTreeMap<String, String>;
 mod tests {
     use super::*;
 
-    #[test]
-    fn type_errors_use_the_schemas_words() {
-        let e = Resources::default()
+    /// The error of reading one `kind` document whose `spec` is `spec` (YAML lines, indented).
+    fn load_error(kind: &str, spec: &str) -> String {
+        Resources::default()
             .add_file(
-                Path::new("store.yaml"),
-                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite:///x.db\n  parallelism: two\n",
+                Path::new("r.yaml"),
+                &format!("apiVersion: custody.dev/v1alpha1\nkind: {kind}\nmetadata: {{name: s}}\nspec:\n{spec}"),
                 &mut Seen::new(),
             )
             .unwrap_err()
-            .to_string();
+            .to_string()
+    }
+
+    #[test]
+    fn type_errors_use_the_schemas_words() {
+        let store = |parallelism: &str| {
+            load_error(
+                "CheckpointStore",
+                &format!(
+                    "  backend: sqlite\n  dsn: sqlite:///x.db\n  parallelism: {parallelism}\n"
+                ),
+            )
+        };
+        let e = store("two");
         assert!(
             e.ends_with(
                 "spec.parallelism: invalid type: string \"two\", expected an integer from 1 to 64"
             ),
             "{e}"
         );
-        let e = Resources::default()
-            .add_file(
-                Path::new("store.yaml"),
-                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite:///x.db\n  parallelism: -3\n",
-                &mut Seen::new(),
-            )
-            .unwrap_err()
-            .to_string();
+        let e = store("-3");
         assert!(
             e.ends_with(
                 "spec.parallelism: invalid value: integer `-3`, expected an integer from 1 to 64"
+            ),
+            "{e}"
+        );
+        // A range the CRD once gave as a CEL rule, which the schema lookup could not see.
+        let e = load_error("MCPServer", "  url: http://x/mcp\n  timeoutSeconds: -5\n");
+        assert!(
+            e.ends_with(
+                "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300"
             ),
             "{e}"
         );

@@ -466,12 +466,13 @@ pub async fn run_with(
     summary.skipped_classes = target.left_out.iter().map(|(c, _)| c.clone()).collect();
     summary.skipped_classes.sort_unstable();
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut warnings = warnings(
+    let mut warnings = input_warnings(target);
+    warnings.extend(scan_warnings(
         target,
         summary.parked_threads,
         principals_seen,
         &classes_seen,
-    );
+    ));
     // Not logged as well: the report prints them (the table's `warning:` lines, JSON's
     // `warnings`), and a log line would say each one twice.
     warnings.append(&mut lifetime_warnings);
@@ -826,14 +827,11 @@ impl ProbeCache {
     }
 }
 
-/// A typo in a selector, `statePath` or `principalKey` silently sweeps nothing or turns a check
-/// off; say so when the data shows it.
-fn warnings(
-    target: &Target,
-    parked: u64,
-    principals_seen: u64,
-    classes_seen: &[u64],
-) -> Vec<String> {
+/// The warnings about `target` that its resources alone show, before any thread is read: each
+/// HandleClass left out and why, or that no HandleClass applies (a typo in
+/// `spec.handleClassSelector` sweeps nothing). The first of [`Report::warnings`], so the table
+/// can print them above its rows ([`crate::report::SweepWriter::begin_store`]).
+pub fn input_warnings(target: &Target) -> Vec<String> {
     let mut out: Vec<String> = target
         .left_out
         .iter()
@@ -855,6 +853,18 @@ fn warnings(
                 .join(", ")
         ));
     }
+    out
+}
+
+/// A typo in `statePath` or `principalKey` silently sweeps nothing or turns a check off; say so
+/// when the data shows it, which is known only once every thread is read.
+fn scan_warnings(
+    target: &Target,
+    parked: u64,
+    principals_seen: u64,
+    classes_seen: &[u64],
+) -> Vec<String> {
+    let mut out = Vec::new();
     if parked == 0 {
         return out;
     }

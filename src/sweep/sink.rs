@@ -2,7 +2,7 @@
 //! Local mode logs them ([`LogSink`]); the controller turns them into Kubernetes Events and
 //! metrics (`cluster::CollectingSink`).
 
-use super::act::RowAction;
+use super::act::{Outcome, RowAction};
 use super::audit::AuditEvent;
 use crate::domain::audit::AuditOutcome;
 
@@ -41,7 +41,10 @@ pub trait ActionSink: Send + Sync {
     }
 }
 
-/// Logs each action as one line on stderr.
+/// Logs each action as one line on stderr: a write at INFO, one that failed at WARN, and one
+/// that wrote nothing (`skipped`: already escalated, no `verdictPath`, the thread moved) at
+/// DEBUG, since a store whose threads need nothing would otherwise log a line per thread at
+/// every `--apply`; the caller logs one summary line per store (the counts by outcome).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LogSink;
 
@@ -49,6 +52,8 @@ impl ActionSink for LogSink {
     fn record(&self, e: &ActionEvent<'_>) {
         if e.action.outcome.is_warning() {
             tracing::warn!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
+        } else if matches!(e.action.outcome, Outcome::Skipped { .. }) {
+            tracing::debug!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody left the thread as it is");
         } else {
             tracing::info!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
         }
