@@ -127,6 +127,21 @@ impl Resources {
                 }
             }
             match (custody, kind_name, api_version.as_str()) {
+                // kubectl refuses such a document too; skipped, a custody resource missing its
+                // apiVersion would surface later as a reference to nothing.
+                (_, k, v) if k.is_empty() || v.is_empty() => {
+                    let missing = match (v.is_empty(), k.is_empty()) {
+                        (true, true) => "apiVersion and kind are",
+                        (true, false) => "apiVersion is",
+                        _ => "kind is",
+                    };
+                    return Err(invalid(
+                        if k.is_empty() { "?" } else { &kind },
+                        format!(
+                            "{missing} not set (a custody resource has apiVersion: {served} and its kind)"
+                        ),
+                    ));
+                }
                 (true, "MCPServer", _) => {
                     let s: MCPServer =
                         typed(value, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
@@ -389,6 +404,34 @@ mod tests {
             ),
             Ok(0)
         );
+    }
+
+    /// A document without apiVersion (or kind) is refused as kubectl refuses it, not skipped:
+    /// a skipped MCPServer turned up as a HandleClass's reference to nothing.
+    #[test]
+    fn a_document_without_api_version_or_kind_is_refused() {
+        for (text, label, message) in [
+            (
+                "kind: MCPServer\nmetadata: {name: b}\nspec: {url: http://x/mcp}\n",
+                "(MCPServer default/b)",
+                "apiVersion is not set",
+            ),
+            ("hello\n", "(?)", "apiVersion and kind are not set"),
+            (
+                "apiVersion: custody.dev/v1alpha1\nmetadata: {name: b}\n",
+                "(?)",
+                "kind is not set",
+            ),
+        ] {
+            let Err(e) = Resources::parse(Path::new("a.yaml"), text) else {
+                panic!("{text:?} was read");
+            };
+            let e = e.to_string();
+            assert!(
+                e.starts_with(&format!("a.yaml: document 1 {label}: {message}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
