@@ -14,6 +14,7 @@
 //! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
 //! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
 //! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
+//! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -1833,6 +1834,119 @@ async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
         "CheckpointStore",
         "orders",
         "ReconcileForbidden",
+    )
+    .await;
+}
+
+/// The controller's status writes (PATCH of `status`) of `kind_plural/name` in `ns` in the audit
+/// log so far, with their HTTP codes, in order.
+fn status_patches(infra: &Suite, ns: &str, plural: &str, name: &str) -> Vec<i64> {
+    let user = format!(
+        "system:serviceaccount:{}:{}-controller",
+        infra.system_ns, infra.release
+    );
+    cluster::audit_events()
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["user"]["username"] == user.as_str()
+                && e["objectRef"]["namespace"] == ns
+                && e["objectRef"]["resource"] == plural
+                && e["objectRef"]["name"] == name
+                && e["objectRef"]["subresource"] == "status"
+        })
+        .map(|e| e["responseStatus"]["code"].as_i64().unwrap_or(0))
+        .collect()
+}
+
+/// F8: a status write the API server keeps refusing (an installed CRD older than the controller:
+/// its schema types `status.observedGeneration` as a string; HTTP 500) backs off per object
+/// (15 s, 30 s, 60 s, … up to 5 min) instead of retrying at every reconcile, and is logged at
+/// WARN once per back-off step; the metric counts every refusal. Once the CRD is right the
+/// status is written at the next step.
+#[tokio::test]
+async fn a_refused_status_write_backs_off() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-backoff").await;
+    let c = cluster::cluster();
+    let crd = "handleclasses.custody.dev";
+    let _restore = RestoreCrds;
+    c.kubectl(
+        &[
+            "patch",
+            &format!("crd/{crd}"),
+            "--type=json",
+            "-p",
+            r#"[{"op": "replace", "path": "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/observedGeneration/type", "value": "string"}]"#,
+        ],
+        None,
+    )
+    .ok();
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    wait_conditions(&client, &ns, "MCPServer", "basket", &[("Ready", "True")]).await;
+    let counted_before = failures(&infra.metrics().await, "HandleClass", "StatusRefused");
+    let name = "refused-backoff";
+    apply(&client, &ns, &object("HandleClass", name, basket_class())).await;
+    eventually(
+        "the first status write is refused",
+        async || match status_patches(infra, &ns, "handleclasses", name).first() {
+            Some(500 | 422) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    let warns = || async {
+        let current = infra.current.lock().await;
+        current
+            .as_ref()
+            .unwrap()
+            .log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("WARN")
+                    && l.contains("the API server refused a status write")
+                    && l.contains(&*ns)
+            })
+            .count()
+    };
+    let window = Duration::from_secs(70);
+    tokio::time::sleep(window).await;
+    let attempts = status_patches(infra, &ns, "handleclasses", name);
+    // At 15 s, 45 s (and 105 s) after the first: at most 3 in the window, the first included.
+    assert!(
+        (2..=3).contains(&attempts.len()),
+        "status writes in {window:?}: {attempts:?}"
+    );
+    let counted = failures(&infra.metrics().await, "HandleClass", "StatusRefused") - counted_before;
+    assert!(
+        counted >= attempts.len() as f64,
+        "{counted} refusals counted for {attempts:?}"
+    );
+    let logged = warns().await;
+    assert!(
+        (1..=attempts.len()).contains(&logged),
+        "{logged} WARN lines for {} refused writes",
+        attempts.len()
+    );
+    reapply_crds();
+    eventually_within(
+        Duration::from_secs(120),
+        "the status is written at the next step once the CRD is right",
+        async || {
+            let obj = get(&client, &ns, "HandleClass", name).await.unwrap();
+            match &obj["status"]["observedGeneration"] {
+                Value::Number(n) if n.as_i64() == Some(1) => Ok(()),
+                other => Err(format!("{other}")),
+            }
+        },
     )
     .await;
 }
