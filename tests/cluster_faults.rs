@@ -15,6 +15,7 @@
 //! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
 //! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
 //! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
+//! | F9 | [`a_sweep_pod_no_scheduler_looks_at_shows_on_the_store`] | a sweep Job's Pod names a `schedulerName` no scheduler serves (the test cluster runs none), so it stays Pending with no node and no `PodScheduled` condition | after the grace period the store is `LastSweepSucceeded=False`, `Ready=False`, reason `SweepPodPending` naming the Pod and the schedulerName, long before `sweepTimeoutSeconds` |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -53,6 +54,8 @@ use support::{BasketServer, Db, Peer};
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
 /// 40 s) cannot be what notices a takeover in F1; the check before each write must.
 const LEASE_SECONDS: i32 = 60;
+/// `--unscheduled-grace-seconds` of the controllers: F9 need not wait the 2 minutes.
+const UNSCHEDULED_GRACE_SECONDS: u64 = 5;
 /// How long the slow server takes to answer `tools/list` in F1.
 const LIST_DELAY_MS: u64 = 6000;
 
@@ -62,7 +65,15 @@ fn start(infra: &Suite, identity: &str) -> ControllerProcess {
 }
 
 fn start_with(infra: &Suite, identity: &str, lease_seconds: i32) -> ControllerProcess {
-    infra.replica(identity, &["--lease-seconds", &lease_seconds.to_string()])
+    infra.replica(
+        identity,
+        &[
+            "--lease-seconds",
+            &lease_seconds.to_string(),
+            "--unscheduled-grace-seconds",
+            &UNSCHEDULED_GRACE_SECONDS.to_string(),
+        ],
+    )
 }
 
 /// The chart's RBAC and the controller every test shares.
@@ -1949,4 +1960,83 @@ async fn a_refused_status_write_backs_off() {
         },
     )
     .await;
+}
+
+/// F9: a sweep Job whose Pod no scheduler ever looks at (its `schedulerName` names none; the
+/// test cluster runs no scheduler at all) stays Pending with no node and no `PodScheduled`
+/// condition. After the grace period (here `--unscheduled-grace-seconds 5`; 2 minutes by
+/// default) the store says so: `LastSweepSucceeded=False` and `Ready=False` with reason
+/// `SweepPodPending`, naming the Pod and the schedulerName, long before the Job's deadline.
+#[tokio::test]
+async fn a_sweep_pod_no_scheduler_looks_at_shows_on_the_store() {
+    let _shared = ISOLATION.read().await;
+    let _infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-unscheduled").await;
+    let dsn = langgraph_database("faults_unscheduled").await;
+    // Once a year: the CronJob exists and starts nothing during the test.
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
+        ),
+    )
+    .await;
+    let cron_jobs: Api<k8s_openapi::api::batch::v1::CronJob> = Api::namespaced(client.clone(), &ns);
+    let cron = eventually("the sweep CronJob", async || {
+        cron_jobs
+            .get_opt("orders-sweep")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let template = &cron["spec"]["jobTemplate"];
+    let mut spec = template["spec"].clone();
+    spec["template"]["spec"]["schedulerName"] = json!("custody-test-no-such-scheduler");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": {"name": "orders-sweep-unscheduled",
+                                  "labels": template["metadata"]["labels"]},
+                     "spec": spec});
+    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .create(&Default::default(), &serde_json::from_value(job).unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The grace, then the controller's next look at a running Job's Pods (every 30 s).
+    let obj = eventually_within(
+        Duration::from_secs(90),
+        "the store names the unscheduled Pod",
+        async || {
+            let obj = get(&client, &ns, "CheckpointStore", "orders")
+                .await
+                .unwrap();
+            match condition(&obj, "LastSweepSucceeded") {
+                Some(c) if c["reason"] == "SweepPodPending" => Ok(obj),
+                _ => Err(format!("{}", obj["status"])),
+            }
+        },
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(UNSCHEDULED_GRACE_SECONDS));
+    let last = condition(&obj, "LastSweepSucceeded").unwrap();
+    assert_eq!(last["status"], "False", "{last}");
+    let message = last["message"].as_str().unwrap();
+    for part in [
+        "sweep Job orders-sweep-unscheduled is running but its Pod orders-sweep-unscheduled-",
+        " has not been scheduled 5s after its creation and no scheduler has reported on it (is a scheduler running for schedulerName custody-test-no-such-scheduler?)",
+        "spec.sweepTimeoutSeconds (600 s)",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("SweepPodPending")),
+        "{ready}"
+    );
 }

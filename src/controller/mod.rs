@@ -99,6 +99,12 @@ pub struct Options {
     /// Re-discovery interval without cache hints, in seconds.
     #[arg(long, default_value_t = 300)]
     pub discovery_default_seconds: u64,
+    /// Seconds a Pending sweep Pod may go without a node and without a `PodScheduled` condition
+    /// before its store says no scheduler looked at it
+    /// ([`checkpoint_store::UNSCHEDULED_GRACE`]); hidden: a test setting, so tests need not
+    /// wait the 2 minutes.
+    #[arg(long, default_value_t = checkpoint_store::UNSCHEDULED_GRACE.as_secs(), hide = true)]
+    pub unscheduled_grace_seconds: u64,
     /// Which MCP server addresses the controller refuses (SSRF guard).
     #[command(flatten)]
     pub egress: crate::mcp::egress::EgressOptions,
