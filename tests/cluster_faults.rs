@@ -16,6 +16,7 @@
 //! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
 //! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
 //! | F9 | [`a_sweep_pod_no_scheduler_looks_at_shows_on_the_store`] | a sweep Job's Pod names a `schedulerName` no scheduler serves (the test cluster runs none), so it stays Pending with no node and no `PodScheduled` condition | after the grace period the store is `LastSweepSucceeded=False`, `Ready=False`, reason `SweepPodPending` naming the Pod and the schedulerName, long before `sweepTimeoutSeconds` |
+//! | F10 | [`a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready`] | the controller's ClusterRole loses `watch` on Jobs while its watch of them streams | within a minute `/readyz` answers 503 naming the verb and `jobs.batch`, counted as `watch_forbidden`; 200 again once the verb is restored |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -2039,4 +2040,60 @@ async fn a_sweep_pod_no_scheduler_looks_at_shows_on_the_store() {
         (&json!("False"), &json!("SweepPodPending")),
         "{ready}"
     );
+}
+
+/// F10: the controller's ClusterRole loses `watch` on Jobs while its watch of them streams (the
+/// API server does not end a running watch when RBAC changes). Within a minute (the leader's
+/// SelfSubjectAccessReviews every 45 s) `/readyz` answers 503 naming the verb and the resource,
+/// counted as `watch_forbidden`; once the verb is restored it answers 200 again.
+#[tokio::test]
+async fn a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let readyz = || async {
+        let current = infra.current.lock().await;
+        current.as_ref().unwrap().get("/readyz")
+    };
+    eventually("ready before", async || match readyz().await {
+        Some((200, _)) => Ok(()),
+        other => Err(format!("{other:?}")),
+    })
+    .await;
+    let counted_before = failures(&infra.metrics().await, "CheckpointStore", "watch_forbidden");
+    let restore = reduce_role(infra, "jobs", &["list"]);
+    let revoked = Instant::now();
+    let body = eventually_within(
+        Duration::from_secs(60),
+        "/readyz names the revoked watch",
+        async || match readyz().await {
+            Some((503, body)) if body.contains("watch jobs.batch") => Ok(body),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    eprintln!(
+        "not ready {:?} after the revocation: {body}",
+        revoked.elapsed()
+    );
+    assert!(
+        body.contains(
+            "RBAC does not let the controller watch jobs.batch (watched by the CheckpointStore controllers)"
+        ),
+        "{body}"
+    );
+    assert!(!body.contains("list jobs.batch"), "{body}");
+    assert!(
+        failures(&infra.metrics().await, "CheckpointStore", "watch_forbidden") > counted_before
+    );
+    drop(restore);
+    // The next round, and the watch errors of the meantime aged out (90 s).
+    eventually_within(
+        Duration::from_secs(150),
+        "ready again once the verb is restored",
+        async || match readyz().await {
+            Some((200, body)) => Ok(body),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
 }

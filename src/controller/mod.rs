@@ -638,6 +638,8 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             }
         }
         ctx.metrics.leader.set(0);
+        // A standby watches nothing: the leader's denials are not its own.
+        ctx.readiness.set_access_problems(Vec::new());
     }
 }
 
@@ -979,7 +981,59 @@ async fn controllers(ctx: Arc<Context>) {
             }
         });
 
-    tokio::join!(servers, assignments, classes, stores);
+    tokio::join!(
+        servers,
+        assignments,
+        classes,
+        stores,
+        access_checks(ctx.clone())
+    );
+}
+
+/// While the controllers run, checks every [`readiness::ACCESS_RECHECK`] that RBAC still lets
+/// them list and watch what they watch ([`readiness::check_access`]): each denied verb makes
+/// `/readyz` 503 naming the resource, counts in `custody_reconcile_failures_total{kind,
+/// reason="watch_forbidden"}` for each kind whose controller watches it, and is logged at WARN
+/// when the set of denials changes (once at INFO when they are gone). Never ends.
+async fn access_checks(ctx: Arc<Context>) {
+    let mut reported = Vec::new();
+    loop {
+        match readiness::check_access(&ctx.client).await {
+            Ok(denied) => {
+                for d in &denied {
+                    for kind in d.kinds {
+                        ctx.metrics
+                            .failures
+                            .get_or_create(&metrics::FailureLabels {
+                                kind,
+                                reason: "watch_forbidden",
+                            })
+                            .inc();
+                    }
+                }
+                let problems: Vec<String> = denied.iter().map(ToString::to_string).collect();
+                match readiness::crd_change(&reported, &problems) {
+                    readiness::CrdChange::Same => {}
+                    readiness::CrdChange::Problems => {
+                        for problem in &problems {
+                            tracing::warn!(problem = %problem, "a watch lost its RBAC: not ready");
+                        }
+                    }
+                    readiness::CrdChange::Fixed => {
+                        tracing::info!(
+                            "RBAC lets the controllers list and watch everything they watch again"
+                        );
+                    }
+                }
+                problems.clone_into(&mut reported);
+                ctx.readiness.set_access_problems(problems);
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::cluster::kube_text(&e), "cannot check RBAC of the watches; next round");
+            }
+        }
+        tokio::time::sleep(readiness::ACCESS_RECHECK).await;
+    }
 }
 
 /// `reconcile`, with its duration observed in `custody_reconcile_duration_seconds{kind}`
