@@ -13,7 +13,7 @@
 //! | F4 | [`crds_of_another_release_are_named_and_their_refusals_reach_the_objects`] | an installed CRD of another release (its `custody.dev/schema-sha256` differs; its schema refuses a status field) | at startup: an ERROR log and `/readyz` 503 naming the CRD and what to apply, ready once applied without a restart; a refused status write: a Warning Event `StatusRefused` on the object naming the field, and a count |
 //! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
 //! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
-//! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
+//! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource, and `Ready=False ReconcileForbidden` with the same message; counted as `reason="forbidden"`; Ready once RBAC allows it |
 //! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
 //! | F9 | [`a_sweep_pod_no_scheduler_looks_at_shows_on_the_store`] | a sweep Job's Pod names a `schedulerName` no scheduler serves (the test cluster runs none), so it stays Pending with no node and no `PodScheduled` condition | after the grace period the store is `LastSweepSucceeded=False`, `Ready=False`, reason `SweepPodPending` naming the Pod and the schedulerName, long before `sweepTimeoutSeconds` |
 //! | F10 | [`a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready`] | the controller's ClusterRole loses `watch` on Jobs while its watch of them streams | within a minute `/readyz` answers 503 naming the verb and `jobs.batch`, counted as `watch_forbidden`; 200 again once the verb is restored |
@@ -1795,8 +1795,10 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
 
 /// F7: an API call a reconcile needs and RBAC refuses (the controller's ClusterRole loses `list`
 /// on Jobs, which every CheckpointStore reconcile reads) is a Warning Event `ReconcileForbidden`
-/// on the object with the API server's 403, and `custody_reconcile_failures_total` counts it as
-/// `forbidden`, not as a generic API failure; restoring the role makes the store Ready.
+/// on the object with the API server's 403, and `Ready=False` with reason `ReconcileForbidden`
+/// and the same message (the status write is still allowed);
+/// `custody_reconcile_failures_total` counts it as `forbidden`, not as a generic API failure;
+/// restoring the role makes the store Ready.
 #[tokio::test]
 async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
     let _alone = ISOLATION.write().await;
@@ -1831,6 +1833,18 @@ async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
         "{note}"
     );
     assert!(failures(&infra.metrics().await, "CheckpointStore", "forbidden") >= 1.0);
+    // The status write is still allowed: the store's Ready says it too.
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "False")],
+    )
+    .await;
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(ready["reason"], "ReconcileForbidden", "{ready}");
+    assert_eq!(ready["message"], note.as_str(), "{ready}");
     drop(restore);
     wait_conditions(
         &client,

@@ -454,16 +454,21 @@ where
                 obj.meta().namespace.as_deref().unwrap_or_default(),
                 obj.meta().name.as_deref().unwrap_or_default()
             );
-            if ctx
+            let note = format!(
+                "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
+                 the controller's ClusterRole must grant it (helm upgrade custody, or \
+                 kubectl apply -k deploy/base)"
+            );
+            let event = ctx
                 .status_refusals
-                .due(object, 403, std::time::Instant::now())
-            {
-                let note = format!(
-                    "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
-                     the controller's ClusterRole must grant it (helm upgrade custody, or \
-                     kubectl apply -k deploy/base)"
-                );
-                tokio::spawn(async move {
+                .due(object, 403, std::time::Instant::now());
+            // A refused status write has no status to show it in.
+            let condition = matches!(error, Error::Kube(_));
+            tokio::spawn(async move {
+                if condition {
+                    forbidden_condition(&ctx, &*obj, &note).await;
+                }
+                if event {
                     ctx.event(
                         &*obj,
                         EventType::Warning,
@@ -471,10 +476,69 @@ where
                         note,
                     )
                     .await;
-                });
-            }
+                }
+            });
         }
         Action::requeue(retry)
+    }
+}
+
+/// Field manager of the `Ready=False ReconcileForbidden` condition [`forbidden_condition`]
+/// writes: its own, so the apply sets that one condition without removing what
+/// [`FIELD_MANAGER`] owns, and the next successful reconcile's forced apply takes it back.
+const FORBIDDEN_MANAGER: &str = "custody-controller-forbidden";
+
+/// Sets `obj`'s `Ready` condition to `False`, reason `ReconcileForbidden`, with `message`, when
+/// it does not say so already (one read of the object; its other conditions are left alone).
+/// Best effort: a status write RBAC refuses as well leaves the Event alone to say it. The
+/// next successful reconcile computes `Ready` again and clears it.
+async fn forbidden_condition<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, message: &str) {
+    let (Some(ns), Some(name)) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref())
+    else {
+        return;
+    };
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        ns,
+        &kube::api::ApiResource::erase::<K>(&()),
+    );
+    let written = async {
+        let current = api.get(name).await?;
+        let ready = current.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == conditions::READY));
+        if ready.is_some_and(|c| {
+            c["reason"] == conditions::RECONCILE_FORBIDDEN && c["message"] == message
+        }) {
+            return Ok(());
+        }
+        let since = match ready {
+            Some(c) if c["status"] == conditions::FALSE => c["lastTransitionTime"].clone(),
+            _ => serde_json::json!(jiff::Timestamp::now().to_string()),
+        };
+        ctx.lease.check().await?;
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": {"conditions": [{
+                "type": conditions::READY,
+                "status": conditions::FALSE,
+                "reason": conditions::RECONCILE_FORBIDDEN,
+                "message": message,
+                "lastTransitionTime": since,
+                "observedGeneration": current.metadata.generation,
+            }]},
+        });
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::apply(FORBIDDEN_MANAGER).force(),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await?;
+        Ok::<(), Error>(())
+    };
+    if let Err(e) = written.await {
+        tracing::debug!(namespace = ns, name, error = %e, "cannot set Ready=False ReconcileForbidden");
     }
 }
 
