@@ -1602,6 +1602,32 @@ fn reduce_role(infra: &Suite, resource: &str, verbs: &[&str]) -> RestoreRole {
     restore
 }
 
+/// Namespace `TAG-PID` with CheckpointStore `orders` on a LangGraph database of its own, applied
+/// after the controller's ClusterRole was cut to `verbs` on `resource` ([`reduce_role`]); returns
+/// the namespace and the guard that puts the role back.
+async fn store_under_reduced_role(
+    infra: &Suite,
+    client: &Client,
+    tag: &str,
+    resource: &str,
+    verbs: &[&str],
+) -> (TestNs, RestoreRole) {
+    let ns = TestNs::new(client, tag).await;
+    let dsn = langgraph_database(&tag.replace('-', "_")).await;
+    let restore = reduce_role(infra, resource, verbs);
+    apply(
+        client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    (ns, restore)
+}
+
 /// F5: a ConfigMap write RBAC refuses (the controller's ClusterRole loses `patch` on ConfigMaps)
 /// makes the AgentAssignment `ConfigRendered=False` and `Ready=False` with reason
 /// `ConfigMapRefused` naming the ConfigMap and the API server's 403, with a Warning Event and a
@@ -1732,17 +1758,12 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "faults-cronrbac").await;
-    let dsn = langgraph_database("faults_cronrbac").await;
-    let restore = reduce_role(infra, "cronjobs", &["list", "watch"]);
-    apply(
+    let (ns, restore) = store_under_reduced_role(
+        infra,
         &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn}),
-        ),
+        "faults-cronrbac",
+        "cronjobs",
+        &["list", "watch"],
     )
     .await;
     let obj = wait_conditions(
@@ -1804,19 +1825,8 @@ async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "faults-jobsrbac").await;
-    let dsn = langgraph_database("faults_jobsrbac").await;
-    let restore = reduce_role(infra, "jobs", &["watch"]);
-    apply(
-        &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn}),
-        ),
-    )
-    .await;
+    let (ns, restore) =
+        store_under_reduced_role(infra, &client, "faults-jobsrbac", "jobs", &["watch"]).await;
     let note = wait_warning(
         &client,
         &ns,
