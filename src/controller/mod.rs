@@ -255,6 +255,15 @@ fn object_id(kind: &str, namespace: &str, name: &str) -> String {
     format!("{kind}/{namespace}/{name}")
 }
 
+/// [`object_id`] of `obj`, a `kind`.
+fn object_id_of<K: Resource>(kind: &str, obj: &K) -> String {
+    object_id(
+        kind,
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default(),
+    )
+}
+
 /// The check every write makes first: this replica holds the Lease right now.
 ///
 /// kube-lease-manager learns that the Lease moved only when it next renews (every
@@ -394,16 +403,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether RBAC refused the API call (HTTP 403): [`Self::category`] `forbidden`.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            Self::Kube(kube::Error::Api(s))
+                | Self::StatusRefused {
+                    error: kube::Error::Api(s),
+                    ..
+                } if s.code == 403
+        )
+    }
+
     /// Bounded label for metrics: `forbidden` for an API call RBAC refused (HTTP 403), `api`
     /// for any other failed API call, `resources`, `serialize`, `lost_lease`,
     /// `status_backoff` (not counted: no call was made).
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Kube(kube::Error::Api(s))
-            | Self::StatusRefused {
-                error: kube::Error::Api(s),
-                ..
-            } if s.code == 403 => "forbidden",
+            _ if self.is_forbidden() => "forbidden",
             Self::Kube(_) | Self::StatusRefused { .. } => "api",
             Self::StatusBackoff(_) => "status_backoff",
             Self::Cluster(_) => "resources",
@@ -447,13 +464,9 @@ where
                 reason: error.category(),
             })
             .inc();
-        if error.category() == "forbidden" {
+        if error.is_forbidden() {
             // Its own key: a refused status write of the same object is another Event.
-            let object = format!(
-                "reconcile {kind}/{}/{}",
-                obj.meta().namespace.as_deref().unwrap_or_default(),
-                obj.meta().name.as_deref().unwrap_or_default()
-            );
+            let object = format!("reconcile {}", object_id_of(kind, &*obj));
             let note = format!(
                 "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
                  the controller's ClusterRole must grant it (helm upgrade custody, or \
@@ -1297,11 +1310,7 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let object = object_id(
-        &K::kind(&()),
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        &obj.name_any(),
-    );
+    let object = object_id_of(&K::kind(&()), obj);
     if status_unchanged(obj.meta(), current.as_ref(), &status) {
         ctx.status_backoff.reset(&object);
         return Ok(());
@@ -1364,11 +1373,7 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
             reason: conditions::STATUS_REFUSED,
         })
         .inc();
-    let object = format!(
-        "{kind}/{}/{}",
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    );
+    let object = object_id_of(&kind, obj);
     if !ctx
         .status_refusals
         .due(object, refused.code, std::time::Instant::now())
