@@ -13,7 +13,10 @@
 //! | F4 | [`crds_of_another_release_are_named_and_their_refusals_reach_the_objects`] | an installed CRD of another release (its `custody.dev/schema-sha256` differs; its schema refuses a status field) | at startup: an ERROR log and `/readyz` 503 naming the CRD and what to apply, ready once applied without a restart; a refused status write: a Warning Event `StatusRefused` on the object naming the field, and a count |
 //! | F5 | [`a_config_map_refused_by_rbac_shows_on_the_assignment`] | RBAC refuses the controller's ConfigMap write | the AgentAssignment is `ConfigRendered=False`, `Ready=False`, reason `ConfigMapRefused` naming the ConfigMap and the 403; a Warning Event; a count; rendered within seconds once RBAC allows it |
 //! | F6 | [`a_cron_job_refused_by_rbac_shows_on_the_store`] | RBAC refuses the controller's sweep CronJob write | the CheckpointStore is `Scheduled=False`, `Ready=False`, reason `CronJobRefused` naming the CronJob, the 403 and what the ClusterRole must grant; `Reachable` and `SchemaCompatible` still written; a Warning Event; a count; scheduled at the next recheck once RBAC allows it |
-//! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource; counted as `reason="forbidden"`; Ready once RBAC allows it |
+//! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource, and `Ready=False ReconcileForbidden` with the same message; counted as `reason="forbidden"`; Ready once RBAC allows it |
+//! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
+//! | F9 | [`a_sweep_pod_no_scheduler_looks_at_shows_on_the_store`] | a sweep Job's Pod names a `schedulerName` no scheduler serves (the test cluster runs none), so it stays Pending with no node and no `PodScheduled` condition | after the grace period the store is `LastSweepSucceeded=False`, `Ready=False`, reason `SweepPodPending` naming the Pod and the schedulerName, long before `sweepTimeoutSeconds` |
+//! | F10 | [`a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready`] | the controller's ClusterRole loses `watch` on Jobs while its watch of them streams | within a minute `/readyz` answers 503 naming the verb and `jobs.batch`, counted as `watch_forbidden`; 200 again once the verb is restored |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
 //! One controller serves the whole file, as in a cluster: it watches every namespace, so two
@@ -52,6 +55,8 @@ use support::{BasketServer, Db, Peer};
 /// `--lease-seconds` of the controllers: long, so the lease manager's own renewal (every
 /// 40 s) cannot be what notices a takeover in F1; the check before each write must.
 const LEASE_SECONDS: i32 = 60;
+/// `--unscheduled-grace-seconds` of the controllers: F9 need not wait the 2 minutes.
+const UNSCHEDULED_GRACE_SECONDS: u64 = 5;
 /// How long the slow server takes to answer `tools/list` in F1.
 const LIST_DELAY_MS: u64 = 6000;
 
@@ -61,7 +66,15 @@ fn start(infra: &Suite, identity: &str) -> ControllerProcess {
 }
 
 fn start_with(infra: &Suite, identity: &str, lease_seconds: i32) -> ControllerProcess {
-    infra.replica(identity, &["--lease-seconds", &lease_seconds.to_string()])
+    infra.replica(
+        identity,
+        &[
+            "--lease-seconds",
+            &lease_seconds.to_string(),
+            "--unscheduled-grace-seconds",
+            &UNSCHEDULED_GRACE_SECONDS.to_string(),
+        ],
+    )
 }
 
 /// The chart's RBAC and the controller every test shares.
@@ -1589,6 +1602,32 @@ fn reduce_role(infra: &Suite, resource: &str, verbs: &[&str]) -> RestoreRole {
     restore
 }
 
+/// Namespace `TAG-PID` with CheckpointStore `orders` on a LangGraph database of its own, applied
+/// after the controller's ClusterRole was cut to `verbs` on `resource` ([`reduce_role`]); returns
+/// the namespace and the guard that puts the role back.
+async fn store_under_reduced_role(
+    infra: &Suite,
+    client: &Client,
+    tag: &str,
+    resource: &str,
+    verbs: &[&str],
+) -> (TestNs, RestoreRole) {
+    let ns = TestNs::new(client, tag).await;
+    let dsn = langgraph_database(&tag.replace('-', "_")).await;
+    let restore = reduce_role(infra, resource, verbs);
+    apply(
+        client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn}),
+        ),
+    )
+    .await;
+    (ns, restore)
+}
+
 /// F5: a ConfigMap write RBAC refuses (the controller's ClusterRole loses `patch` on ConfigMaps)
 /// makes the AgentAssignment `ConfigRendered=False` and `Ready=False` with reason
 /// `ConfigMapRefused` naming the ConfigMap and the API server's 403, with a Warning Event and a
@@ -1719,17 +1758,12 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "faults-cronrbac").await;
-    let dsn = langgraph_database("faults_cronrbac").await;
-    let restore = reduce_role(infra, "cronjobs", &["list", "watch"]);
-    apply(
+    let (ns, restore) = store_under_reduced_role(
+        infra,
         &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn}),
-        ),
+        "faults-cronrbac",
+        "cronjobs",
+        &["list", "watch"],
     )
     .await;
     let obj = wait_conditions(
@@ -1782,26 +1816,17 @@ async fn a_cron_job_refused_by_rbac_shows_on_the_store() {
 
 /// F7: an API call a reconcile needs and RBAC refuses (the controller's ClusterRole loses `list`
 /// on Jobs, which every CheckpointStore reconcile reads) is a Warning Event `ReconcileForbidden`
-/// on the object with the API server's 403, and `custody_reconcile_failures_total` counts it as
-/// `forbidden`, not as a generic API failure; restoring the role makes the store Ready.
+/// on the object with the API server's 403, and `Ready=False` with reason `ReconcileForbidden`
+/// and the same message (the status write is still allowed);
+/// `custody_reconcile_failures_total` counts it as `forbidden`, not as a generic API failure;
+/// restoring the role makes the store Ready.
 #[tokio::test]
 async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
     let _alone = ISOLATION.write().await;
     let infra = infra();
     let client = client().await;
-    let ns = TestNs::new(&client, "faults-jobsrbac").await;
-    let dsn = langgraph_database("faults_jobsrbac").await;
-    let restore = reduce_role(infra, "jobs", &["watch"]);
-    apply(
-        &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn}),
-        ),
-    )
-    .await;
+    let (ns, restore) =
+        store_under_reduced_role(infra, &client, "faults-jobsrbac", "jobs", &["watch"]).await;
     let note = wait_warning(
         &client,
         &ns,
@@ -1818,6 +1843,18 @@ async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
         "{note}"
     );
     assert!(failures(&infra.metrics().await, "CheckpointStore", "forbidden") >= 1.0);
+    // The status write is still allowed: the store's Ready says it too.
+    let obj = wait_conditions(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        &[("Ready", "False")],
+    )
+    .await;
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(ready["reason"], "ReconcileForbidden", "{ready}");
+    assert_eq!(ready["message"], note.as_str(), "{ready}");
     drop(restore);
     wait_conditions(
         &client,
@@ -1833,6 +1870,254 @@ async fn a_reconcile_refused_by_rbac_is_an_event_on_the_object() {
         "CheckpointStore",
         "orders",
         "ReconcileForbidden",
+    )
+    .await;
+}
+
+/// The controller's status writes (PATCH of `status`) of `kind_plural/name` in `ns` in the audit
+/// log so far, with their HTTP codes, in order.
+fn status_patches(infra: &Suite, ns: &str, plural: &str, name: &str) -> Vec<i64> {
+    let user = format!(
+        "system:serviceaccount:{}:{}-controller",
+        infra.system_ns, infra.release
+    );
+    cluster::audit_events()
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["user"]["username"] == user.as_str()
+                && e["objectRef"]["namespace"] == ns
+                && e["objectRef"]["resource"] == plural
+                && e["objectRef"]["name"] == name
+                && e["objectRef"]["subresource"] == "status"
+        })
+        .map(|e| e["responseStatus"]["code"].as_i64().unwrap_or(0))
+        .collect()
+}
+
+/// F8: a status write the API server keeps refusing (an installed CRD older than the controller:
+/// its schema types `status.observedGeneration` as a string; HTTP 500) backs off per object
+/// (15 s, 30 s, 60 s, … up to 5 min) instead of retrying at every reconcile, and is logged at
+/// WARN once per back-off step; the metric counts every refusal. Once the CRD is right the
+/// status is written at the next step.
+#[tokio::test]
+async fn a_refused_status_write_backs_off() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-backoff").await;
+    let c = cluster::cluster();
+    let crd = "handleclasses.custody.dev";
+    let _restore = RestoreCrds;
+    c.kubectl(
+        &[
+            "patch",
+            &format!("crd/{crd}"),
+            "--type=json",
+            "-p",
+            r#"[{"op": "replace", "path": "/spec/versions/0/schema/openAPIV3Schema/properties/status/properties/observedGeneration/type", "value": "string"}]"#,
+        ],
+        None,
+    )
+    .ok();
+    let server = BasketServer::start(&[]);
+    apply(
+        &client,
+        &ns,
+        &object("MCPServer", "basket", server_spec(&server.url())),
+    )
+    .await;
+    wait_conditions(&client, &ns, "MCPServer", "basket", &[("Ready", "True")]).await;
+    let counted_before = failures(&infra.metrics().await, "HandleClass", "StatusRefused");
+    let name = "refused-backoff";
+    apply(&client, &ns, &object("HandleClass", name, basket_class())).await;
+    eventually(
+        "the first status write is refused",
+        async || match status_patches(infra, &ns, "handleclasses", name).first() {
+            Some(500 | 422) => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    let warns = || async {
+        let current = infra.current.lock().await;
+        current
+            .as_ref()
+            .unwrap()
+            .log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("WARN")
+                    && l.contains("the API server refused a status write")
+                    && l.contains(&*ns)
+            })
+            .count()
+    };
+    let window = Duration::from_secs(70);
+    tokio::time::sleep(window).await;
+    let attempts = status_patches(infra, &ns, "handleclasses", name);
+    // At 15 s, 45 s (and 105 s) after the first: at most 3 in the window, the first included.
+    assert!(
+        (2..=3).contains(&attempts.len()),
+        "status writes in {window:?}: {attempts:?}"
+    );
+    let counted = failures(&infra.metrics().await, "HandleClass", "StatusRefused") - counted_before;
+    assert!(
+        counted >= attempts.len() as f64,
+        "{counted} refusals counted for {attempts:?}"
+    );
+    let logged = warns().await;
+    assert!(
+        (1..=attempts.len()).contains(&logged),
+        "{logged} WARN lines for {} refused writes",
+        attempts.len()
+    );
+    reapply_crds();
+    eventually_within(
+        Duration::from_secs(120),
+        "the status is written at the next step once the CRD is right",
+        async || {
+            let obj = get(&client, &ns, "HandleClass", name).await.unwrap();
+            match &obj["status"]["observedGeneration"] {
+                Value::Number(n) if n.as_i64() == Some(1) => Ok(()),
+                other => Err(format!("{other}")),
+            }
+        },
+    )
+    .await;
+}
+
+/// F9: a sweep Job whose Pod no scheduler ever looks at (its `schedulerName` names none; the
+/// test cluster runs no scheduler at all) stays Pending with no node and no `PodScheduled`
+/// condition. After the grace period (here `--unscheduled-grace-seconds 5`; 2 minutes by
+/// default) the store says so: `LastSweepSucceeded=False` and `Ready=False` with reason
+/// `SweepPodPending`, naming the Pod and the schedulerName, long before the Job's deadline.
+#[tokio::test]
+async fn a_sweep_pod_no_scheduler_looks_at_shows_on_the_store() {
+    let _shared = ISOLATION.read().await;
+    let _infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-unscheduled").await;
+    let dsn = langgraph_database("faults_unscheduled").await;
+    // Once a year: the CronJob exists and starts nothing during the test.
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
+        ),
+    )
+    .await;
+    let cron_jobs: Api<k8s_openapi::api::batch::v1::CronJob> = Api::namespaced(client.clone(), &ns);
+    let cron = eventually("the sweep CronJob", async || {
+        cron_jobs
+            .get_opt("orders-sweep")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    let cron = serde_json::to_value(cron).unwrap();
+    let template = &cron["spec"]["jobTemplate"];
+    let mut spec = template["spec"].clone();
+    spec["template"]["spec"]["schedulerName"] = json!("custody-test-no-such-scheduler");
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": {"name": "orders-sweep-unscheduled",
+                                  "labels": template["metadata"]["labels"]},
+                     "spec": spec});
+    Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), &ns)
+        .create(&Default::default(), &serde_json::from_value(job).unwrap())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The grace, then the controller's next look at a running Job's Pods (every 30 s).
+    let obj = eventually_within(
+        Duration::from_secs(90),
+        "the store names the unscheduled Pod",
+        async || {
+            let obj = get(&client, &ns, "CheckpointStore", "orders")
+                .await
+                .unwrap();
+            match condition(&obj, "LastSweepSucceeded") {
+                Some(c) if c["reason"] == "SweepPodPending" => Ok(obj),
+                _ => Err(format!("{}", obj["status"])),
+            }
+        },
+    )
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(UNSCHEDULED_GRACE_SECONDS));
+    let last = condition(&obj, "LastSweepSucceeded").unwrap();
+    assert_eq!(last["status"], "False", "{last}");
+    let message = last["message"].as_str().unwrap();
+    for part in [
+        "sweep Job orders-sweep-unscheduled is running but its Pod orders-sweep-unscheduled-",
+        " has not been scheduled 5s after its creation and no scheduler has reported on it (is a scheduler running for schedulerName custody-test-no-such-scheduler?)",
+        "spec.sweepTimeoutSeconds (600 s)",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message}");
+    }
+    let ready = condition(&obj, "Ready").unwrap();
+    assert_eq!(
+        (&ready["status"], &ready["reason"]),
+        (&json!("False"), &json!("SweepPodPending")),
+        "{ready}"
+    );
+}
+
+/// F10: the controller's ClusterRole loses `watch` on Jobs while its watch of them streams (the
+/// API server does not end a running watch when RBAC changes). Within a minute (the leader's
+/// SelfSubjectAccessReviews every 45 s) `/readyz` answers 503 naming the verb and the resource,
+/// counted as `watch_forbidden`; once the verb is restored it answers 200 again.
+#[tokio::test]
+async fn a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready() {
+    let _alone = ISOLATION.write().await;
+    let infra = infra();
+    let readyz = || async {
+        let current = infra.current.lock().await;
+        current.as_ref().unwrap().get("/readyz")
+    };
+    eventually("ready before", async || match readyz().await {
+        Some((200, _)) => Ok(()),
+        other => Err(format!("{other:?}")),
+    })
+    .await;
+    let counted_before = failures(&infra.metrics().await, "CheckpointStore", "watch_forbidden");
+    let restore = reduce_role(infra, "jobs", &["list"]);
+    let revoked = Instant::now();
+    let body = eventually_within(
+        Duration::from_secs(60),
+        "/readyz names the revoked watch",
+        async || match readyz().await {
+            Some((503, body)) if body.contains("watch jobs.batch") => Ok(body),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    eprintln!(
+        "not ready {:?} after the revocation: {body}",
+        revoked.elapsed()
+    );
+    assert!(
+        body.contains(
+            "RBAC does not let the controller watch jobs.batch (watched by the CheckpointStore controllers)"
+        ),
+        "{body}"
+    );
+    assert!(!body.contains("list jobs.batch"), "{body}");
+    assert!(
+        failures(&infra.metrics().await, "CheckpointStore", "watch_forbidden") > counted_before
+    );
+    drop(restore);
+    // The next round, and the watch errors of the meantime aged out (90 s).
+    eventually_within(
+        Duration::from_secs(150),
+        "ready again once the verb is restored",
+        async || match readyz().await {
+            Some((200, body)) => Ok(body),
+            other => Err(format!("{other:?}")),
+        },
     )
     .await;
 }

@@ -601,7 +601,11 @@ async fn pending_pod(
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(cause) = pods.items.iter().find_map(cannot_start) {
+        let (now, grace) = (
+            k8s_openapi::jiff::Timestamp::now(),
+            std::time::Duration::from_secs(ctx.opts.unscheduled_grace_seconds),
+        );
+        if let Some(cause) = pods.items.iter().find_map(|p| cannot_start(p, now, grace)) {
             return Ok(Some(Cond::no(
                 conditions::LAST_SWEEP_SUCCEEDED,
                 conditions::SWEEP_POD_PENDING,
@@ -614,6 +618,16 @@ async fn pending_pod(
         }
     }
     Ok(None)
+}
+
+/// `d` as Go prints a whole-second duration (`2m0s`, `45s`), as kubectl shows ages.
+fn duration_text(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    if secs < 60 {
+        format!("{secs}s")
+    } else {
+        format!("{}m{}s", secs / 60, secs % 60)
+    }
 }
 
 /// The waiting reasons of a container the kubelet cannot start without someone changing
@@ -630,16 +644,50 @@ const CANNOT_START: [&str; 7] = [
     "CreateContainerError",
 ];
 
-/// Why a Pending `pod` cannot start, as a phrase naming it: the scheduler's `Unschedulable`
-/// (`PodScheduled=False`), or a container (init containers first) waiting for one of
-/// [`CANNOT_START`], with the kubelet's message. `None` for a Pod that is starting, running or
-/// finished.
-fn cannot_start(pod: &Pod) -> Option<String> {
+/// How long a Pending Pod may go without a node and without any `PodScheduled` condition before
+/// it is reported as not scheduled: a scheduler binds a Pod it can place within seconds and
+/// writes `PodScheduled=False Unschedulable` at its first attempt otherwise, and a new
+/// kube-scheduler leader takes over within its 15 s lease; 2 minutes is well past both, and well
+/// inside the default `spec.sweepTimeoutSeconds` (600 s). Such a Pod has no scheduler at all: none
+/// runs, or its `schedulerName` names one that does not exist. (`--unscheduled-grace-seconds`,
+/// hidden, shortens it for tests.)
+pub const UNSCHEDULED_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Why a Pending `pod` cannot start at `now`, as a phrase naming it: the scheduler's
+/// `Unschedulable` (`PodScheduled=False`); no node and no `PodScheduled` condition `grace`
+/// after its `creationTimestamp` (no scheduler looked at it: [`UNSCHEDULED_GRACE`]); or a
+/// container (init containers first) waiting for one of [`CANNOT_START`], with the kubelet's
+/// message. `None` for a Pod that is starting, running or finished.
+fn cannot_start(
+    pod: &Pod,
+    now: k8s_openapi::jiff::Timestamp,
+    grace: std::time::Duration,
+) -> Option<String> {
     let status = pod.status.as_ref()?;
     if status.phase.as_deref() != Some("Pending") {
         return None;
     }
     let name = pod.name_any();
+    let spec = pod.spec.as_ref();
+    let unassigned = spec
+        .and_then(|s| s.node_name.as_deref())
+        .is_none_or(str::is_empty);
+    let unseen = !status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "PodScheduled");
+    let waited = pod.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+        now.as_second() - t.0.as_second() >= i64::try_from(grace.as_secs()).unwrap_or(i64::MAX)
+    });
+    if unassigned && unseen && waited {
+        return Some(format!(
+            "its Pod {name} has not been scheduled {} after its creation and no scheduler has reported on it (is a scheduler running for schedulerName {}?)",
+            duration_text(grace),
+            spec.and_then(|s| s.scheduler_name.as_deref())
+                .unwrap_or("default-scheduler")
+        ));
+    }
     if let Some(c) = status.conditions.iter().flatten().find(|c| {
         c.type_ == "PodScheduled"
             && c.status == conditions::FALSE
@@ -1118,36 +1166,67 @@ mod tests {
 
     #[test]
     fn a_sweep_pod_that_cannot_start_is_named_with_its_cause() {
+        let (now, grace) = ("2026-12-01T11:05:00Z".parse().unwrap(), UNSCHEDULED_GRACE);
         let pulling = pod(json!({"phase": "Pending", "containerStatuses": [{
             "name": "sweep", "image": "registry.invalid/custody:0.1.0", "imageID": "",
             "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": "ImagePullBackOff",
                                   "message": "Back-off pulling image \"registry.invalid/custody:0.1.0\""}}}]}));
         assert_eq!(
-            cannot_start(&pulling).unwrap(),
+            cannot_start(&pulling, now, grace).unwrap(),
             "its Pod orders-sweep-5-x7k2p cannot start container sweep (image registry.invalid/custody:0.1.0): ImagePullBackOff: Back-off pulling image \"registry.invalid/custody:0.1.0\""
         );
         let unschedulable = pod(json!({"phase": "Pending", "conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": "0/1 nodes are available: 1 node(s) were unschedulable."}]}));
         assert_eq!(
-            cannot_start(&unschedulable).unwrap(),
+            cannot_start(&unschedulable, now, grace).unwrap(),
             "no node can take its Pod orders-sweep-5-x7k2p: 0/1 nodes are available: 1 node(s) were unschedulable."
         );
         // Starting, running, finished: nothing to say.
         let creating = pod(json!({"phase": "Pending", "containerStatuses": [{
             "name": "sweep", "image": "custody", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": "ContainerCreating"}}}]}));
-        assert!(cannot_start(&creating).is_none());
+        assert!(cannot_start(&creating, now, grace).is_none());
         let not_yet = pod(json!({"phase": "Pending"}));
-        assert!(cannot_start(&not_yet).is_none());
+        assert!(cannot_start(&not_yet, now, grace).is_none());
         let running = pod(json!({"phase": "Running"}));
-        assert!(cannot_start(&running).is_none());
+        assert!(cannot_start(&running, now, grace).is_none());
         // A waiting reason left over on a Pod that failed is the Job's to report.
         let failed = pod(json!({"phase": "Failed", "containerStatuses": [{
             "name": "sweep", "image": "custody", "imageID": "", "ready": false, "restartCount": 0,
             "state": {"waiting": {"reason": "CreateContainerConfigError"}}}]}));
-        assert!(cannot_start(&failed).is_none());
+        assert!(cannot_start(&failed, now, grace).is_none());
+    }
+
+    /// A Pod no scheduler looked at (no node, no `PodScheduled`) is named once the grace has
+    /// passed since its creation; a younger one, or one a scheduler placed or reported on, not.
+    #[test]
+    fn a_sweep_pod_no_scheduler_looked_at_is_named_after_the_grace() {
+        let grace = UNSCHEDULED_GRACE;
+        let unseen = |spec: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "orders-sweep-5-x7k2p",
+                             "creationTimestamp": "2026-12-01T11:00:00Z"},
+                "spec": spec, "status": {"phase": "Pending"}}))
+            .unwrap()
+        };
+        let at = |t: &str| -> k8s_openapi::jiff::Timestamp { t.parse().unwrap() };
+        let nowhere = unseen(json!({"containers": [{"name": "sweep"}],
+                                    "schedulerName": "no-such-scheduler"}));
+        assert_eq!(
+            cannot_start(&nowhere, at("2026-12-01T11:02:10Z"), grace).unwrap(),
+            "its Pod orders-sweep-5-x7k2p has not been scheduled 2m0s after its creation and no scheduler has reported on it (is a scheduler running for schedulerName no-such-scheduler?)"
+        );
+        assert!(cannot_start(&nowhere, at("2026-12-01T11:01:59Z"), grace).is_none());
+        let bound = unseen(json!({"containers": [{"name": "sweep"}], "nodeName": "n1"}));
+        assert!(cannot_start(&bound, at("2026-12-01T11:30:00Z"), grace).is_none());
+        let mut reported = unseen(json!({"containers": [{"name": "sweep"}]}));
+        reported.status = serde_json::from_value(json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}]}))
+        .unwrap();
+        assert!(cannot_start(&reported, at("2026-12-01T11:30:00Z"), grace).is_none());
+        assert_eq!(duration_text(std::time::Duration::from_secs(45)), "45s");
     }
 
     #[test]

@@ -99,6 +99,12 @@ pub struct Options {
     /// Re-discovery interval without cache hints, in seconds.
     #[arg(long, default_value_t = 300)]
     pub discovery_default_seconds: u64,
+    /// Seconds a Pending sweep Pod may go without a node and without a `PodScheduled` condition
+    /// before its store says no scheduler looked at it
+    /// ([`checkpoint_store::UNSCHEDULED_GRACE`]); hidden: a test setting, so tests need not
+    /// wait the 2 minutes.
+    #[arg(long, default_value_t = checkpoint_store::UNSCHEDULED_GRACE.as_secs(), hide = true)]
+    pub unscheduled_grace_seconds: u64,
     /// Which MCP server addresses the controller refuses (SSRF guard).
     #[command(flatten)]
     pub egress: crate::mcp::egress::EgressOptions,
@@ -160,6 +166,57 @@ pub struct Context {
     pub cron_jobs: std::sync::Mutex<Option<Store<CronJob>>>,
     /// When each object's last `StatusRefused` Event was published ([`StatusRefusals`]).
     pub status_refusals: StatusRefusals,
+    /// How long each object's status writes wait after a refusal ([`StatusBackoff`]).
+    pub status_backoff: StatusBackoff,
+}
+
+/// Per-object back-off of refused status writes: after a refusal the object's next status write
+/// waits [`Self::FIRST`], doubling with each refusal in a row up to [`Self::MAX`]; a write that
+/// lands (or has nothing to change) ends it. An installed CRD older than the controller refuses
+/// every write of a field it lacks, so retrying at each reconcile (every 15 s, and at each watch
+/// event of an owned or referenced object) only repeats the refusal, its log line and its
+/// request. Keyed by [`object_id`].
+#[derive(Debug, Default)]
+pub struct StatusBackoff(std::sync::Mutex<HashMap<String, (u32, std::time::Instant)>>);
+
+impl StatusBackoff {
+    /// The wait after a first refusal: the fixed retry of any failed reconcile.
+    pub const FIRST: Duration = ERROR_REQUEUE;
+    /// The longest wait: how late a status is written once the CRDs are right.
+    pub const MAX: Duration = Duration::from_secs(300);
+
+    /// How much longer `object`'s status writes wait at `now`; `None` when they may write.
+    pub fn waiting(&self, object: &str, now: std::time::Instant) -> Option<Duration> {
+        let steps = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (_, until) = steps.get(object)?;
+        until.checked_duration_since(now).filter(|d| !d.is_zero())
+    }
+
+    /// Records a refusal of `object`'s status write at `now`; returns the wait of the step it
+    /// starts ([`Self::FIRST`] × 2^(refusals in a row − 1), at most [`Self::MAX`]).
+    pub fn refused(&self, object: &str, now: std::time::Instant) -> Duration {
+        let mut steps = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let refusals = steps.get(object).map_or(0, |(n, _)| *n);
+        let wait = Self::FIRST
+            .saturating_mul(2u32.saturating_pow(refusals))
+            .min(Self::MAX);
+        steps.insert(object.to_owned(), (refusals.saturating_add(1), now + wait));
+        wait
+    }
+
+    /// Ends `object`'s back-off: its status was written, or it was deleted.
+    pub fn reset(&self, object: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(object);
+    }
 }
 
 /// How often one object's refused status writes become a Warning Event: at most once per
@@ -190,6 +247,21 @@ impl StatusRefusals {
         last.insert(key, now);
         true
     }
+}
+
+/// `kind/namespace/name`: how the controller's per-object state ([`StatusRefusals`],
+/// [`StatusBackoff`]) names an object, unique across the four kinds.
+fn object_id(kind: &str, namespace: &str, name: &str) -> String {
+    format!("{kind}/{namespace}/{name}")
+}
+
+/// [`object_id`] of `obj`, a `kind`.
+fn object_id_of<K: Resource>(kind: &str, obj: &K) -> String {
+    object_id(
+        kind,
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default(),
+    )
 }
 
 /// The check every write makes first: this replica holds the Lease right now.
@@ -316,15 +388,41 @@ pub enum Error {
     /// Another replica holds the leader lease (or it expired): nothing was written.
     #[error("the leader lease is held by {0}, not this replica; not writing")]
     LostLease(String),
+    /// The API server refused a status write (not an answer to come back later); the object's
+    /// next status write waits `retry` ([`StatusBackoff`]).
+    #[error("{}", crate::cluster::kube_text(.error))]
+    StatusRefused {
+        /// The API server's answer.
+        error: kube::Error,
+        /// The back-off step this refusal started.
+        retry: Duration,
+    },
+    /// A status write not made: an earlier refusal's back-off has this much longer to run.
+    #[error("a status write of this object was refused; the next one waits another {} s", .0.as_secs())]
+    StatusBackoff(Duration),
 }
 
 impl Error {
+    /// Whether RBAC refused the API call (HTTP 403): [`Self::category`] `forbidden`.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            Self::Kube(kube::Error::Api(s))
+                | Self::StatusRefused {
+                    error: kube::Error::Api(s),
+                    ..
+                } if s.code == 403
+        )
+    }
+
     /// Bounded label for metrics: `forbidden` for an API call RBAC refused (HTTP 403), `api`
-    /// for any other failed API call, `resources`, `serialize`, `lost_lease`.
+    /// for any other failed API call, `resources`, `serialize`, `lost_lease`,
+    /// `status_backoff` (not counted: no call was made).
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
-            Self::Kube(_) => "api",
+            _ if self.is_forbidden() => "forbidden",
+            Self::Kube(_) | Self::StatusRefused { .. } => "api",
+            Self::StatusBackoff(_) => "status_backoff",
             Self::Cluster(_) => "resources",
             Self::Serialize(_) => "serialize",
             Self::LostLease(_) => "lost_lease",
@@ -336,16 +434,29 @@ impl Error {
 /// retries soon without hammering the API server (watch events still trigger earlier).
 const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 
-/// Logs and counts a failed reconcile. One refused by RBAC (an API call the controller's
-/// ServiceAccount may not make, such as listing a store's Jobs after its ClusterRole was cut)
-/// also becomes a Warning Event on the object, at most once per [`StatusRefusals::EVERY`]: a
-/// log line at 3 a.m. is not where `kubectl describe` looks.
+/// Logs and counts a failed reconcile and retries it after [`ERROR_REQUEUE`]. One refused by
+/// RBAC (an API call the controller's ServiceAccount may not make, such as listing a store's
+/// Jobs after its ClusterRole was cut) also becomes a Warning Event on the object, at most once
+/// per [`StatusRefusals::EVERY`]: a log line at 3 a.m. is not where `kubectl describe` looks. A
+/// refused status write is retried when its back-off step ends ([`StatusBackoff`]) and was
+/// logged by [`status_refused`]; a write skipped during the back-off is neither logged at WARN
+/// nor counted.
 fn error_policy<K>(kind: &'static str) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {
     move |obj, error, ctx| {
-        tracing::warn!(kind, error = %error, "reconcile failed");
+        let retry = match error {
+            Error::StatusBackoff(left) => {
+                tracing::debug!(kind, error = %error, "reconcile waits for a status write");
+                return Action::requeue(*left);
+            }
+            Error::StatusRefused { retry, .. } => *retry,
+            _ => {
+                tracing::warn!(kind, error = %error, "reconcile failed");
+                ERROR_REQUEUE
+            }
+        };
         ctx.metrics
             .failures
             .get_or_create(&metrics::FailureLabels {
@@ -353,23 +464,24 @@ where
                 reason: error.category(),
             })
             .inc();
-        if error.category() == "forbidden" {
+        if error.is_forbidden() {
             // Its own key: a refused status write of the same object is another Event.
-            let object = format!(
-                "reconcile {kind}/{}/{}",
-                obj.meta().namespace.as_deref().unwrap_or_default(),
-                obj.meta().name.as_deref().unwrap_or_default()
+            let object = format!("reconcile {}", object_id_of(kind, &*obj));
+            let note = format!(
+                "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
+                 the controller's ClusterRole must grant it (helm upgrade custody, or \
+                 kubectl apply -k deploy/base)"
             );
-            if ctx
+            let event = ctx
                 .status_refusals
-                .due(object, 403, std::time::Instant::now())
-            {
-                let note = format!(
-                    "the API server refused a call reconciling this {kind} (HTTP 403): {error}; \
-                     the controller's ClusterRole must grant it (helm upgrade custody, or \
-                     kubectl apply -k deploy/base)"
-                );
-                tokio::spawn(async move {
+                .due(object, 403, std::time::Instant::now());
+            // A refused status write has no status to show it in.
+            let condition = matches!(error, Error::Kube(_));
+            tokio::spawn(async move {
+                if condition {
+                    forbidden_condition(&ctx, &*obj, &note).await;
+                }
+                if event {
                     ctx.event(
                         &*obj,
                         EventType::Warning,
@@ -377,10 +489,69 @@ where
                         note,
                     )
                     .await;
-                });
-            }
+                }
+            });
         }
-        Action::requeue(ERROR_REQUEUE)
+        Action::requeue(retry)
+    }
+}
+
+/// Field manager of the `Ready=False ReconcileForbidden` condition [`forbidden_condition`]
+/// writes: its own, so the apply sets that one condition without removing what
+/// [`FIELD_MANAGER`] owns, and the next successful reconcile's forced apply takes it back.
+const FORBIDDEN_MANAGER: &str = "custody-controller-forbidden";
+
+/// Sets `obj`'s `Ready` condition to `False`, reason `ReconcileForbidden`, with `message`, when
+/// it does not say so already (one read of the object; its other conditions are left alone).
+/// Best effort: a status write RBAC refuses as well leaves the Event alone to say it. The
+/// next successful reconcile computes `Ready` again and clears it.
+async fn forbidden_condition<K: Resource<DynamicType = ()>>(ctx: &Context, obj: &K, message: &str) {
+    let (Some(ns), Some(name)) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref())
+    else {
+        return;
+    };
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        ns,
+        &kube::api::ApiResource::erase::<K>(&()),
+    );
+    let written = async {
+        let current = api.get(name).await?;
+        let ready = current.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == conditions::READY));
+        if ready.is_some_and(|c| {
+            c["reason"] == conditions::RECONCILE_FORBIDDEN && c["message"] == message
+        }) {
+            return Ok(());
+        }
+        let since = match ready {
+            Some(c) if c["status"] == conditions::FALSE => c["lastTransitionTime"].clone(),
+            _ => serde_json::json!(jiff::Timestamp::now().to_string()),
+        };
+        ctx.lease.check().await?;
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": {"conditions": [{
+                "type": conditions::READY,
+                "status": conditions::FALSE,
+                "reason": conditions::RECONCILE_FORBIDDEN,
+                "message": message,
+                "lastTransitionTime": since,
+                "observedGeneration": current.metadata.generation,
+            }]},
+        });
+        api.patch_status(
+            name,
+            &kube::api::PatchParams::apply(FORBIDDEN_MANAGER).force(),
+            &kube::api::Patch::Apply(&patch),
+        )
+        .await?;
+        Ok::<(), Error>(())
+    };
+    if let Err(e) = written.await {
+        tracing::debug!(namespace = ns, name, error = %e, "cannot set Ready=False ReconcileForbidden");
     }
 }
 
@@ -428,6 +599,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         assignments: std::sync::Mutex::default(),
         cron_jobs: std::sync::Mutex::default(),
         status_refusals: StatusRefusals::default(),
+        status_backoff: StatusBackoff::default(),
     });
     let server = tokio::spawn(http::serve(
         listener,
@@ -543,6 +715,8 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             }
         }
         ctx.metrics.leader.set(0);
+        // A standby watches nothing: the leader's denials are not its own.
+        ctx.readiness.set_access_problems(Vec::new());
     }
 }
 
@@ -884,7 +1058,59 @@ async fn controllers(ctx: Arc<Context>) {
             }
         });
 
-    tokio::join!(servers, assignments, classes, stores);
+    tokio::join!(
+        servers,
+        assignments,
+        classes,
+        stores,
+        access_checks(ctx.clone())
+    );
+}
+
+/// While the controllers run, checks every [`readiness::ACCESS_RECHECK`] that RBAC still lets
+/// them list and watch what they watch ([`readiness::check_access`]): each denied verb makes
+/// `/readyz` 503 naming the resource, counts in `custody_reconcile_failures_total{kind,
+/// reason="watch_forbidden"}` for each kind whose controller watches it, and is logged at WARN
+/// when the set of denials changes (once at INFO when they are gone). Never ends.
+async fn access_checks(ctx: Arc<Context>) {
+    let mut reported = Vec::new();
+    loop {
+        match readiness::check_access(&ctx.client).await {
+            Ok(denied) => {
+                for d in &denied {
+                    for kind in d.kinds {
+                        ctx.metrics
+                            .failures
+                            .get_or_create(&metrics::FailureLabels {
+                                kind,
+                                reason: "watch_forbidden",
+                            })
+                            .inc();
+                    }
+                }
+                let problems: Vec<String> = denied.iter().map(ToString::to_string).collect();
+                match readiness::crd_change(&reported, &problems) {
+                    readiness::CrdChange::Same => {}
+                    readiness::CrdChange::Problems => {
+                        for problem in &problems {
+                            tracing::warn!(problem = %problem, "a watch lost its RBAC: not ready");
+                        }
+                    }
+                    readiness::CrdChange::Fixed => {
+                        tracing::info!(
+                            "RBAC lets the controllers list and watch everything they watch again"
+                        );
+                    }
+                }
+                problems.clone_into(&mut reported);
+                ctx.readiness.set_access_problems(problems);
+            }
+            Err(e) => {
+                tracing::debug!(error = %crate::cluster::kube_text(&e), "cannot check RBAC of the watches; next round");
+            }
+        }
+        tokio::time::sleep(readiness::ACCESS_RECHECK).await;
+    }
 }
 
 /// `reconcile`, with its duration observed in `custody_reconcile_duration_seconds{kind}`
@@ -962,6 +1188,9 @@ where
     let ctx = ctx.clone();
     move |r| {
         use kube::runtime::controller::Error as C;
+        if let Some((ns, name)) = deleted(&r) {
+            ctx.status_backoff.reset(&object_id(kind, &ns, &name));
+        }
         match r {
             Err(C::QueueError(e)) => {
                 let reason = watch_failure(&e);
@@ -1066,6 +1295,11 @@ fn skip_invalid(
 /// Applies a status with server-side apply, unless it would change nothing
 /// ([`status_unchanged`]) or this replica no longer holds the leader lease
 /// ([`LeaseFence::check`]). A reconcile that observes nothing new therefore makes no write.
+///
+/// # Errors
+/// [`Error::StatusRefused`] when the API server refuses it ([`status_refused`]), starting or
+/// lengthening the object's [`StatusBackoff`]; [`Error::StatusBackoff`], without a request,
+/// while that back-off runs; [`Error::LostLease`]; [`Error::Kube`] for any other failure.
 async fn apply_status<K>(
     ctx: &Context,
     api: &Api<K>,
@@ -1076,8 +1310,16 @@ async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    let object = object_id_of(&K::kind(&()), obj);
     if status_unchanged(obj.meta(), current.as_ref(), &status) {
+        ctx.status_backoff.reset(&object);
         return Ok(());
+    }
+    if let Some(left) = ctx
+        .status_backoff
+        .waiting(&object, std::time::Instant::now())
+    {
+        return Err(Error::StatusBackoff(left));
     }
     ctx.lease.check().await?;
     let patch = serde_json::json!({
@@ -1092,28 +1334,38 @@ where
             &kube::api::Patch::Apply(&patch),
         )
         .await;
-    if let Err(kube::Error::Api(refused)) = &written {
-        status_refused(ctx, obj, refused).await;
+    match written {
+        Ok(_) => {
+            ctx.status_backoff.reset(&object);
+            Ok(())
+        }
+        Err(kube::Error::Api(refused)) if !matches!(refused.code, 409 | 429 | 503 | 504) => {
+            let retry = ctx
+                .status_backoff
+                .refused(&object, std::time::Instant::now());
+            status_refused(ctx, obj, &refused, retry).await;
+            Err(Error::StatusRefused {
+                error: kube::Error::Api(refused),
+                retry,
+            })
+        }
+        Err(e) => Err(e.into()),
     }
-    written?;
-    Ok(())
 }
 
-/// A status write the API server answered with an error: without a status to show it in, a
-/// Warning Event on the object (at most once per [`StatusRefusals::EVERY`] for one object and
-/// code) and `custody_reconcile_failures_total{reason="StatusRefused"}`
-/// say what an operator should know. Answers that say to come back later (409 conflict, 429,
-/// 503, 504) are the retry's business.
+/// A status write the API server refused (any answer but those that say to come back later:
+/// 409 conflict, 429, 503, 504, which are the retry's business): without a status to show it
+/// in, a WARN line (one per back-off step, `retry` being the step's wait), a Warning Event on
+/// the object (at most once per [`StatusRefusals::EVERY`] for one object and code) and
+/// `custody_reconcile_failures_total{reason="StatusRefused"}` say what an operator should know.
 async fn status_refused<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     obj: &K,
     refused: &kube::core::Status,
+    retry: Duration,
 ) {
-    if matches!(refused.code, 409 | 429 | 503 | 504) {
-        return;
-    }
     let kind = K::kind(&());
-    tracing::warn!(%kind, name = %obj.meta().name.as_deref().unwrap_or_default(), code = refused.code, error = %refused.message, "the API server refused a status write");
+    tracing::warn!(%kind, namespace = %obj.meta().namespace.as_deref().unwrap_or_default(), name = %obj.meta().name.as_deref().unwrap_or_default(), code = refused.code, error = %refused.message, retry_in_seconds = retry.as_secs(), "the API server refused a status write");
     ctx.metrics
         .failures
         .get_or_create(&metrics::FailureLabels {
@@ -1121,11 +1373,7 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
             reason: conditions::STATUS_REFUSED,
         })
         .inc();
-    let object = format!(
-        "{kind}/{}/{}",
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    );
+    let object = object_id_of(&kind, obj);
     if !ctx
         .status_refusals
         .due(object, refused.code, std::time::Instant::now())
@@ -1282,6 +1530,7 @@ pub(crate) mod fixtures {
             assignments: std::sync::Mutex::default(),
             cron_jobs: std::sync::Mutex::default(),
             status_refusals: StatusRefusals::default(),
+            status_backoff: StatusBackoff::default(),
         };
         (Arc::new(ctx), handle)
     }
@@ -1423,6 +1672,21 @@ mod tests {
         assert!(refusals.due("MCPServer/shop/catalog".to_owned(), 500, t0));
         assert!(refusals.due(a(), 422, t0));
         assert!(refusals.due(a(), 500, t0 + StatusRefusals::EVERY));
+    }
+
+    #[test]
+    fn a_refused_status_write_backs_off_per_object_until_one_lands() {
+        let backoff = StatusBackoff::default();
+        let t0 = std::time::Instant::now();
+        let a = "HandleClass/shop/basket";
+        assert_eq!(backoff.waiting(a, t0), None);
+        let waits: Vec<u64> = (0..7).map(|_| backoff.refused(a, t0).as_secs()).collect();
+        assert_eq!(waits, [15, 30, 60, 120, 240, 300, 300]);
+        assert_eq!(backoff.waiting(a, t0), Some(StatusBackoff::MAX));
+        assert_eq!(backoff.waiting(a, t0 + StatusBackoff::MAX), None);
+        assert_eq!(backoff.waiting("HandleClass/shop/other", t0), None);
+        backoff.reset(a);
+        assert_eq!(backoff.refused(a, t0), StatusBackoff::FIRST);
     }
 
     /// kube's Display of an API error is the `Status` object's Debug dump; people get the API

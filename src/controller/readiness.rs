@@ -27,7 +27,117 @@ pub const CRD_RECHECK: Duration = Duration::from_secs(10);
 /// release's while it runs show in `/readyz` and the log (one `get` of each of the four CRDs).
 pub const CRD_RECHECK_RUNNING: Duration = Duration::from_secs(30);
 
-/// What a CRD check found against the one before it, for the log.
+/// How often the leader asks the API server whether its ServiceAccount may still list and watch
+/// each resource of [`WATCHED`] ([`check_access`]). A watch already streaming keeps streaming
+/// after its permission is revoked, until the API server ends it (minutes later), so the watch
+/// errors alone would keep `/readyz` at 200 meanwhile. Each round is one
+/// SelfSubjectAccessReview per resource and verb: 16 requests per 45 s (about 21 a minute),
+/// whatever the number of objects.
+pub const ACCESS_RECHECK: Duration = Duration::from_secs(45);
+
+/// What the controllers (`super::controllers`) list and watch, cluster-wide: API group,
+/// resource, and the kinds whose controllers watch it (their `custody_reconcile_failures_total`
+/// `kind` label).
+pub const WATCHED: [(&str, &str, &[&str]); 8] = [
+    (
+        "custody.dev",
+        "mcpservers",
+        &["MCPServer", "AgentAssignment", "HandleClass"],
+    ),
+    ("custody.dev", "agentassignments", &["AgentAssignment"]),
+    ("custody.dev", "handleclasses", &["HandleClass"]),
+    (
+        "custody.dev",
+        "checkpointstores",
+        &["CheckpointStore", "HandleClass"],
+    ),
+    ("", "secrets", &["MCPServer", "CheckpointStore"]),
+    ("", "configmaps", &["AgentAssignment"]),
+    ("batch", "cronjobs", &["CheckpointStore"]),
+    ("batch", "jobs", &["CheckpointStore"]),
+];
+
+/// A verb of [`WATCHED`] the API server says this ServiceAccount may not use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denied {
+    /// `list` or `watch`.
+    pub verb: &'static str,
+    /// `resource.group` (`jobs.batch`; `secrets` in the core group).
+    pub resource: String,
+    /// The kinds whose controllers watch it.
+    pub kinds: &'static [&'static str],
+    /// The authorizer's reason, when it gave one.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RBAC does not let the controller {} {} (watched by the {} controllers){}; the controller's ClusterRole must grant it (helm upgrade custody, or kubectl apply -k deploy/base)",
+            self.verb,
+            self.resource,
+            self.kinds.join(", "),
+            if self.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", self.reason)
+            }
+        )
+    }
+}
+
+/// One round of access checks: a SelfSubjectAccessReview (which any authenticated identity may
+/// create, through `system:basic-user`) for `list` and for `watch` on each resource of
+/// [`WATCHED`] in all namespaces. Returns the verbs denied, or `Err` with the first failed
+/// review's error (the round says nothing then: a failed request is not a refusal).
+///
+/// # Errors
+/// A review that could not be created.
+pub async fn check_access(client: &Client) -> Result<Vec<Denied>, kube::Error> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let api = Api::<SelfSubjectAccessReview>::all(client.clone());
+    let mut denied = Vec::new();
+    for (group, resource, kinds) in WATCHED {
+        for verb in ["list", "watch"] {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(group.to_owned()),
+                        resource: Some(resource.to_owned()),
+                        verb: Some(verb.to_owned()),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SelfSubjectAccessReviewSpec::default()
+                },
+                ..SelfSubjectAccessReview::default()
+            };
+            let status = api
+                .create(&kube::api::PostParams::default(), &review)
+                .await?
+                .status
+                .unwrap_or_default();
+            if !status.allowed {
+                denied.push(Denied {
+                    verb,
+                    resource: if group.is_empty() {
+                        resource.to_owned()
+                    } else {
+                        format!("{resource}.{group}")
+                    },
+                    kinds,
+                    reason: status.reason.unwrap_or_default(),
+                });
+            }
+        }
+    }
+    Ok(denied)
+}
+
+/// What a check (of the CRDs, or of RBAC: [`check_access`]) found against the one before it,
+/// for the log.
 #[derive(Debug, PartialEq, Eq)]
 pub enum CrdChange {
     /// The same problems as before, or still none: nothing to log.
@@ -59,12 +169,20 @@ struct State {
     crds: Option<Vec<String>>,
     /// The last watch error of each controller (by kind): when, and what.
     watches: BTreeMap<&'static str, (Instant, String)>,
+    /// What the last round of [`check_access`] found denied.
+    access: Vec<String>,
 }
 
 impl Readiness {
     /// Records the outcome of a check of the CRDs (empty: they are the ones served).
     pub fn set_crd_problems(&self, problems: Vec<String>) {
         self.state.lock().expect("not poisoned").crds = Some(problems);
+    }
+
+    /// Records what the last round of [`check_access`] found denied (empty: nothing, or this
+    /// replica no longer leads).
+    pub fn set_access_problems(&self, problems: Vec<String>) {
+        self.state.lock().expect("not poisoned").access = problems;
     }
 
     /// Records a failed watch or list of the controller of `kind` (`reason` is its metric label).
@@ -79,8 +197,8 @@ impl Readiness {
     /// `Ok(())` when ready, else `Err(why)` for `/readyz`'s body.
     ///
     /// # Errors
-    /// The startup check has not finished or found problems, or a watch failed within
-    /// [`WATCH_ERROR_WINDOW`].
+    /// The startup check has not finished or found problems, the last [`check_access`] found a
+    /// verb denied, or a watch failed within [`WATCH_ERROR_WINDOW`].
     pub fn check(&self) -> Result<(), String> {
         let state = self.state.lock().expect("not poisoned");
         match &state.crds {
@@ -100,6 +218,7 @@ impl Readiness {
                     at.elapsed().as_secs()
                 )
             })
+            .chain(state.access.iter().cloned())
             .collect();
         if failing.is_empty() {
             Ok(())
