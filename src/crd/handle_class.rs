@@ -295,7 +295,8 @@ pub struct StructuredMatch {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HandleClassStatus {
-    /// `Valid`, `ProbeReadOnly`, `Ready` (`True` exactly when `Valid` is) and
+    /// `Valid`, `ProbeReadOnly`, `Ready` (`True` exactly when `Valid` is, but `False`,
+    /// `ReconcileForbidden`, while RBAC refuses an API call of its reconcile) and
     /// `DeclaredTtlPlausible` (the declared TTL agrees with the lifetimes sweeps observed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
