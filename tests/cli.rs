@@ -587,36 +587,40 @@ fn apply_on_an_observing_store_says_so() {
     );
 }
 
+/// A CheckpointStore `name` on the SQLite database [`support::sqlite_basket_dir`] wrote into
+/// `dir`, with `extra` merged into its spec.
+fn basket_db_store(dir: &Path, name: &str, extra: serde_json::Value) -> serde_json::Value {
+    use support::fixtures::{merged, object, store_spec};
+    let db = dir.join("checkpoints.sqlite");
+    object(
+        "CheckpointStore",
+        name,
+        merged(
+            store_spec("sqlite", &format!("sqlite://{}", db.display())),
+            extra,
+        ),
+    )
+}
+
 /// Warnings about the input come before the table they qualify, with stdout and stderr in one
 /// pipe as in a terminal: `--apply` on an observing store (stderr), then the store's name and
 /// what its resources alone show (no HandleClass selected), then the rows; a finding of the scan
 /// (`principalKey` on no thread) after them, as it is known only once every row is out.
 #[test]
 fn warnings_about_the_input_come_before_the_table() {
-    use support::fixtures::{merged, object, store_spec, write_resources};
+    use support::fixtures::write_resources;
     let server = support::BasketServer::start(&[]);
     let (dir, _) = support::sqlite_basket_dir(&server.url());
-    let db = dir.path().join("checkpoints.sqlite");
     write_resources(
         dir.path(),
         "store.yaml",
         &[
-            object(
-                "CheckpointStore",
+            basket_db_store(
+                dir.path(),
                 "orders",
-                merged(
-                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
-                    json!({"handleClassSelector": {"matchLabels": {"team": "nobody"}}}),
-                ),
+                json!({"handleClassSelector": {"matchLabels": {"team": "nobody"}}}),
             ),
-            object(
-                "CheckpointStore",
-                "others",
-                merged(
-                    store_spec("sqlite", &format!("sqlite://{}", db.display())),
-                    json!({"principalKey": "tenant"}),
-                ),
-            ),
+            basket_db_store(dir.path(), "others", json!({"principalKey": "tenant"})),
         ],
     );
     let out = std::process::Command::new("sh")
@@ -671,20 +675,16 @@ fn warnings_about_the_input_come_before_the_table() {
 /// more threads are ok), and says so per thread only at DEBUG.
 #[test]
 fn a_no_op_apply_logs_one_line() {
-    use support::fixtures::{acting_basket_class, merged, object, store_spec, write_resources};
+    use support::fixtures::{acting_basket_class, object, write_resources};
     let server = support::BasketServer::start(&[]);
     let (dir, _) = support::sqlite_basket_dir(&server.url());
-    let db = dir.path().join("checkpoints.sqlite");
     write_resources(
         dir.path(),
         "store.yaml",
-        &[object(
-            "CheckpointStore",
+        &[basket_db_store(
+            dir.path(),
             "orders",
-            merged(
-                store_spec("sqlite", &format!("sqlite://{}", db.display())),
-                json!({"mode": "act"}),
-            ),
+            json!({"mode": "act"}),
         )],
     );
     write_resources(
