@@ -1893,7 +1893,8 @@ fn status_patches(infra: &Suite, ns: &str, plural: &str, name: &str) -> Vec<i64>
 }
 
 /// F8: a status write the API server keeps refusing (an installed CRD older than the controller:
-/// its schema types `status.observedGeneration` as a string; HTTP 500) backs off per object
+/// its schema types `status.observedGeneration` as a string; HTTP 422, or 500 for other schema
+/// mismatches) backs off per object
 /// (15 s, 30 s, 60 s, … up to 5 min) instead of retrying at every reconcile, and is logged at
 /// WARN once per back-off step; the metric counts every refusal. Once the CRD is right the
 /// status is written at the next step.
