@@ -891,6 +891,7 @@ mod tests {
             protocol_version: Some("2025-11-25".into()),
             connect_ms: Some(1),
             error: None,
+            tools_error: None,
             conformance,
             conforming_tools: conforming.iter().map(|t| (*t).to_owned()).collect(),
         }

@@ -145,8 +145,49 @@ const DEFAULT_LOG: &str = "warn,custody=info,rmcp=off,kube_client::client::build
                            rustls_platform_verifier=off,kube_runtime::watcher=error,\
                            kube_lease_manager=off";
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// How log lines look on stderr. A person runs local mode at a terminal, as cargo or kubectl:
+/// `warning: <sentence>`, no time, no module path. The controller and a sweep of the cluster
+/// (`--store`, the CronJob's Pod) are read through `kubectl logs` and log collectors: time,
+/// level, module and fields, as tracing-subscriber writes them.
+#[derive(Clone, Copy)]
+enum LogStyle {
+    Person,
+    Service,
+}
+
+/// `level: message k=v…` for [`LogStyle::Person`]; DEBUG and TRACE lines keep their module,
+/// which is what someone who asked for them (`RUST_LOG=debug`) is looking for.
+struct PersonFormat;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for PersonFormat
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let meta = event.metadata();
+        match *meta.level() {
+            tracing::Level::ERROR => write!(writer, "error: ")?,
+            tracing::Level::WARN => write!(writer, "warning: ")?,
+            tracing::Level::INFO => write!(writer, "info: ")?,
+            level => write!(
+                writer,
+                "{}: {}: ",
+                level.as_str().to_lowercase(),
+                meta.target()
+            )?,
+        }
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
+}
+
+fn init_logs(style: LogStyle) {
     // Whatever RUST_LOG says: sqlx logs an unrecognized connect parameter's value at WARN, and
     // that value may be a password (`sslpassword=…`, a mis-cased `PassWord=…`).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -156,15 +197,27 @@ async fn main() -> ExitCode {
                 .parse()
                 .expect("a valid directive"),
         );
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match style {
+        LogStyle::Person => logs.event_format(PersonFormat).init(),
+        LogStyle::Service => logs.init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs(match &cli.command {
+        Command::Controller(_) => LogStyle::Service,
+        Command::Sweep(a) if a.store.is_some() => LogStyle::Service,
+        Command::Crd | Command::Sweep(_) | Command::Discover(_) => LogStyle::Person,
+    });
     // Test builds only: FAILPOINTS=act::<step>=return stops the sweeper at that step.
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
-    let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         // `custody discover | head`: the reader is gone, which is not custody's failure. Only a
@@ -309,25 +362,6 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         out.begin_store(&target.store, custody::sweep::input_warnings(target));
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(f) => {
-                if cluster.is_none() && applies && target.mode == custody::crd::StoreMode::Act {
-                    // One line for the store; LogSink logs each thread left as it is at DEBUG.
-                    let counts: Vec<String> = f
-                        .summary
-                        .actions
-                        .iter()
-                        .map(|(kind, n)| format!("{n} {kind}"))
-                        .collect();
-                    tracing::info!(
-                        store = %target.store,
-                        "acting sweep done: {} ({} parked threads)",
-                        if counts.is_empty() {
-                            "nothing to act on".to_owned()
-                        } else {
-                            counts.join(", ")
-                        },
-                        f.summary.parked_threads
-                    );
-                }
                 if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
                     events.gone_not_acted_on(&f.summary, "spec.mode is observe");
                 } else if cluster.is_some() && !applies {

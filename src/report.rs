@@ -76,9 +76,8 @@ impl Spool {
             Ok(file) => Self::File(std::io::BufWriter::new(file)),
             Err(e) => {
                 tracing::warn!(
-                    dir = %std::env::temp_dir().display(),
-                    error = %e,
-                    "cannot create a temporary file (TMPDIR); the skipped threads of -o json are kept in memory"
+                    "cannot create a temporary file in {} (TMPDIR): {e}; the skipped threads of -o json are kept in memory",
+                    std::env::temp_dir().display()
                 );
                 Self::Memory(Vec::new())
             }
@@ -251,6 +250,7 @@ impl<W: Write + Send> SweepWriter<W> {
                         field(out, json, "servers", false, &r.servers)?;
                         field(out, json, "summary", false, &r.summary)?;
                         field(out, json, "lifetimes", false, &r.lifetimes)?;
+                        field(out, json, "acting", false, &r.acting)?;
                     }
                     Err(e) => field(out, json, "error", false, e)?,
                 }
@@ -515,7 +515,7 @@ fn write_end(out: &mut dyn Write, r: &Report, rows: u64, early: &[String]) -> st
     let s = &r.summary;
     writeln!(
         out,
-        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}{}, {} parked too recently; {} ms",
+        "{} parked threads, {} handles: {} ok, {} gone, {} absent, {} unknown; {} probes{}; {} skipped{}{}, {} parked too recently{}; {} ms",
         s.parked_threads,
         rows,
         s.ok,
@@ -528,12 +528,39 @@ fn write_end(out: &mut dyn Write, r: &Report, rows: u64, early: &[String]) -> st
         by_reason(&s.skipped_by_reason, ""),
         not_applicable(&s.not_applicable),
         r.too_recent,
+        acted(r.acting, &s.actions),
         s.duration_ms
     )?;
     for l in &r.lifetimes {
         write_lifetime(out, l)?;
     }
     Ok(())
+}
+
+/// The summary line's part for what the sweep did: `; actions: 2 escalated, 3 skipped` (or
+/// `none`) when it acted, `; no actions: …` when another process held the act lock,
+/// nothing when it only planned (the rows say `planned: …`). Local mode logs no line per write:
+/// the rows and this are the record.
+fn acted(
+    acting: crate::sweep::Acting,
+    actions: &std::collections::BTreeMap<String, u64>,
+) -> String {
+    use crate::sweep::Acting;
+    match acting {
+        Acting::Planned => String::new(),
+        Acting::LockHeldElsewhere => {
+            "; no actions: another custody process holds the act lock".to_owned()
+        }
+        Acting::Acted if actions.is_empty() => "; actions: none".to_owned(),
+        Acting::Acted => format!(
+            "; actions: {}",
+            actions
+                .iter()
+                .map(|(kind, n)| format!("{n} {kind}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }
 
 /// One line per class a probe answered for: its observed lifetime.
@@ -769,10 +796,17 @@ pub fn write_discovery(
                 tw.flush()?;
             }
         }
+        // A health check that failed as discovery did says so, not the cause a second time.
+        let reason = match d.catalog {
+            Err(e) if !d.health.healthy && e.explained() == d.health.reason => {
+                "as discovery failed"
+            }
+            _ => &d.health.reason,
+        };
         writeln!(
             out,
-            "  health: {health} ({}, {} ms)",
-            d.health.reason, d.health.latency_ms
+            "  health: {health} ({reason}, {} ms)",
+            d.health.latency_ms
         )?;
         writeln!(out)?;
     }
@@ -837,6 +871,7 @@ mod tests {
                 ..Default::default()
             },
             lifetimes: Vec::new(),
+            acting: crate::sweep::Acting::Planned,
         }
     }
 
@@ -933,7 +968,7 @@ mod tests {
         }
         let f = finished("ns/a");
         let expected = format!(
-            "{{\n  \"stores\": [\n    {{\n      \"store\": \"ns/a\",\n      \"rows\": [\n        {},\n        {}\n      ],\n      \"skipped\": [\n        {}\n      ],\n      \"settled\": [],\n      \"audit\": null,\n      \"too_recent\": 0,\n      \"warnings\": {},\n      \"servers\": [],\n      \"summary\": {},\n      \"lifetimes\": []\n    }},\n    {{\n      \"store\": \"ns/b\",\n      \"rows\": [\n        {}\n      ],\n      \"skipped\": [],\n      \"error\": \"store ns/b: \\\"quoted\\\"\"\n    }}\n  ],\n  \"errors\": [\n    \"store ns/b: \\\"quoted\\\"\"\n  ]\n}}\n",
+            "{{\n  \"stores\": [\n    {{\n      \"store\": \"ns/a\",\n      \"rows\": [\n        {},\n        {}\n      ],\n      \"skipped\": [\n        {}\n      ],\n      \"settled\": [],\n      \"audit\": null,\n      \"too_recent\": 0,\n      \"warnings\": {},\n      \"servers\": [],\n      \"summary\": {},\n      \"lifetimes\": [],\n      \"acting\": \"planned\"\n    }},\n    {{\n      \"store\": \"ns/b\",\n      \"rows\": [\n        {}\n      ],\n      \"skipped\": [],\n      \"error\": \"store ns/b: \\\"quoted\\\"\"\n    }}\n  ],\n  \"errors\": [\n    \"store ns/b: \\\"quoted\\\"\"\n  ]\n}}\n",
             line(&row("t1")),
             line(&row("t2")),
             line(&skipped),

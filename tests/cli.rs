@@ -670,11 +670,12 @@ fn warnings_about_the_input_come_before_the_table() {
     assert_eq!(text.matches("no HandleClass applies").count(), 1, "{text}");
 }
 
-/// A `--apply` with nothing to do logs one line at the default level, not one per thread: the
-/// second sweep of an escalating store finds its gone and absent threads already escalated (three
-/// more threads are ok), and says so per thread only at DEBUG.
+/// Local mode logs no line per write at the default level: the table's ACTION column and its
+/// summary line (`actions: 3 escalated`) are the record. The second sweep of an escalating
+/// store finds its gone and absent threads already escalated (three more threads are ok), and
+/// says so per thread only at DEBUG, in lines that name their module, as asked for.
 #[test]
-fn a_no_op_apply_logs_one_line() {
+fn an_apply_says_its_actions_in_the_table_not_in_log_lines() {
     use support::fixtures::{acting_basket_class, object, write_resources};
     let server = support::BasketServer::start(&[]);
     let (dir, _) = support::sqlite_basket_dir(&server.url());
@@ -706,21 +707,25 @@ fn a_no_op_apply_logs_one_line() {
         let out = command.output().unwrap();
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert!(out.status.success(), "{stderr}");
-        stderr
+        (String::from_utf8(out.stdout).unwrap(), stderr)
     };
-    // The first sweep writes: a line per escalated thread.
-    let first = apply(None);
-    assert_eq!(first.matches("custody acted").count(), 3, "{first}");
-    let second = apply(None);
-    assert_eq!(second.lines().count(), 1, "{second}");
+    let (first, stderr) = apply(None);
+    assert_eq!(stderr, "");
+    assert_eq!(first.matches("  escalated  ").count(), 3, "{first}");
+    assert!(first.contains("; actions: 3 escalated;"), "{first}");
+    let (second, stderr) = apply(None);
+    assert_eq!(stderr, "");
+    assert!(second.contains("; actions: 3 skipped;"), "{second}");
+    let (_, debug) = apply(Some("custody=debug"));
+    let skipped: Vec<&str> = debug
+        .lines()
+        .filter(|l| l.contains("outcome=skipped: already escalated"))
+        .collect();
+    assert_eq!(skipped.len(), 3, "{debug}");
     assert!(
-        second.contains("acting sweep done: 3 skipped (6 parked threads)"),
-        "{second}"
-    );
-    let debug = apply(Some("custody=debug"));
-    assert_eq!(
-        debug.matches("custody left the thread as it is").count(),
-        3,
+        skipped
+            .iter()
+            .all(|l| l.starts_with("debug: custody::sweep::sink: action ")),
         "{debug}"
     );
 }
@@ -897,4 +902,32 @@ fn a_missing_sqlite_file_is_named_with_its_path() {
         "{stderr}"
     );
     assert!(!stderr.contains("code: 14"), "{stderr}");
+}
+
+/// `discover` of a server that cannot be reached says the cause once: its health check fails as
+/// discovery did, and says that rather than the cause again.
+#[test]
+fn discover_says_an_unreachable_servers_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    support::fixtures::write_resources(
+        dir.path(),
+        "server.yaml",
+        &[support::fixtures::object(
+            "MCPServer",
+            "basket",
+            json!({"url": support::NOWHERE}),
+        )],
+    );
+    let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.matches("connection refused").count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("  health: unhealthy (as discovery failed, "),
+        "{stdout}"
+    );
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap().trim(),
+        "error: discovery failed for basket"
+    );
 }

@@ -628,11 +628,16 @@ fn connect_failures_say_what_happened() {
             !stdout.contains("Send message error") && !stdout.contains("error sending request"),
             "{url}: rmcp's text:\n{stdout}"
         );
-        // Both eras failed alike (mode: auto): the cause is said once, not per era.
+        // Both eras failed alike (mode: auto): the cause is said once, not per era, and the
+        // health check that failed alike says so rather than the cause again.
         assert_eq!(
             stdout.matches(&says).count(),
-            2,
+            1,
             "discovery and health: {stdout}"
+        );
+        assert!(
+            stdout.contains("  health: unhealthy (as discovery failed, "),
+            "{stdout}"
         );
         assert!(
             !stderr.contains("reqwest::Error {"),

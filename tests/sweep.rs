@@ -104,18 +104,40 @@ fn server_down_is_unknown_never_gone() {
     let (dir, manifest) = support::sqlite_basket_dir(&server.url());
     server.stop();
 
-    let report = support::sweep_json(dir.path());
+    let out = support::custody(&[
+        "sweep",
+        "--dry-run",
+        "-f",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    // Not logged besides: the report's warning is the one place that says it whole.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("connection refused"), "{stderr}");
+    let report = support::sweep_report(&out);
     let got = support::verdicts(&report);
+    // Each row says it in brief; the cause with its address is said once, in the warnings.
     for probed in ["t-live", "t-expired", "t-updated"] {
         assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
-        assert!(
-            got[probed]
-                .1
-                .starts_with("probe failed: server basket: connect failed"),
-            "{:?}",
-            got[probed]
+        assert_eq!(
+            got[probed].1, "probe failed: server basket unreachable: connection refused",
+            "{probed}"
         );
     }
+    let warnings = report["stores"][0]["warnings"].as_array().unwrap();
+    let said: Vec<&str> = warnings
+        .iter()
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.contains("connection refused to 127.0.0.1:"))
+        .collect();
+    assert_eq!(said.len(), 1, "{warnings:?}");
+    assert!(
+        said[0].starts_with(
+            "server basket could not be reached: connect failed: connection refused to 127.0.0.1:"
+        ),
+        "{said:?}"
+    );
     // What needs no round trip is still decided.
     assert_eq!(got["t-other-principal"].0, "gone");
     assert_eq!(got["t-ttl"].0, "ok");

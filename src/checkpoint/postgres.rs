@@ -335,9 +335,8 @@ impl Reader {
             Ok(Some(v)) if v >= REQUIRED_MIGRATION => {
                 if v > KNOWN_MIGRATION {
                     tracing::warn!(
-                        migration = v,
-                        known = KNOWN_MIGRATION,
-                        "checkpoint schema is newer than custody knows; reading anyway"
+                        "{shown}: LangGraph's checkpoint schema is at migration {v}, newer than \
+                         the {KNOWN_MIGRATION} custody knows; reading it anyway"
                     );
                 }
                 let plan = detect_plan(&pool).await.map_err(StoreError::Query)?;

@@ -220,7 +220,9 @@ pub(crate) async fn claim(
             .fetch_all(&mut **lite)
             .await?;
             for gone in holders.iter().filter(|t| holder_is_gone(database, t)) {
-                tracing::info!(token = %gone, "taking over audit records claimed by a sweeper that is gone");
+                tracing::info!(
+                    "taking over the audit records claimed by sweeper {gone}, which is gone"
+                );
                 sqlx::query(
                     "UPDATE custody_audit SET claimed_by = NULL, claimed_until = NULL
                      WHERE claimed_by = ?1 AND status = 'pending'",

@@ -31,6 +31,21 @@ pub const CONNECT: &str = "connect";
 /// Every category [`of_connect`] returns, for metric label sets.
 pub const CONNECT_CAUSES: [&str; 7] = [AUTH, REFUSED, TLS, TIMEOUT, PROTOCOL, TRANSPORT, CONNECT];
 
+/// A failure of `category` in a few words, for a line that a fuller message accompanies
+/// elsewhere (a sweep's row, whose server the sweep's warnings describe in full).
+pub fn in_brief(category: &str) -> &'static str {
+    match category {
+        AUTH => "credentials refused (HTTP 401 or 403)",
+        REFUSED => "connection refused",
+        TLS => "TLS handshake failed",
+        TIMEOUT => "timed out",
+        PROTOCOL => "its reply is not the MCP reply expected",
+        TRANSPORT => "it answered an HTTP error status",
+        CONNECT => "could not connect",
+        _ => "failed",
+    }
+}
+
 /// `message` led by what its category means for a person, for the category whose text alone
 /// may not say it (an answered 401 or 403 names only the status). A refused connection,
 /// a failed TLS handshake and a name that does not resolve already say so ([`describe`]).

@@ -214,9 +214,12 @@ pub async fn tool_inputs(
     conn: &Connection,
     cfg: &ServerConfig,
 ) -> Result<HashMap<String, Offered>, super::Unreachable> {
-    let failed = |e: DiscoveryError| super::Unreachable {
-        category: e.probe_category(),
-        reason: e.to_string(),
+    let failed = |e: DiscoveryError| {
+        super::Unreachable::of(
+            &format!("server {}'s tools/list failed", cfg.name),
+            e.probe_category(),
+            e.to_string(),
+        )
     };
     let listed = tokio::time::timeout(cfg.timeout, list_all(conn, cfg, DEFAULT_PAGE_CAP))
         .await
@@ -228,10 +231,11 @@ pub async fn tool_inputs(
         })?
         .map_err(failed)?;
     if let Some(why) = listed.incomplete {
-        return Err(super::Unreachable {
-            reason: format!("server {}: {why}", cfg.name),
-            category: "protocol",
-        });
+        return Err(super::Unreachable::of(
+            &format!("server {}'s tools/list failed", cfg.name),
+            "protocol",
+            format!("server {}: {why}", cfg.name),
+        ));
     }
     // The same listing gives the connection its tools' output schemas, so checking results
     // against them lists nothing again.

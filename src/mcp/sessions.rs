@@ -23,6 +23,32 @@ pub struct Unreachable {
     pub reason: String,
     /// [`super::McpError::category`] of the connect error, for metric labels.
     pub category: &'static str,
+    /// What a row says of it: the server and the category in a few words (`server basket could
+    /// unreachable: connection refused`), since every probe of the server fails alike and
+    /// the sweep says [`Self::reason`] once, in its warnings ([`ServerContact::warning`]). A
+    /// `config` failure, which is the class's own (a tool not offered), is its reason whole.
+    pub short: String,
+}
+
+impl Unreachable {
+    /// A failure of a class's own configuration: `short` is `reason`.
+    fn config(reason: String) -> Self {
+        Self {
+            short: reason.clone(),
+            reason,
+            category: "config",
+        }
+    }
+
+    /// Contacting a server failed: `what` names the server and the step (`server basket
+    /// unreachable`, `server basket's tools/list failed`).
+    pub(super) fn of(what: &str, category: &'static str, reason: String) -> Self {
+        Self {
+            short: format!("{what}: {}", super::cause::in_brief(category)),
+            reason,
+            category,
+        }
+    }
 }
 
 /// How contacting one server went, for a sweep's report.
@@ -36,6 +62,10 @@ pub struct ServerContact {
     pub connect_ms: Option<u64>,
     /// Why connecting failed.
     pub error: Option<String>,
+    /// Why its `tools/list` failed, when it was connected and a probe needed the list (the
+    /// probes of this sweep that went to it are `unknown`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools_error: Option<String>,
     /// What the server answered this sweep in a way the specification does not allow but
     /// custody could use ([`super::conformance`]): a notification answered with another 2xx
     /// than 202, a result that does not match its tool's `outputSchema`.
@@ -45,6 +75,30 @@ pub struct ServerContact {
     /// ([`crate::cluster::merge_deviations`]). Not part of the report.
     #[serde(skip)]
     pub conforming_tools: Vec<String>,
+}
+
+impl ServerContact {
+    /// What the sweep's report says of a server it could not use, once (its rows say it in
+    /// brief, [`Unreachable::short`]): `server basket could not be reached: <the cause>; …`.
+    /// `None` when contacting it went well.
+    pub fn warning(&self) -> Option<String> {
+        let server = &self.server;
+        // The errors' own text leads with `server NAME: `, which this sentence already says.
+        let prefix = format!("server {server}: ");
+        let cause = |e: &'_ String| e.strip_prefix(&prefix).unwrap_or(e).to_owned();
+        if let Some(e) = &self.error {
+            return Some(format!(
+                "server {server} could not be reached: {}; every probe and call to it this sweep failed (its handles are unknown)",
+                cause(e)
+            ));
+        }
+        self.tools_error.as_ref().map(|e| {
+            format!(
+                "server {server}'s tools/list failed: {}; its probes this sweep could not be checked against it, so its handles are unknown",
+                cause(e)
+            )
+        })
+    }
 }
 
 struct Slot<'c> {
@@ -82,11 +136,9 @@ impl<'c> Sessions<'c> {
     /// [`Unreachable`] when connecting failed (now or earlier in the sweep), or when `server` is
     /// not one of the servers given to [`Sessions::new`] (category `config`).
     pub async fn get(&self, server: &str) -> Result<&Connection, &Unreachable> {
-        static UNKNOWN: std::sync::LazyLock<Unreachable> =
-            std::sync::LazyLock::new(|| Unreachable {
-                reason: "not one of this sweep's servers".into(),
-                category: "config",
-            });
+        static UNKNOWN: std::sync::LazyLock<Unreachable> = std::sync::LazyLock::new(|| {
+            Unreachable::config("not one of this sweep's servers".into())
+        });
         let Some(slot) = self.by_name.get(server) else {
             return Err(&UNKNOWN);
         };
@@ -117,18 +169,9 @@ impl<'c> Sessions<'c> {
         let slot = &self.by_name[server];
         let listed = slot
             .tools
-            .get_or_init(|| async {
-                let listed = super::discovery::tool_inputs(conn, slot.config).await;
-                if let Err(e) = &listed {
-                    tracing::warn!(server = %server, error = %e.reason, "cannot list the server's tools; its probes this sweep are unknown");
-                }
-                listed
-            })
+            .get_or_init(|| super::discovery::tool_inputs(conn, slot.config))
             .await;
-        let config = |reason: String| Unreachable {
-            reason,
-            category: "config",
-        };
+        let config = Unreachable::config;
         match listed {
             Ok(tools) => match tools.get(tool) {
                 None => Err(config(format!(
@@ -155,7 +198,7 @@ impl<'c> Sessions<'c> {
                     "cannot tell whether server {server} offers tool {tool}: {}",
                     e.reason
                 ),
-                category: e.category,
+                ..e.clone()
             }),
         }
     }
@@ -168,6 +211,11 @@ impl<'c> Sessions<'c> {
             let Some(session) = slot.session.into_inner() else {
                 continue;
             };
+            let tools_error = slot
+                .tools
+                .into_inner()
+                .and_then(|t| t.err())
+                .map(|u| u.reason);
             contacts.push(match session {
                 Ok(conn) => {
                     let contact = ServerContact {
@@ -175,6 +223,7 @@ impl<'c> Sessions<'c> {
                         protocol_version: conn.protocol_version(),
                         connect_ms: Some(conn.connect_latency.as_millis() as u64),
                         error: None,
+                        tools_error,
                         conformance: conn.conformance(),
                         conforming_tools: conn.conforming_tools(),
                     };
@@ -186,6 +235,7 @@ impl<'c> Sessions<'c> {
                     protocol_version: None,
                     connect_ms: None,
                     error: Some(u.reason),
+                    tools_error: None,
                     conformance: Vec::new(),
                     conforming_tools: Vec::new(),
                 },
@@ -198,13 +248,13 @@ impl<'c> Sessions<'c> {
 
 async fn connect(server: &ServerConfig) -> Result<Connection, Unreachable> {
     match Connection::connect(server).await {
-        Err(e) => {
-            tracing::warn!(server = %server.name, error = %e, "cannot use server; its calls this sweep fail");
-            Err(Unreachable {
-                reason: super::cause::explained(e.category(), &e.to_string()),
-                category: e.category(),
-            })
-        }
+        // Not logged: the sweep's report says it once, in its warnings (ServerContact::warning),
+        // and each row that needed the server says it in brief.
+        Err(e) => Err(Unreachable::of(
+            &format!("server {} unreachable", server.name),
+            e.category(),
+            super::cause::explained(e.category(), &e.to_string()),
+        )),
         Ok(conn) => {
             tracing::debug!(server = %server.name, protocol = ?conn.protocol_version(), "connected");
             Ok(conn)

@@ -198,7 +198,8 @@ impl Settler<'_> {
             let (status, resolution, outcome, server_id, detail) = match settlement {
                 Settlement::Pending { error } => {
                     store::release(&mut tx, token, record.id).await?;
-                    tracing::warn!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
+                    // The report prints the record with this outcome and error.
+                    tracing::debug!(store, id = record.id, thread_id = %record.thread_id, server = %record.server, tool = %record.tool, error = %error, "audit record left pending");
                     entries.push(entry(record, AuditOutcome::Error, None, error));
                     continue;
                 }

@@ -113,6 +113,24 @@ pub struct Report {
     /// Per HandleClass whose handles a probe answered for: the observed lifetime
     /// ([`lifetime`]).
     pub lifetimes: Vec<lifetime::ClassLifetime>,
+    /// Whether this sweep acted on its verdicts.
+    pub acting: Acting,
+}
+
+/// Whether a sweep acted on its verdicts ([`Report::acting`]; JSON: `"acting": "planned"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Acting {
+    /// It only planned: a dry run, a store whose `mode` is `observe`, or local mode without
+    /// `--apply`. Rows say `planned: …`.
+    #[default]
+    Planned,
+    /// It held the store's act lock (of its shard) and acted.
+    Acted,
+    /// It was to act, but another custody process held the act lock of the store (of its
+    /// shard) and is acting on it: this sweep took no action (each row's action `skipped`) and
+    /// settled no ledger entry; its verdicts and audit settlements stand.
+    LockHeldElsewhere,
 }
 
 /// What the caller allows a sweep to do.
@@ -397,7 +415,8 @@ pub async fn run_with(
             Ok(None) => break Ok(()),
             Ok(Some(Scanned::Skipped(s))) => {
                 read += 1;
-                tracing::warn!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, channel = ?s.channel, kind = s.kind.as_str(), reason = %s.reason, "skipping thread");
+                // The report prints it (`skipped …`), with the same facts.
+                tracing::debug!(thread_id = %s.thread_id, checkpoint_id = %s.checkpoint_id, channel = ?s.channel, kind = s.kind.as_str(), reason = %s.reason, "skipping thread");
                 sweep.summary.skipped_threads += 1;
                 *sweep
                     .summary
@@ -445,6 +464,11 @@ pub async fn run_with(
     } else {
         Vec::new()
     };
+    let acting = match &actor {
+        None => Acting::Planned,
+        Some(a) if a.holds_lock() => Acting::Acted,
+        Some(_) => Acting::LockHeldElsewhere,
+    };
     if let Some(a) = actor {
         a.close().await;
     }
@@ -467,6 +491,16 @@ pub async fn run_with(
     summary.skipped_classes.sort_unstable();
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut warnings = input_warnings(target);
+    if acting == Acting::LockHeldElsewhere {
+        warnings.push(format!(
+            "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped); that process acts on it",
+            if options.shard.is_all() {
+                String::new()
+            } else {
+                format!(" (shard {})", options.shard)
+            }
+        ));
+    }
     warnings.extend(scan_warnings(
         target,
         summary.parked_threads,
@@ -476,6 +510,7 @@ pub async fn run_with(
     // Not logged as well: the report prints them (the table's `warning:` lines, JSON's
     // `warnings`), and a log line would say each one twice.
     warnings.append(&mut lifetime_warnings);
+    warnings.extend(servers.iter().filter_map(ServerContact::warning));
     Ok(Report {
         store: target.store.clone(),
         rows: Vec::new(),
@@ -487,6 +522,7 @@ pub async fn run_with(
         servers,
         summary,
         lifetimes,
+        acting,
     })
 }
 
@@ -917,7 +953,7 @@ async fn probe(
             {
                 Err(u) => (
                     p,
-                    ProbeOutcome::Failed(u.reason),
+                    ProbeOutcome::Failed(u.short),
                     Some(u.category),
                     Instant::now(),
                 ),

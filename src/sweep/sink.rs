@@ -2,7 +2,7 @@
 //! Local mode logs them ([`LogSink`]); the controller turns them into Kubernetes Events and
 //! metrics (`cluster::CollectingSink`).
 
-use super::act::{Outcome, RowAction};
+use super::act::RowAction;
 use super::audit::AuditEvent;
 use crate::domain::audit::AuditOutcome;
 
@@ -29,33 +29,45 @@ pub trait ActionSink: Send + Sync {
 
     /// Called once per audit record a sweep handled (see [`crate::sweep::audit`]); label:
     /// [`crate::domain::audit::AuditOutcome::as_str`]. An `unknown` record is an escalation: a person
-    /// must find out whether the write landed. The default logs one line (a warning for
-    /// `unknown` and `error`).
+    /// must find out whether the write landed. The default logs that at WARN as a sentence, and
+    /// the others at DEBUG: the sweep's report lists every record with its outcome.
     fn audit(&self, e: &AuditEvent<'_>) {
         let r = e.entry;
-        if matches!(r.outcome, AuditOutcome::Unknown | AuditOutcome::Error) {
-            tracing::warn!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), detail = %r.detail, "audit record");
+        if r.outcome == AuditOutcome::Unknown {
+            tracing::warn!(
+                "store {}: audit record {} (thread {}, {} on server {}) is unknown: {}",
+                e.store,
+                r.id,
+                r.thread_id,
+                r.tool,
+                r.server,
+                r.detail
+            );
         } else {
-            tracing::info!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), server_id = ?r.server_id, detail = %r.detail, "audit record settled");
+            tracing::debug!(store = e.store, id = r.id, thread_id = %r.thread_id, server = %r.server, tool = %r.tool, outcome = r.outcome.as_str(), server_id = ?r.server_id, detail = %r.detail, "audit record handled");
         }
     }
 }
 
-/// Logs each action as one line on stderr: a write at INFO, one that failed at WARN, and one
-/// that wrote nothing (`skipped`: already escalated, no `verdictPath`, the thread moved) at
-/// DEBUG, since a store whose threads need nothing would otherwise log a line per thread at
-/// every `--apply`; the caller logs one summary line per store (the counts by outcome).
+/// Local mode's sink. The report's ACTION column is the record of every action, so a write is
+/// logged at DEBUG only; an action that failed (`error`, `failed`, an escalation instead of a
+/// re-mint) is also a `warning:` sentence on stderr, which a report redirected to a file (`-o
+/// json > out.json`) would otherwise keep from the person running the sweep.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LogSink;
 
 impl ActionSink for LogSink {
     fn record(&self, e: &ActionEvent<'_>) {
         if e.action.outcome.is_warning() {
-            tracing::warn!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
-        } else if matches!(e.action.outcome, Outcome::Skipped { .. }) {
-            tracing::debug!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody left the thread as it is");
+            tracing::warn!(
+                "store {}: thread {} ({}): {}",
+                e.store,
+                e.thread_id,
+                e.handle_class,
+                e.action
+            );
         } else {
-            tracing::info!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "custody acted");
+            tracing::debug!(store = e.store, thread_id = e.thread_id, handle_class = e.handle_class, plan = e.action.plan.as_str(), outcome = %e.action, reason = e.reason, "action");
         }
     }
 }

@@ -145,9 +145,6 @@ impl<'a> Actor<'a> {
             .await
             .map_err(|e| refused_write(&e).map_or(ActError::Ledger(e), ActError::ReadOnly))?;
         let lock = pool.try_lock(shard).await?;
-        if lock.is_none() {
-            tracing::warn!(store = %target.store, "another custody process is acting on this store; planning only");
-        }
         Ok(Self {
             target,
             sessions,
@@ -173,7 +170,8 @@ impl<'a> Actor<'a> {
     async fn lock_lost(&self) -> Option<Outcome> {
         let lock = self.lock.as_ref()?;
         let why = lock.lock().await.check().await.err()?;
-        tracing::warn!(store = %self.target.store, why = %why, "act lock lost; not acting further");
+        // Each action it stops says so in its outcome (the report's ACTION).
+        tracing::debug!(store = %self.target.store, why = %why, "act lock lost; not acting further");
         Some(error(format!(
             "stopped acting: the act lock was lost ({why}); the next sweep finishes this action"
         )))
@@ -209,7 +207,8 @@ impl<'a> Actor<'a> {
                 Action::Fail => Plan::Fail,
             };
             let (thread_id, class) = (entry.thread_id.clone(), entry.handle_class.clone());
-            tracing::info!(thread_id = %thread_id, handle_class = %class, key = %entry.key, "settling an unfinished ledger entry");
+            // The report prints each settled entry (`settled an interrupted action …`).
+            tracing::debug!(thread_id = %thread_id, handle_class = %class, key = %entry.key, "settling an unfinished ledger entry");
             let outcome = self.drive(entry, true, now).await;
             let action = RowAction { plan, outcome };
             self.sink.record(&ActionEvent {
@@ -673,7 +672,8 @@ impl<'a> Actor<'a> {
                     InterruptCarry::Recreated => "interrupt re-created".to_owned(),
                     InterruptCarry::NonePending => "no interrupt was pending".to_owned(),
                     InterruptCarry::NotReproduced(why) => {
-                        tracing::warn!(thread_id = %entry.thread_id, why = %why, "pending interrupt not re-created; the thread reads as edited");
+                        // The action's outcome says it (`interrupt not re-created: …`).
+                        tracing::debug!(thread_id = %entry.thread_id, why = %why, "pending interrupt not re-created; the thread reads as edited");
                         format!("interrupt not re-created: {why}")
                     }
                 };
