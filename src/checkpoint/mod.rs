@@ -221,20 +221,181 @@ pub enum StoreError {
     Changed(String),
 }
 
-/// A database driver's error for a person. For an error the server answered, its message and
+/// A database driver's error for a person. For an error PostgreSQL answered, its message and
 /// SQLSTATE (`database "orders" does not exist (SQLSTATE 3D000)`): sqlx appends the `line` field
 /// of PostgreSQL's error (`at line 948`), which is the line of PostgreSQL's own source that
-/// raised it, not of anything the user wrote. A reply that breaks PostgreSQL's protocol is said
+/// raised it, not of anything the user wrote. For SQLite's, its message and result code by name
+/// (`file is not a database (SQLITE_NOTADB)`): SQLite has result codes, not SQLSTATEs, and its
+/// documentation and forums know them by name. A reply that breaks PostgreSQL's protocol is said
 /// as such ([`protocol_text`]). Any other error keeps sqlx's text.
 pub fn db_text(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => match db.code() {
+            Some(code) if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                let name = code.parse().ok().and_then(sqlite_code_name);
+                match name {
+                    Some(name) => format!("{} ({name})", db.message()),
+                    None => format!("{} (SQLite result code {code})", db.message()),
+                }
+            }
             Some(code) => format!("{} (SQLSTATE {code})", db.message()),
             None => db.message().to_owned(),
         },
         sqlx::Error::Protocol(text) => protocol_text(text),
         other => other.to_string(),
     }
+}
+
+/// The name of a SQLite result code, primary or extended (sqlite.org/rescode.html, as
+/// `sqlite3.h` of SQLite 3.51, the one sqlx builds, defines them); an extended code SQLite may add later is named by
+/// its primary code (the low byte) and its number. `None` for a code SQLite does not define.
+fn sqlite_code_name(code: i32) -> Option<String> {
+    const PRIMARY: [&str; 29] = [
+        "SQLITE_OK",
+        "SQLITE_ERROR",
+        "SQLITE_INTERNAL",
+        "SQLITE_PERM",
+        "SQLITE_ABORT",
+        "SQLITE_BUSY",
+        "SQLITE_LOCKED",
+        "SQLITE_NOMEM",
+        "SQLITE_READONLY",
+        "SQLITE_INTERRUPT",
+        "SQLITE_IOERR",
+        "SQLITE_CORRUPT",
+        "SQLITE_NOTFOUND",
+        "SQLITE_FULL",
+        "SQLITE_CANTOPEN",
+        "SQLITE_PROTOCOL",
+        "SQLITE_EMPTY",
+        "SQLITE_SCHEMA",
+        "SQLITE_TOOBIG",
+        "SQLITE_CONSTRAINT",
+        "SQLITE_MISMATCH",
+        "SQLITE_MISUSE",
+        "SQLITE_NOLFS",
+        "SQLITE_AUTH",
+        "SQLITE_FORMAT",
+        "SQLITE_RANGE",
+        "SQLITE_NOTADB",
+        "SQLITE_NOTICE",
+        "SQLITE_WARNING",
+    ];
+    // Extended codes: primary | (n << 8), listed per primary code by n from 1.
+    const EXTENDED: [(i32, &[&str]); 12] = [
+        (
+            1,
+            &[
+                "MISSING_COLLSEQ",
+                "RETRY",
+                "SNAPSHOT",
+                "RESERVESIZE",
+                "KEY",
+                "UNABLE",
+            ],
+        ),
+        (4, &["", "ROLLBACK"]),
+        (5, &["RECOVERY", "SNAPSHOT", "TIMEOUT"]),
+        (6, &["SHAREDCACHE", "VTAB"]),
+        (
+            8,
+            &[
+                "RECOVERY",
+                "CANTLOCK",
+                "ROLLBACK",
+                "DBMOVED",
+                "CANTINIT",
+                "DIRECTORY",
+            ],
+        ),
+        (
+            10,
+            &[
+                "READ",
+                "SHORT_READ",
+                "WRITE",
+                "FSYNC",
+                "DIR_FSYNC",
+                "TRUNCATE",
+                "FSTAT",
+                "UNLOCK",
+                "RDLOCK",
+                "DELETE",
+                "BLOCKED",
+                "NOMEM",
+                "ACCESS",
+                "CHECKRESERVEDLOCK",
+                "LOCK",
+                "CLOSE",
+                "DIR_CLOSE",
+                "SHMOPEN",
+                "SHMSIZE",
+                "SHMLOCK",
+                "SHMMAP",
+                "SEEK",
+                "DELETE_NOENT",
+                "MMAP",
+                "GETTEMPPATH",
+                "CONVPATH",
+                "VNODE",
+                "AUTH",
+                "BEGIN_ATOMIC",
+                "COMMIT_ATOMIC",
+                "ROLLBACK_ATOMIC",
+                "DATA",
+                "CORRUPTFS",
+                "IN_PAGE",
+                "BADKEY",
+                "CODEC",
+            ],
+        ),
+        (11, &["VTAB", "SEQUENCE", "INDEX"]),
+        (
+            14,
+            &[
+                "NOTEMPDIR",
+                "ISDIR",
+                "FULLPATH",
+                "CONVPATH",
+                "DIRTYWAL",
+                "SYMLINK",
+            ],
+        ),
+        (
+            19,
+            &[
+                "CHECK",
+                "COMMITHOOK",
+                "FOREIGNKEY",
+                "FUNCTION",
+                "NOTNULL",
+                "PRIMARYKEY",
+                "TRIGGER",
+                "UNIQUE",
+                "VTAB",
+                "ROWID",
+                "PINNED",
+                "DATATYPE",
+            ],
+        ),
+        (23, &["USER"]),
+        (27, &["RECOVER_WAL", "RECOVER_ROLLBACK", "RBU"]),
+        (28, &["AUTOINDEX"]),
+    ];
+    let primary = *PRIMARY.get(usize::try_from(code & 0xff).ok()?)?;
+    let n = code >> 8;
+    if n == 0 {
+        return Some(primary.to_owned());
+    }
+    let known = EXTENDED
+        .iter()
+        .find(|(p, _)| *p == code & 0xff)
+        .and_then(|(_, names)| names.get(usize::try_from(n - 1).ok()?))
+        .filter(|name| !name.is_empty());
+    Some(match known {
+        Some(name) => format!("{primary}_{name}"),
+        None => format!("{primary}, extended result code {code}"),
+    })
 }
 
 /// sqlx's protocol error `text` without the source location sqlx appends to it
@@ -548,6 +709,44 @@ mod tests {
             text("expected SASLFinal (got Ok)"),
             "the server's reply breaks PostgreSQL's protocol: expected SASLFinal (got Ok)"
         );
+    }
+
+    /// SQLite's errors carry its result code by name; "SQLSTATE" is PostgreSQL's word.
+    #[tokio::test]
+    async fn sqlite_errors_name_their_result_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("notes.txt");
+        std::fs::write(&text, "hello, not a database\n").unwrap();
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&text)
+                    .read_only(true),
+            )
+            .await
+            .unwrap();
+        let e = sqlx::query("SELECT 1 FROM sqlite_master")
+            .fetch_optional(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(db_text(&e), "file is not a database (SQLITE_NOTADB)");
+
+        for (code, name) in [
+            (26, Some("SQLITE_NOTADB")),
+            (266, Some("SQLITE_IOERR_READ")),
+            (516, Some("SQLITE_ABORT_ROLLBACK")),
+            (526, Some("SQLITE_CANTOPEN_ISDIR")),
+            (1544, Some("SQLITE_READONLY_DIRECTORY")),
+            (3091, Some("SQLITE_CONSTRAINT_DATATYPE")),
+            (
+                10 | (99 << 8),
+                Some("SQLITE_IOERR, extended result code 25354"),
+            ),
+            (260, Some("SQLITE_ABORT, extended result code 260")),
+            (99, None),
+        ] {
+            assert_eq!(sqlite_code_name(code).as_deref(), name, "{code}");
+        }
     }
 
     #[test]
