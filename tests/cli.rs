@@ -239,7 +239,10 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
     );
     let err = sweep_fails(dir.path());
     assert!(
-        err.contains("store default/orders: cannot connect"),
+        err.contains(&format!(
+            "store default/orders: no file at {}\n",
+            missing.display()
+        )),
         "{err}"
     );
 
@@ -897,4 +900,48 @@ fn a_missing_sqlite_file_is_named_with_its_path() {
         "{stderr}"
     );
     assert!(!stderr.contains("code: 14"), "{stderr}");
+}
+
+/// A SQLite DSN naming a directory or a file that is not a SQLite database says which, with the
+/// path (SQLite's own words were "disk I/O error (SQLSTATE 266)" and "file is not a database
+/// (SQLSTATE 26)", the latter without the path); an absolute path that is not there is named
+/// without the relative-path hint.
+#[test]
+fn a_sqlite_dsn_naming_no_database_says_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let resources = dir.path().join("resources");
+    std::fs::create_dir(&resources).unwrap();
+    let folder = dir.path().join("checkpoints");
+    std::fs::create_dir(&folder).unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello, not a database\n").unwrap();
+    let missing = dir.path().join("nope.sqlite");
+    for (dsn, says) in [
+        (
+            format!("sqlite://{}", folder.display()),
+            format!(
+                "{} is a directory, not a SQLite database file",
+                folder.display()
+            ),
+        ),
+        (
+            text.display().to_string(),
+            format!(
+                "{} is not a SQLite database (its file header is not SQLite's \"SQLite format 3\")",
+                text.display()
+            ),
+        ),
+        (
+            missing.display().to_string(),
+            format!("no file at {}", missing.display()),
+        ),
+    ] {
+        support::offline_basket_resources(&resources, "sqlite", &dsn);
+        let err = sweep_fails(&resources);
+        assert_eq!(
+            err.lines().last().unwrap_or_default(),
+            format!("error: store default/orders: {says}"),
+            "{dsn}: {err}"
+        );
+    }
 }

@@ -200,6 +200,10 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A SQLite DSN names no SQLite database file (nothing there, a directory, another kind of
+    /// file); the text names the absolute path and what is there.
+    #[error("{0}")]
+    File(String),
     /// The database does not hold LangGraph checkpoint tables custody understands.
     #[error("{0}")]
     Schema(String),
@@ -396,6 +400,18 @@ fn sqlite_code_name(code: i32) -> Option<String> {
         Some(name) => format!("{primary}_{name}"),
         None => format!("{primary}, extended result code {code}"),
     })
+}
+
+/// An I/O error for a person: its text without Rust's ` (os error 111)`, the errno the text
+/// already says in words (`Connection refused`).
+pub(crate) fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(code) => text
+            .strip_suffix(&format!(" (os error {code})"))
+            .map_or_else(|| text.clone(), str::to_owned),
+        None => text,
+    }
 }
 
 /// sqlx's protocol error `text` without the source location sqlx appends to it
