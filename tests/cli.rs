@@ -45,9 +45,10 @@ fn unreachable_database_is_an_error_without_the_password() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
-    // The real cause, at once (not "pool timed out" after the pool's 10 s), and once.
+    // The real cause, at once (not "pool timed out" after the pool's 10 s), and once, without
+    // Rust's "(os error 111)".
     let want = format!(
-        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused"
+        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused\n"
     );
     assert!(err.contains(&want), "{err}");
     assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");

@@ -231,7 +231,8 @@ pub enum StoreError {
 /// raised it, not of anything the user wrote. For SQLite's, its message and result code by name
 /// (`file is not a database (SQLITE_NOTADB)`): SQLite has result codes, not SQLSTATEs, and its
 /// documentation and forums know them by name. A reply that breaks PostgreSQL's protocol is said
-/// as such ([`protocol_text`]). Any other error keeps sqlx's text.
+/// as such ([`protocol_text`]), an I/O error without Rust's errno ([`io_text`]). Any other
+/// error keeps sqlx's text.
 pub fn db_text(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => match db.code() {
@@ -246,6 +247,7 @@ pub fn db_text(e: &sqlx::Error) -> String {
             None => db.message().to_owned(),
         },
         sqlx::Error::Protocol(text) => protocol_text(text),
+        sqlx::Error::Io(e) => format!("error communicating with database: {}", io_text(e)),
         other => other.to_string(),
     }
 }
@@ -725,6 +727,19 @@ mod tests {
             text("expected SASLFinal (got Ok)"),
             "the server's reply breaks PostgreSQL's protocol: expected SASLFinal (got Ok)"
         );
+    }
+
+    /// `Connection refused`, not `Connection refused (os error 111)`: the number says nothing
+    /// more to a person.
+    #[test]
+    fn io_errors_lose_the_os_error_number() {
+        let refused = sqlx::Error::Io(std::io::Error::from_raw_os_error(111));
+        assert_eq!(
+            db_text(&refused),
+            "error communicating with database: Connection refused"
+        );
+        let made = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
+        assert_eq!(io_text(&made), "no answer within 10 s");
     }
 
     /// SQLite's errors carry its result code by name; "SQLSTATE" is PostgreSQL's word.
