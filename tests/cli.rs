@@ -946,3 +946,23 @@ fn a_sqlite_dsn_naming_no_database_says_what_is_there() {
         );
     }
 }
+
+/// A PostgreSQL DSN's `sslmode` with a value libpq does not take is named as the DSN spells it,
+/// with the values it takes, once; sqlx said "error with configuration: error with
+/// configuration: unknown value \"bogus\" for `ssl_mode`".
+#[test]
+fn a_bad_sslmode_is_named_with_the_values_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(
+        dir.path(),
+        "postgres",
+        "postgres://custody:hunter2@127.0.0.1:1/lg?sslmode=bogus",
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg?sslmode=bogus: \
+         sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full",
+        "{err}"
+    );
+}

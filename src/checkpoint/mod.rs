@@ -404,6 +404,48 @@ fn sqlite_code_name(code: i32) -> Option<String> {
     })
 }
 
+/// Why sqlx could not parse a DSN, for a person. sqlx prefixes `error with configuration: `
+/// (twice for `sslmode`, whose parse error it wraps again) and names a parameter with an unknown
+/// value by its own field (`ssl_mode`) without the values it takes; this says the parameter as
+/// the DSN spells it, with the values PostgreSQL's libpq or sqlx's SQLite driver accepts. Any
+/// other cause (an unparsable port, say) keeps its text, without the prefixes.
+pub(crate) fn config_text(e: &sqlx::Error) -> String {
+    static UNKNOWN_VALUE: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r#"^unknown value (".*") for `(\w+)`$"#).expect("a valid regex")
+    });
+    static UNKNOWN_PARAMETER: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r"^unknown query parameter `(.*)` while parsing connection URL$")
+            .expect("a valid regex")
+    });
+    let mut cause: &(dyn std::error::Error + 'static) = e;
+    while let Some(sqlx::Error::Configuration(inner)) = cause.downcast_ref::<sqlx::Error>() {
+        cause = inner.as_ref();
+    }
+    let text = cause.to_string();
+    if let Some(c) = UNKNOWN_VALUE.captures(&text) {
+        let values = match &c[2] {
+            "ssl_mode" => Some((
+                "sslmode",
+                "disable, allow, prefer, require, verify-ca, verify-full",
+            )),
+            "mode" => Some(("mode", "ro, rw, rwc, memory")),
+            "cache" => Some(("cache", "private, shared")),
+            "immutable" => Some(("immutable", "1, 0, true, false")),
+            _ => None,
+        };
+        if let Some((name, values)) = values {
+            return format!("{name} is {}, not one of {values}", &c[1]);
+        }
+    }
+    if let Some(c) = UNKNOWN_PARAMETER.captures(&text) {
+        return format!(
+            "unknown parameter {:?} (a SQLite DSN takes mode, cache, immutable and vfs)",
+            &c[1]
+        );
+    }
+    text
+}
+
 /// An I/O error for a person: its text without Rust's ` (os error 111)`, the errno the text
 /// already says in words (`Connection refused`).
 pub(crate) fn io_text(e: &std::io::Error) -> String {
@@ -726,6 +768,36 @@ mod tests {
         assert_eq!(
             text("expected SASLFinal (got Ok)"),
             "the server's reply breaks PostgreSQL's protocol: expected SASLFinal (got Ok)"
+        );
+    }
+
+    /// A parameter with a bad value is named as the DSN spells it, with the values it takes,
+    /// once: sqlx said "error with configuration: error with configuration: unknown value
+    /// \"bogus\" for `ssl_mode`".
+    #[test]
+    fn dsn_parameters_are_said_as_the_dsn_spells_them() {
+        use std::str::FromStr;
+        let pg =
+            |dsn: &str| config_text(&sqlx::postgres::PgConnectOptions::from_str(dsn).unwrap_err());
+        let sqlite = |dsn: &str| {
+            config_text(&sqlx::sqlite::SqliteConnectOptions::from_str(dsn).unwrap_err())
+        };
+        assert_eq!(
+            pg("postgres://u:p@db/lg?sslmode=bogus"),
+            "sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full"
+        );
+        assert_eq!(pg("postgres://u:p@db:99999/lg"), "invalid port number");
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?mode=rox"),
+            "mode is \"rox\", not one of ro, rw, rwc, memory"
+        );
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?immutable=yes"),
+            "immutable is \"yes\", not one of 1, 0, true, false"
+        );
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?readonly=1"),
+            "unknown parameter \"readonly\" (a SQLite DSN takes mode, cache, immutable and vfs)"
         );
     }
 

@@ -62,7 +62,7 @@ pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreEr
         SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
             backend: "sqlite",
             dsn: dsn.to_owned(),
-            reason: e.to_string(),
+            reason: super::config_text(&e),
         })?
     } else {
         SqliteConnectOptions::new().filename(dsn)

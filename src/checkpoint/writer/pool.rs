@@ -82,7 +82,7 @@ impl WritePool {
                 let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
                     backend: "postgres",
                     dsn: shown.clone(),
-                    reason: e.to_string().replace(dsn, &shown),
+                    reason: crate::checkpoint::config_text(&e).replace(dsn, &shown),
                 })?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
