@@ -855,7 +855,8 @@ fn header_values_are_checked_at_load_without_printing_them() {
         );
     }
     // One final newline in a Secret (`kubectl create secret --from-file` of an `echo`-written
-    // file) is dropped, as a DSN's is: the server is tried, and only its port fails.
+    // file) is dropped: the server is tried, and only its port fails. (A DSN's is refused, see
+    // a_dsn_ending_with_a_newline_is_refused_on_one_line.)
     for ending in ["\n", "\r\n"] {
         let dir = tempfile::tempdir().unwrap();
         let server = json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
@@ -965,4 +966,39 @@ fn a_bad_sslmode_is_named_with_the_values_it_takes() {
          sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full",
         "{err}"
     );
+}
+
+/// A DSN from a Secret written with `echo` ends with a newline. libpq, which the agent's
+/// PostgresSaver connects with, reads it as part of the database name and fails, so custody
+/// refuses it too, on one line, the newline shown escaped and the password hidden; it connected
+/// (sqlx's URL parser drops it), and its error message broke in two there.
+#[test]
+fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
+    let dsn = "postgres://custody:hunter2@127.0.0.1:1/lg\n";
+    support::fixtures::write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            support::fixtures::object(
+                "CheckpointStore",
+                "orders",
+                support::fixtures::store_from("orders-db"),
+            ),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
+                   "data": {"dsn": base64::engine::general_purpose::STANDARD.encode(dsn)}}),
+        ],
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg\\n: \
+         it ends with a newline: libpq (LangGraph's PostgresSaver connects through it) would read \
+         it as part of the DSN and fail, so custody does not drop it either; store the DSN \
+         without it (echo writes one; echo -n and printf '%s' do not)",
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
 }

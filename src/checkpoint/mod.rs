@@ -534,7 +534,7 @@ impl Store {
         dsn: &str,
         access: Access,
     ) -> Result<Self, StoreError> {
-        check_scheme(backend, dsn)?;
+        check_dsn(backend, dsn)?;
         Ok(match backend {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
             Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn, access).await?),
@@ -582,6 +582,76 @@ impl Store {
     }
 }
 
+/// What custody checks of a DSN before a driver reads it: its characters ([`check_characters`])
+/// and its scheme ([`check_scheme`]).
+///
+/// # Errors
+/// [`StoreError::Dsn`], saying what is wrong.
+pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    check_characters(backend, dsn)?;
+    check_scheme(backend, dsn)
+}
+
+/// A DSN with whitespace at either end or a control character anywhere is refused, saying which.
+/// libpq, through which LangGraph's PostgresSaver connects, keeps such a character: a final
+/// newline (what a Secret written with `echo` holds) becomes part of the DSN's last field
+/// (`database "lg\n" does not exist`, `invalid sslmode value: "disable\n"`), so the agent cannot
+/// connect with that DSN as it is. sqlx instead parses it as a WHATWG URL, which trims both ends
+/// and drops every tab and newline, also from inside a password; a SQLite path keeps it (another
+/// file name). Dropping it would make custody read another database than the agent, or log in
+/// with a password that is not the one stored, so nothing is dropped.
+fn check_characters(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    let end = dsn.chars().next_back().filter(|c| c.is_whitespace());
+    let control = dsn.char_indices().find(|(_, c)| c.is_control());
+    let found = if let Some(c) = end {
+        let what = match c {
+            '\n' => "a newline",
+            '\r' => "a carriage return",
+            ' ' => "a space",
+            '\t' => "a tab",
+            _ => "whitespace",
+        };
+        format!("it ends with {what}")
+    } else if dsn.starts_with(char::is_whitespace) {
+        "it starts with whitespace".to_owned()
+    } else if let Some((at, c)) = control {
+        let hidden = if redact_password(dsn).contains(c) {
+            ""
+        } else {
+            ", in the password (shown as ***)"
+        };
+        format!(
+            "it holds the control character {} at byte {at}{hidden}",
+            c.escape_default()
+        )
+    } else {
+        return Ok(());
+    };
+    let (name, keeps) = match backend {
+        Backend::Postgres => (
+            "postgres",
+            "libpq (LangGraph's PostgresSaver connects through it) would read it as part of the \
+             DSN and fail, so custody does not drop it either",
+        ),
+        Backend::Sqlite => ("sqlite", "it would be part of the file name"),
+    };
+    let fix = match (end, control) {
+        (Some('\n'), _) => {
+            "store the DSN without it (echo writes one; echo -n and printf '%s' do not)".to_owned()
+        }
+        (None, Some((_, c))) if backend == Backend::Postgres && c.is_ascii() => format!(
+            "remove it, or percent-encode it (%{:02X}) where a value holds it",
+            u32::from(c)
+        ),
+        _ => "remove it".to_owned(),
+    };
+    Err(StoreError::Dsn {
+        backend: name,
+        dsn: redact_dsn(dsn),
+        reason: format!("{found}: {keeps}; {fix}"),
+    })
+}
+
 /// A DSN of the wrong kind for the backend fails with a misleading driver error (a SQLite file
 /// named `postgres:`, a DNS lookup of `sqlite`); say what is wrong instead.
 fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
@@ -618,8 +688,27 @@ pub fn postgres_scan_statement(channels: usize, plan: ScanPlan) -> String {
 /// `password=` and `sslpassword=` values in libpq's `key=value` form (quoted or not) and in a
 /// URL's query, and a URL's userinfo, taken as everything between the scheme and the **last**
 /// `@` (a password may hold `/`, `?` or `@`, unescaped, when a person typed it). A URL whose
-/// path or query holds an `@` loses more than its password in the message, never less.
+/// path or query holds an `@` loses more than its password in the message, never less. A
+/// control character is shown escaped (`\n`), so that the message stays one line and shows it.
 pub fn redact_dsn(dsn: &str) -> String {
+    let redacted = redact_password(dsn);
+    if !redacted.contains(char::is_control) {
+        return redacted;
+    }
+    redacted
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// [`redact_dsn`] without the escaping.
+fn redact_password(dsn: &str) -> String {
     static VALUES: LazyLock<regex::Regex> = LazyLock::new(|| {
         regex::Regex::new(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)")
             .expect("a valid regex")
@@ -936,5 +1025,50 @@ mod tests {
             redact_dsn("host=db password=s3cret dbname=lg"),
             "host=db password=*** dbname=lg"
         );
+        // control characters are shown escaped, on one line
+        assert_eq!(
+            redact_dsn("postgres://u:hun\tter2@db/lg\n"),
+            "postgres://u:***@db/lg\\n"
+        );
+    }
+
+    /// A DSN is used as written or refused, saying which character and why: a final newline
+    /// (an `echo`-written Secret) is not dropped, since libpq would not drop it.
+    #[test]
+    fn dsns_with_whitespace_at_an_end_or_control_characters_are_refused() {
+        let refused = |backend, dsn: &str| check_dsn(backend, dsn).unwrap_err().to_string();
+        let libpq = "libpq (LangGraph's PostgresSaver connects through it) would read it as part \
+                     of the DSN and fail, so custody does not drop it either";
+        let echo = "store the DSN without it (echo writes one; echo -n and printf '%s' do not)";
+        assert_eq!(
+            refused(Backend::Postgres, "postgres://app:hunter2@db/lg\n"),
+            format!(
+                "invalid postgres DSN postgres://app:***@db/lg\\n: it ends with a newline: \
+                 {libpq}; {echo}"
+            )
+        );
+        assert_eq!(
+            refused(Backend::Postgres, "postgres://app:hun\tter2@db/lg"),
+            format!(
+                "invalid postgres DSN postgres://app:***@db/lg: it holds the control character \
+                 \\t at byte 18, in the password (shown as ***): {libpq}; remove it, or \
+                 percent-encode it (%09) where a value holds it"
+            )
+        );
+        assert!(
+            refused(Backend::Postgres, " postgres://db/lg")
+                .contains(": it starts with whitespace: ")
+        );
+        assert!(refused(Backend::Postgres, "postgres://db/l\tg").contains("\\t at byte 15: libpq"));
+        assert_eq!(
+            refused(Backend::Sqlite, "sqlite://c.sqlite\r\n"),
+            format!(
+                "invalid sqlite DSN sqlite://c.sqlite\\r\\n: it ends with a newline: it would be \
+                 part of the file name; {echo}"
+            )
+        );
+        assert!(refused(Backend::Sqlite, "c.sqlite ").contains(": it ends with a space: "));
+        assert!(check_dsn(Backend::Postgres, "postgres://app:p%0A@db/lg").is_ok());
+        assert!(check_dsn(Backend::Sqlite, "my checkpoints.sqlite").is_ok());
     }
 }
