@@ -1002,3 +1002,37 @@ fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
     );
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// A Secret's `data` value that is not base64 (here a DSN written in plain text) names the file,
+/// the Secret, the key and the plain-text alternative, `stringData`, without the value; it said
+/// "data.dsn: Invalid symbol 58, offset 8." (58 being the DSN's `:`).
+#[test]
+fn secret_data_that_is_not_base64_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
+    let path = support::fixtures::write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            support::fixtures::object(
+                "CheckpointStore",
+                "orders",
+                support::fixtures::store_from("orders-db"),
+            ),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
+                   "data": {"dsn": "postgres://custody:hunter2@127.0.0.1:1/lg"}}),
+        ],
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        format!(
+            "error: {}: document 2 (Secret default/orders-db): data.dsn: is not base64: its \
+             character at offset 8 is not one base64 uses; data holds base64-encoded values \
+             (base64 -w0 encodes one), stringData plain text",
+            path.display()
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+}
