@@ -209,7 +209,7 @@ pub enum StoreError {
     Schema(String),
     /// A SQLite store's act lock file (beside the database file) cannot be opened: a
     /// filesystem failure, not a schema custody does not read.
-    #[error("cannot open the act lock {}: {source}", path.display())]
+    #[error("cannot open the act lock {}: {}", path.display(), io_text(source))]
     Lock {
         /// The lock file.
         path: std::path::PathBuf,
@@ -894,6 +894,14 @@ mod tests {
     /// more to a person.
     #[test]
     fn io_errors_lose_the_os_error_number() {
+        let lock = StoreError::Lock {
+            path: "/data/c.sqlite-custody.lock".into(),
+            source: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            lock.to_string(),
+            "cannot open the act lock /data/c.sqlite-custody.lock: Permission denied"
+        );
         let refused = sqlx::Error::Io(std::io::Error::from_raw_os_error(111));
         assert_eq!(
             db_text(&refused),

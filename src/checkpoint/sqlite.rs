@@ -102,7 +102,7 @@ fn check_file(file: &std::path::Path) -> Result<(), String> {
             };
             return Err(format!("no file at {shown}{hint}"));
         }
-        Err(e) => return Err(format!("cannot read {shown}: {}", super::io_text(&e))),
+        Err(e) => return Err(unreadable(&path, &e)),
     };
     if meta.is_dir() {
         return Err(format!(
@@ -118,13 +118,18 @@ fn check_file(file: &std::path::Path) -> Result<(), String> {
     let mut header = Vec::with_capacity(16);
     std::fs::File::open(&path)
         .and_then(|f| f.take(16).read_to_end(&mut header))
-        .map_err(|e| format!("cannot read {shown}: {}", super::io_text(&e)))?;
+        .map_err(|e| unreadable(&path, &e))?;
     if !header.is_empty() && header != b"SQLite format 3\0" {
         return Err(format!(
             "{shown} is not a SQLite database (its file header is not SQLite's \"SQLite format 3\")"
         ));
     }
     Ok(())
+}
+
+/// `cannot read PATH: CAUSE`, for a file custody could not stat or read.
+fn unreadable(path: &std::path::Path, e: &std::io::Error) -> String {
+    format!("cannot read {}: {}", path.display(), super::io_text(e))
 }
 
 /// A read-only pool on a SqliteSaver file.
@@ -222,7 +227,7 @@ fn observe_plan(path: &std::path::Path) -> Result<Option<Quiescent>, String> {
             shm.display()
         )),
         (false, _) => {
-            let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+            let meta = std::fs::metadata(path).map_err(|e| unreadable(path, &e))?;
             Ok(Some(Quiescent {
                 path: path.to_owned(),
                 stamp: stamp(&meta),
@@ -256,7 +261,7 @@ impl Quiescent {
                 wal.display()
             ));
         }
-        let now = std::fs::metadata(&self.path).map_err(|e| e.to_string())?;
+        let now = std::fs::metadata(&self.path).map_err(|e| unreadable(&self.path, &e))?;
         if stamp(&now) != self.stamp {
             return Err(format!(
                 "{} changed while custody read it (read without locks, as no connection had it \
@@ -474,6 +479,17 @@ mod tests {
             .unwrap()
             .expect("no -wal: read immutable");
         assert_eq!(plan.unchanged(), Ok(()));
+        let gone = Quiescent {
+            path: dir.path().join("gone.sqlite"),
+            stamp: plan.stamp,
+        };
+        assert_eq!(
+            gone.unchanged(),
+            Err(format!(
+                "cannot read {}: No such file or directory",
+                gone.path.display()
+            ))
+        );
 
         let (wal, shm) = companions(&path);
         std::fs::write(&wal, b"").unwrap();
