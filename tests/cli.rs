@@ -45,9 +45,10 @@ fn unreachable_database_is_an_error_without_the_password() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     let stdout = String::from_utf8(out.stdout).unwrap();
-    // The real cause, at once (not "pool timed out" after the pool's 10 s), and once.
+    // The real cause, at once (not "pool timed out" after the pool's 10 s), and once, without
+    // Rust's "(os error 111)".
     let want = format!(
-        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused"
+        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused\n"
     );
     assert!(err.contains(&want), "{err}");
     assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
@@ -239,7 +240,10 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
     );
     let err = sweep_fails(dir.path());
     assert!(
-        err.contains("store default/orders: cannot connect"),
+        err.contains(&format!(
+            "store default/orders: no file at {}\n",
+            missing.display()
+        )),
         "{err}"
     );
 
@@ -856,7 +860,8 @@ fn header_values_are_checked_at_load_without_printing_them() {
         );
     }
     // One final newline in a Secret (`kubectl create secret --from-file` of an `echo`-written
-    // file) is dropped, as a DSN's is: the server is tried, and only its port fails.
+    // file) is dropped: the server is tried, and only its port fails. (A DSN's is refused, see
+    // a_dsn_ending_with_a_newline_is_refused_on_one_line.)
     for ending in ["\n", "\r\n"] {
         let dir = tempfile::tempdir().unwrap();
         let server = json!({"url": support::NOWHERE, "headersFrom": [{"name": "Authorization",
@@ -930,4 +935,137 @@ fn discover_says_an_unreachable_servers_cause_once() {
         String::from_utf8(out.stderr).unwrap().trim(),
         "error: discovery failed for basket"
     );
+}
+
+/// A SQLite DSN naming a directory or a file that is not a SQLite database says which, with the
+/// path (SQLite's own words were "disk I/O error (SQLSTATE 266)" and "file is not a database
+/// (SQLSTATE 26)", the latter without the path); an absolute path that is not there is named
+/// without the relative-path hint.
+#[test]
+fn a_sqlite_dsn_naming_no_database_says_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let resources = dir.path().join("resources");
+    std::fs::create_dir(&resources).unwrap();
+    let folder = dir.path().join("checkpoints");
+    std::fs::create_dir(&folder).unwrap();
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello, not a database\n").unwrap();
+    let missing = dir.path().join("nope.sqlite");
+    for (dsn, says) in [
+        (
+            format!("sqlite://{}", folder.display()),
+            format!(
+                "{} is a directory, not a SQLite database file",
+                folder.display()
+            ),
+        ),
+        (
+            text.display().to_string(),
+            format!(
+                "{} is not a SQLite database (its file header is not SQLite's \"SQLite format 3\")",
+                text.display()
+            ),
+        ),
+        (
+            missing.display().to_string(),
+            format!("no file at {}", missing.display()),
+        ),
+    ] {
+        support::offline_basket_resources(&resources, "sqlite", &dsn);
+        let err = sweep_fails(&resources);
+        assert_eq!(
+            err.lines().last().unwrap_or_default(),
+            format!("error: store default/orders: {says}"),
+            "{dsn}: {err}"
+        );
+    }
+}
+
+/// A PostgreSQL DSN's `sslmode` with a value libpq does not take is named as the DSN spells it,
+/// with the values it takes, once; sqlx said "error with configuration: error with
+/// configuration: unknown value \"bogus\" for `ssl_mode`".
+#[test]
+fn a_bad_sslmode_is_named_with_the_values_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(
+        dir.path(),
+        "postgres",
+        "postgres://custody:hunter2@127.0.0.1:1/lg?sslmode=bogus",
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg?sslmode=bogus: \
+         sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full",
+        "{err}"
+    );
+}
+
+/// A DSN from a Secret written with `echo` ends with a newline. libpq, which the agent's
+/// PostgresSaver connects with, reads it as part of the database name and fails, so custody
+/// refuses it too, on one line, the newline shown escaped and the password hidden; it connected
+/// (sqlx's URL parser drops it), and its error message broke in two there.
+#[test]
+fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
+    let dsn = "postgres://custody:hunter2@127.0.0.1:1/lg\n";
+    support::fixtures::write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            support::fixtures::object(
+                "CheckpointStore",
+                "orders",
+                support::fixtures::store_from("orders-db"),
+            ),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
+                   "data": {"dsn": base64::engine::general_purpose::STANDARD.encode(dsn)}}),
+        ],
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg\\n: \
+         it ends with a newline: libpq (LangGraph's PostgresSaver connects through it) would read \
+         it as part of the DSN and fail, so custody does not drop it either; store the DSN \
+         without it (echo writes one; echo -n and printf '%s' do not)",
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// A Secret's `data` value that is not base64 (here a DSN written in plain text) names the file,
+/// the Secret, the key and the plain-text alternative, `stringData`, without the value; it said
+/// "data.dsn: Invalid symbol 58, offset 8." (58 being the DSN's `:`).
+#[test]
+fn secret_data_that_is_not_base64_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
+    let path = support::fixtures::write_resources(
+        dir.path(),
+        "store.yaml",
+        &[
+            support::fixtures::object(
+                "CheckpointStore",
+                "orders",
+                support::fixtures::store_from("orders-db"),
+            ),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
+                   "data": {"dsn": "postgres://custody:hunter2@127.0.0.1:1/lg"}}),
+        ],
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        format!(
+            "error: {}: document 2 (Secret default/orders-db): data.dsn: is not base64: its \
+             character at offset 8 is not one base64 uses; data holds base64-encoded values \
+             (base64 -w0 encodes one), stringData plain text",
+            path.display()
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "{err}");
 }

@@ -200,12 +200,16 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A SQLite DSN names no SQLite database file (nothing there, a directory, another kind of
+    /// file); the text names the absolute path and what is there.
+    #[error("{0}")]
+    File(String),
     /// The database does not hold LangGraph checkpoint tables custody understands.
     #[error("{0}")]
     Schema(String),
     /// A SQLite store's act lock file (beside the database file) cannot be opened: a
     /// filesystem failure, not a schema custody does not read.
-    #[error("cannot open the act lock {}: {source}", path.display())]
+    #[error("cannot open the act lock {}: {}", path.display(), io_text(source))]
     Lock {
         /// The lock file.
         path: std::path::PathBuf,
@@ -221,19 +225,236 @@ pub enum StoreError {
     Changed(String),
 }
 
-/// A database driver's error for a person. For an error the server answered, its message and
+/// A database driver's error for a person. For an error PostgreSQL answered, its message and
 /// SQLSTATE (`database "orders" does not exist (SQLSTATE 3D000)`): sqlx appends the `line` field
 /// of PostgreSQL's error (`at line 948`), which is the line of PostgreSQL's own source that
-/// raised it, not of anything the user wrote. A reply that breaks PostgreSQL's protocol is said
-/// as such ([`protocol_text`]). Any other error keeps sqlx's text.
+/// raised it, not of anything the user wrote. For SQLite's, its message and result code by name
+/// (`file is not a database (SQLITE_NOTADB)`): SQLite has result codes, not SQLSTATEs, and its
+/// documentation and forums know them by name. A reply that breaks PostgreSQL's protocol is said
+/// as such ([`protocol_text`]), an I/O error without Rust's errno ([`io_text`]). Any other
+/// error keeps sqlx's text.
 pub fn db_text(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => match db.code() {
+            Some(code) if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() => {
+                let name = code.parse().ok().and_then(sqlite_code_name);
+                match name {
+                    Some(name) => format!("{} ({name})", db.message()),
+                    None => format!("{} (SQLite result code {code})", db.message()),
+                }
+            }
             Some(code) => format!("{} (SQLSTATE {code})", db.message()),
             None => db.message().to_owned(),
         },
         sqlx::Error::Protocol(text) => protocol_text(text),
+        sqlx::Error::Io(e) => format!("error communicating with database: {}", io_text(e)),
         other => other.to_string(),
+    }
+}
+
+/// The name of a SQLite result code, primary or extended (sqlite.org/rescode.html, as
+/// `sqlite3.h` of SQLite 3.51, the one sqlx builds, defines them); an extended code SQLite may add later is named by
+/// its primary code (the low byte) and its number. `None` for a code SQLite does not define.
+fn sqlite_code_name(code: i32) -> Option<String> {
+    const PRIMARY: [&str; 29] = [
+        "SQLITE_OK",
+        "SQLITE_ERROR",
+        "SQLITE_INTERNAL",
+        "SQLITE_PERM",
+        "SQLITE_ABORT",
+        "SQLITE_BUSY",
+        "SQLITE_LOCKED",
+        "SQLITE_NOMEM",
+        "SQLITE_READONLY",
+        "SQLITE_INTERRUPT",
+        "SQLITE_IOERR",
+        "SQLITE_CORRUPT",
+        "SQLITE_NOTFOUND",
+        "SQLITE_FULL",
+        "SQLITE_CANTOPEN",
+        "SQLITE_PROTOCOL",
+        "SQLITE_EMPTY",
+        "SQLITE_SCHEMA",
+        "SQLITE_TOOBIG",
+        "SQLITE_CONSTRAINT",
+        "SQLITE_MISMATCH",
+        "SQLITE_MISUSE",
+        "SQLITE_NOLFS",
+        "SQLITE_AUTH",
+        "SQLITE_FORMAT",
+        "SQLITE_RANGE",
+        "SQLITE_NOTADB",
+        "SQLITE_NOTICE",
+        "SQLITE_WARNING",
+    ];
+    // Extended codes: primary | (n << 8), listed per primary code by n from 1.
+    const EXTENDED: [(i32, &[&str]); 12] = [
+        (
+            1,
+            &[
+                "MISSING_COLLSEQ",
+                "RETRY",
+                "SNAPSHOT",
+                "RESERVESIZE",
+                "KEY",
+                "UNABLE",
+            ],
+        ),
+        (4, &["", "ROLLBACK"]),
+        (5, &["RECOVERY", "SNAPSHOT", "TIMEOUT"]),
+        (6, &["SHAREDCACHE", "VTAB"]),
+        (
+            8,
+            &[
+                "RECOVERY",
+                "CANTLOCK",
+                "ROLLBACK",
+                "DBMOVED",
+                "CANTINIT",
+                "DIRECTORY",
+            ],
+        ),
+        (
+            10,
+            &[
+                "READ",
+                "SHORT_READ",
+                "WRITE",
+                "FSYNC",
+                "DIR_FSYNC",
+                "TRUNCATE",
+                "FSTAT",
+                "UNLOCK",
+                "RDLOCK",
+                "DELETE",
+                "BLOCKED",
+                "NOMEM",
+                "ACCESS",
+                "CHECKRESERVEDLOCK",
+                "LOCK",
+                "CLOSE",
+                "DIR_CLOSE",
+                "SHMOPEN",
+                "SHMSIZE",
+                "SHMLOCK",
+                "SHMMAP",
+                "SEEK",
+                "DELETE_NOENT",
+                "MMAP",
+                "GETTEMPPATH",
+                "CONVPATH",
+                "VNODE",
+                "AUTH",
+                "BEGIN_ATOMIC",
+                "COMMIT_ATOMIC",
+                "ROLLBACK_ATOMIC",
+                "DATA",
+                "CORRUPTFS",
+                "IN_PAGE",
+                "BADKEY",
+                "CODEC",
+            ],
+        ),
+        (11, &["VTAB", "SEQUENCE", "INDEX"]),
+        (
+            14,
+            &[
+                "NOTEMPDIR",
+                "ISDIR",
+                "FULLPATH",
+                "CONVPATH",
+                "DIRTYWAL",
+                "SYMLINK",
+            ],
+        ),
+        (
+            19,
+            &[
+                "CHECK",
+                "COMMITHOOK",
+                "FOREIGNKEY",
+                "FUNCTION",
+                "NOTNULL",
+                "PRIMARYKEY",
+                "TRIGGER",
+                "UNIQUE",
+                "VTAB",
+                "ROWID",
+                "PINNED",
+                "DATATYPE",
+            ],
+        ),
+        (23, &["USER"]),
+        (27, &["RECOVER_WAL", "RECOVER_ROLLBACK", "RBU"]),
+        (28, &["AUTOINDEX"]),
+    ];
+    let primary = *PRIMARY.get(usize::try_from(code & 0xff).ok()?)?;
+    let n = code >> 8;
+    if n == 0 {
+        return Some(primary.to_owned());
+    }
+    let known = EXTENDED
+        .iter()
+        .find(|(p, _)| *p == code & 0xff)
+        .and_then(|(_, names)| names.get(usize::try_from(n - 1).ok()?))
+        .filter(|name| !name.is_empty());
+    Some(match known {
+        Some(name) => format!("{primary}_{name}"),
+        None => format!("{primary}, extended result code {code}"),
+    })
+}
+
+/// Why sqlx could not parse a DSN, for a person. sqlx prefixes `error with configuration: `
+/// (twice for `sslmode`, whose parse error it wraps again) and names a parameter with an unknown
+/// value by its own field (`ssl_mode`) without the values it takes; this says the parameter as
+/// the DSN spells it, with the values PostgreSQL's libpq or sqlx's SQLite driver accepts. Any
+/// other cause (an unparsable port, say) keeps its text, without the prefixes.
+pub(crate) fn config_text(e: &sqlx::Error) -> String {
+    static UNKNOWN_VALUE: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r#"^unknown value (".*") for `(\w+)`$"#).expect("a valid regex")
+    });
+    static UNKNOWN_PARAMETER: LazyLock<regex::Regex> = LazyLock::new(|| {
+        regex::Regex::new(r"^unknown query parameter `(.*)` while parsing connection URL$")
+            .expect("a valid regex")
+    });
+    let mut cause: &(dyn std::error::Error + 'static) = e;
+    while let Some(sqlx::Error::Configuration(inner)) = cause.downcast_ref::<sqlx::Error>() {
+        cause = inner.as_ref();
+    }
+    let text = cause.to_string();
+    if let Some(c) = UNKNOWN_VALUE.captures(&text) {
+        let values = match &c[2] {
+            "ssl_mode" => Some((
+                "sslmode",
+                "disable, allow, prefer, require, verify-ca, verify-full",
+            )),
+            "mode" => Some(("mode", "ro, rw, rwc, memory")),
+            "cache" => Some(("cache", "private, shared")),
+            "immutable" => Some(("immutable", "1, 0, true, false")),
+            _ => None,
+        };
+        if let Some((name, values)) = values {
+            return format!("{name} is {}, not one of {values}", &c[1]);
+        }
+    }
+    if let Some(c) = UNKNOWN_PARAMETER.captures(&text) {
+        return format!(
+            "unknown parameter {:?} (a SQLite DSN takes mode, cache, immutable and vfs)",
+            &c[1]
+        );
+    }
+    text
+}
+
+/// An I/O error for a person: its text without Rust's ` (os error 111)`, the errno the text
+/// already says in words (`Connection refused`).
+pub(crate) fn io_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(code) => text
+            .strip_suffix(&format!(" (os error {code})"))
+            .map_or_else(|| text.clone(), str::to_owned),
+        None => text,
     }
 }
 
@@ -313,7 +534,7 @@ impl Store {
         dsn: &str,
         access: Access,
     ) -> Result<Self, StoreError> {
-        check_scheme(backend, dsn)?;
+        check_dsn(backend, dsn)?;
         Ok(match backend {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
             Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn, access).await?),
@@ -361,6 +582,76 @@ impl Store {
     }
 }
 
+/// What custody checks of a DSN before a driver reads it: its characters ([`check_characters`])
+/// and its scheme ([`check_scheme`]).
+///
+/// # Errors
+/// [`StoreError::Dsn`], saying what is wrong.
+pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    check_characters(backend, dsn)?;
+    check_scheme(backend, dsn)
+}
+
+/// A DSN with whitespace at either end or a control character anywhere is refused, saying which.
+/// libpq, through which LangGraph's PostgresSaver connects, keeps such a character: a final
+/// newline (what a Secret written with `echo` holds) becomes part of the DSN's last field
+/// (`database "lg\n" does not exist`, `invalid sslmode value: "disable\n"`), so the agent cannot
+/// connect with that DSN as it is. sqlx instead parses it as a WHATWG URL, which trims both ends
+/// and drops every tab and newline, also from inside a password; a SQLite path keeps it (another
+/// file name). Dropping it would make custody read another database than the agent, or log in
+/// with a password that is not the one stored, so nothing is dropped.
+fn check_characters(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    let end = dsn.chars().next_back().filter(|c| c.is_whitespace());
+    let control = dsn.char_indices().find(|(_, c)| c.is_control());
+    let found = if let Some(c) = end {
+        let what = match c {
+            '\n' => "a newline",
+            '\r' => "a carriage return",
+            ' ' => "a space",
+            '\t' => "a tab",
+            _ => "whitespace",
+        };
+        format!("it ends with {what}")
+    } else if dsn.starts_with(char::is_whitespace) {
+        "it starts with whitespace".to_owned()
+    } else if let Some((at, c)) = control {
+        let hidden = if redact_password(dsn).contains(c) {
+            ""
+        } else {
+            ", in the password (shown as ***)"
+        };
+        format!(
+            "it holds the control character {} at byte {at}{hidden}",
+            c.escape_default()
+        )
+    } else {
+        return Ok(());
+    };
+    let (name, keeps) = match backend {
+        Backend::Postgres => (
+            "postgres",
+            "libpq (LangGraph's PostgresSaver connects through it) would read it as part of the \
+             DSN and fail, so custody does not drop it either",
+        ),
+        Backend::Sqlite => ("sqlite", "it would be part of the file name"),
+    };
+    let fix = match (end, control) {
+        (Some('\n'), _) => {
+            "store the DSN without it (echo writes one; echo -n and printf '%s' do not)".to_owned()
+        }
+        (None, Some((_, c))) if backend == Backend::Postgres && c.is_ascii() => format!(
+            "remove it, or percent-encode it (%{:02X}) where a value holds it",
+            u32::from(c)
+        ),
+        _ => "remove it".to_owned(),
+    };
+    Err(StoreError::Dsn {
+        backend: name,
+        dsn: redact_dsn(dsn),
+        reason: format!("{found}: {keeps}; {fix}"),
+    })
+}
+
 /// A DSN of the wrong kind for the backend fails with a misleading driver error (a SQLite file
 /// named `postgres:`, a DNS lookup of `sqlite`); say what is wrong instead.
 fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
@@ -397,8 +688,27 @@ pub fn postgres_scan_statement(channels: usize, plan: ScanPlan) -> String {
 /// `password=` and `sslpassword=` values in libpq's `key=value` form (quoted or not) and in a
 /// URL's query, and a URL's userinfo, taken as everything between the scheme and the **last**
 /// `@` (a password may hold `/`, `?` or `@`, unescaped, when a person typed it). A URL whose
-/// path or query holds an `@` loses more than its password in the message, never less.
+/// path or query holds an `@` loses more than its password in the message, never less. A
+/// control character is shown escaped (`\n`), so that the message stays one line and shows it.
 pub fn redact_dsn(dsn: &str) -> String {
+    let redacted = redact_password(dsn);
+    if !redacted.contains(char::is_control) {
+        return redacted;
+    }
+    redacted
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// [`redact_dsn`] without the escaping.
+fn redact_password(dsn: &str) -> String {
     static VALUES: LazyLock<regex::Regex> = LazyLock::new(|| {
         regex::Regex::new(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)")
             .expect("a valid regex")
@@ -550,6 +860,95 @@ mod tests {
         );
     }
 
+    /// A parameter with a bad value is named as the DSN spells it, with the values it takes,
+    /// once: sqlx said "error with configuration: error with configuration: unknown value
+    /// \"bogus\" for `ssl_mode`".
+    #[test]
+    fn dsn_parameters_are_said_as_the_dsn_spells_them() {
+        use std::str::FromStr;
+        let pg =
+            |dsn: &str| config_text(&sqlx::postgres::PgConnectOptions::from_str(dsn).unwrap_err());
+        let sqlite = |dsn: &str| {
+            config_text(&sqlx::sqlite::SqliteConnectOptions::from_str(dsn).unwrap_err())
+        };
+        assert_eq!(
+            pg("postgres://u:p@db/lg?sslmode=bogus"),
+            "sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full"
+        );
+        assert_eq!(pg("postgres://u:p@db:99999/lg"), "invalid port number");
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?mode=rox"),
+            "mode is \"rox\", not one of ro, rw, rwc, memory"
+        );
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?immutable=yes"),
+            "immutable is \"yes\", not one of 1, 0, true, false"
+        );
+        assert_eq!(
+            sqlite("sqlite://c.sqlite?readonly=1"),
+            "unknown parameter \"readonly\" (a SQLite DSN takes mode, cache, immutable and vfs)"
+        );
+    }
+
+    /// `Connection refused`, not `Connection refused (os error 111)`: the number says nothing
+    /// more to a person.
+    #[test]
+    fn io_errors_lose_the_os_error_number() {
+        let lock = StoreError::Lock {
+            path: "/data/c.sqlite-custody.lock".into(),
+            source: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            lock.to_string(),
+            "cannot open the act lock /data/c.sqlite-custody.lock: Permission denied"
+        );
+        let refused = sqlx::Error::Io(std::io::Error::from_raw_os_error(111));
+        assert_eq!(
+            db_text(&refused),
+            "error communicating with database: Connection refused"
+        );
+        let made = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 10 s");
+        assert_eq!(io_text(&made), "no answer within 10 s");
+    }
+
+    /// SQLite's errors carry its result code by name; "SQLSTATE" is PostgreSQL's word.
+    #[tokio::test]
+    async fn sqlite_errors_name_their_result_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("notes.txt");
+        std::fs::write(&text, "hello, not a database\n").unwrap();
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect_with(
+                sqlx::sqlite::SqliteConnectOptions::new()
+                    .filename(&text)
+                    .read_only(true),
+            )
+            .await
+            .unwrap();
+        let e = sqlx::query("SELECT 1 FROM sqlite_master")
+            .fetch_optional(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(db_text(&e), "file is not a database (SQLITE_NOTADB)");
+
+        for (code, name) in [
+            (26, Some("SQLITE_NOTADB")),
+            (266, Some("SQLITE_IOERR_READ")),
+            (516, Some("SQLITE_ABORT_ROLLBACK")),
+            (526, Some("SQLITE_CANTOPEN_ISDIR")),
+            (1544, Some("SQLITE_READONLY_DIRECTORY")),
+            (3091, Some("SQLITE_CONSTRAINT_DATATYPE")),
+            (
+                10 | (99 << 8),
+                Some("SQLITE_IOERR, extended result code 25354"),
+            ),
+            (260, Some("SQLITE_ABORT, extended result code 260")),
+            (99, None),
+        ] {
+            assert_eq!(sqlite_code_name(code).as_deref(), name, "{code}");
+        }
+    }
+
     #[test]
     fn an_undecodable_requested_channel_skips_the_thread_and_names_it() {
         let channels = BTreeMap::from([
@@ -634,5 +1033,50 @@ mod tests {
             redact_dsn("host=db password=s3cret dbname=lg"),
             "host=db password=*** dbname=lg"
         );
+        // control characters are shown escaped, on one line
+        assert_eq!(
+            redact_dsn("postgres://u:hun\tter2@db/lg\n"),
+            "postgres://u:***@db/lg\\n"
+        );
+    }
+
+    /// A DSN is used as written or refused, saying which character and why: a final newline
+    /// (an `echo`-written Secret) is not dropped, since libpq would not drop it.
+    #[test]
+    fn dsns_with_whitespace_at_an_end_or_control_characters_are_refused() {
+        let refused = |backend, dsn: &str| check_dsn(backend, dsn).unwrap_err().to_string();
+        let libpq = "libpq (LangGraph's PostgresSaver connects through it) would read it as part \
+                     of the DSN and fail, so custody does not drop it either";
+        let echo = "store the DSN without it (echo writes one; echo -n and printf '%s' do not)";
+        assert_eq!(
+            refused(Backend::Postgres, "postgres://app:hunter2@db/lg\n"),
+            format!(
+                "invalid postgres DSN postgres://app:***@db/lg\\n: it ends with a newline: \
+                 {libpq}; {echo}"
+            )
+        );
+        assert_eq!(
+            refused(Backend::Postgres, "postgres://app:hun\tter2@db/lg"),
+            format!(
+                "invalid postgres DSN postgres://app:***@db/lg: it holds the control character \
+                 \\t at byte 18, in the password (shown as ***): {libpq}; remove it, or \
+                 percent-encode it (%09) where a value holds it"
+            )
+        );
+        assert!(
+            refused(Backend::Postgres, " postgres://db/lg")
+                .contains(": it starts with whitespace: ")
+        );
+        assert!(refused(Backend::Postgres, "postgres://db/l\tg").contains("\\t at byte 15: libpq"));
+        assert_eq!(
+            refused(Backend::Sqlite, "sqlite://c.sqlite\r\n"),
+            format!(
+                "invalid sqlite DSN sqlite://c.sqlite\\r\\n: it ends with a newline: it would be \
+                 part of the file name; {echo}"
+            )
+        );
+        assert!(refused(Backend::Sqlite, "c.sqlite ").contains(": it ends with a space: "));
+        assert!(check_dsn(Backend::Postgres, "postgres://app:p%0A@db/lg").is_ok());
+        assert!(check_dsn(Backend::Sqlite, "my checkpoints.sqlite").is_ok());
     }
 }

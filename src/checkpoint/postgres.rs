@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection, Row, ValueRef};
 use super::doc::{LATEST_FORMAT, parse_ts};
 use super::{
     Channel, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
-    classify_head, parse_metadata, redact_dsn, typed,
+    classify_head, config_text, parse_metadata, redact_dsn, typed,
 };
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
@@ -296,7 +296,7 @@ impl Reader {
             .map_err(|e| StoreError::Dsn {
                 backend: "postgres",
                 dsn: shown.clone(),
-                reason: strip_dsn(&e.to_string(), dsn),
+                reason: strip_dsn(&config_text(&e), dsn),
             })?
             .application_name("custody")
             // The reader must never write: the server enforces it for every statement.

@@ -55,37 +55,81 @@ ORDER BY t.thread_id
 /// for custody's writable pool: the file must exist (a typo must not create an empty store).
 ///
 /// # Errors
-/// [`StoreError::Dsn`] for a URL sqlx cannot parse; [`StoreError::Connect`] (`NotFound`, with
-/// the absolute path) when no file is there.
+/// [`StoreError::Dsn`] for a URL sqlx cannot parse; [`StoreError::File`] when the path names no
+/// SQLite database file ([`check_file`]).
 pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreError> {
     let options = if dsn.starts_with("sqlite:") {
         SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
             backend: "sqlite",
             dsn: dsn.to_owned(),
-            reason: e.to_string(),
+            reason: super::config_text(&e),
         })?
     } else {
         SqliteConnectOptions::new().filename(dsn)
     };
-    // SQLite's own word for a missing file is "(code: 14) unable to open database file", which
-    // names neither the path it tried nor what a relative path is relative to.
     let file = options.get_filename();
     let in_memory = file.as_os_str() == ":memory:" || dsn.contains("mode=memory");
-    if !in_memory && !file.exists() {
-        let cwd = std::env::current_dir().unwrap_or_default();
-        return Err(StoreError::Connect {
-            dsn: dsn.to_owned(),
-            source: sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                format!(
-                    "no file at {} (a relative path is relative to the directory custody runs in, {})",
-                    cwd.join(file).display(),
-                    cwd.display()
-                ),
-            )),
-        });
+    if !in_memory {
+        check_file(file).map_err(StoreError::File)?;
     }
     Ok(options.create_if_missing(false))
+}
+
+/// What SQLite itself would find at `file`, said with the absolute path: SQLite's own words are
+/// "unable to open database file" for a missing file, "disk I/O error" for a directory and "file
+/// is not a database" for any other file, none naming the path or what a relative path is
+/// relative to. A file is a SQLite database when it is empty (a database with no tables yet) or
+/// starts with the 16-byte header `SQLite format 3\0` (sqlite.org/fileformat.html, "Magic Header
+/// String"), SQLite's own test; a shorter non-empty file is not one either.
+///
+/// # Errors
+/// The sentence for the user.
+fn check_file(file: &std::path::Path) -> Result<(), String> {
+    use std::io::Read;
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let path = cwd.join(file);
+    let shown = path.display();
+    let meta = match std::fs::metadata(&path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let hint = if file.is_relative() {
+                format!(
+                    " (a relative path is relative to the directory custody runs in, {})",
+                    cwd.display()
+                )
+            } else {
+                String::new()
+            };
+            return Err(format!("no file at {shown}{hint}"));
+        }
+        Err(e) => return Err(unreadable(&path, &e)),
+    };
+    if meta.is_dir() {
+        return Err(format!(
+            "{shown} is a directory, not a SQLite database file"
+        ));
+    }
+    // Opening a FIFO would wait for a writer; no other kind of file holds a database.
+    if !meta.is_file() {
+        return Err(format!(
+            "{shown} is not a regular file, so not a SQLite database file"
+        ));
+    }
+    let mut header = Vec::with_capacity(16);
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(16).read_to_end(&mut header))
+        .map_err(|e| unreadable(&path, &e))?;
+    if !header.is_empty() && header != b"SQLite format 3\0" {
+        return Err(format!(
+            "{shown} is not a SQLite database (its file header is not SQLite's \"SQLite format 3\")"
+        ));
+    }
+    Ok(())
+}
+
+/// `cannot read PATH: CAUSE`, for a file custody could not stat or read.
+fn unreadable(path: &std::path::Path, e: &std::io::Error) -> String {
+    format!("cannot read {}: {}", path.display(), super::io_text(e))
 }
 
 /// A read-only pool on a SqliteSaver file.
@@ -183,7 +227,7 @@ fn observe_plan(path: &std::path::Path) -> Result<Option<Quiescent>, String> {
             shm.display()
         )),
         (false, _) => {
-            let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+            let meta = std::fs::metadata(path).map_err(|e| unreadable(path, &e))?;
             Ok(Some(Quiescent {
                 path: path.to_owned(),
                 stamp: stamp(&meta),
@@ -217,7 +261,7 @@ impl Quiescent {
                 wal.display()
             ));
         }
-        let now = std::fs::metadata(&self.path).map_err(|e| e.to_string())?;
+        let now = std::fs::metadata(&self.path).map_err(|e| unreadable(&self.path, &e))?;
         if stamp(&now) != self.stamp {
             return Err(format!(
                 "{} changed while custody read it (read without locks, as no connection had it \
@@ -255,11 +299,17 @@ impl Reader {
                 dsn: dsn.to_owned(),
                 source,
             })?;
+        // SQLite opens the file lazily: this first read is where a damaged file fails, so its
+        // error names the DSN as a failed connect does, not as a failed query of nothing.
         let tables: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('checkpoints', 'writes')",
         )
         .fetch_one(&pool)
-        .await?;
+        .await
+        .map_err(|source| StoreError::Connect {
+            dsn: dsn.to_owned(),
+            source,
+        })?;
         if tables != 2 {
             return Err(StoreError::Schema(format!(
                 "{dsn}: no LangGraph SqliteSaver tables (expected checkpoints and writes); is this the SqliteSaver database?"
@@ -363,6 +413,60 @@ fn decode_row(row: &SqliteRow, channels: &[String]) -> Result<Option<Scanned>, S
 mod tests {
     use super::*;
 
+    /// Each file SQLite cannot read as a database is said with its path and what it is; the
+    /// relative-path hint comes only with a relative path.
+    #[test]
+    fn files_that_are_no_database_are_named_with_what_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().canonicalize().unwrap();
+        let shown = path.display();
+        assert_eq!(
+            check_file(&path),
+            Err(format!(
+                "{shown} is a directory, not a SQLite database file"
+            ))
+        );
+        for (name, bytes) in [
+            ("notes.txt", &b"hello, not a database\n"[..]),
+            ("short", b"SQL"),
+        ] {
+            std::fs::write(path.join(name), bytes).unwrap();
+            assert_eq!(
+                check_file(&path.join(name)),
+                Err(format!(
+                    "{shown}/{name} is not a SQLite database (its file header is not SQLite's \"SQLite format 3\")"
+                ))
+            );
+        }
+        assert_eq!(
+            check_file(&path.join("notes.txt/c.sqlite")),
+            Err(format!(
+                "cannot read {shown}/notes.txt/c.sqlite: Not a directory"
+            ))
+        );
+        // an empty file is an empty database (no tables: the caller says so)
+        std::fs::write(path.join("empty.sqlite"), b"").unwrap();
+        assert_eq!(check_file(&path.join("empty.sqlite")), Ok(()));
+        let mut header = b"SQLite format 3\0".to_vec();
+        header.resize(100, 0);
+        std::fs::write(path.join("db.sqlite"), &header).unwrap();
+        assert_eq!(check_file(&path.join("db.sqlite")), Ok(()));
+
+        assert_eq!(
+            check_file(&path.join("nope.sqlite")),
+            Err(format!("no file at {shown}/nope.sqlite"))
+        );
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            check_file(std::path::Path::new("custody-no-such.sqlite")),
+            Err(format!(
+                "no file at {}/custody-no-such.sqlite (a relative path is relative to the directory custody runs in, {})",
+                cwd.display(),
+                cwd.display()
+            ))
+        );
+    }
+
     #[test]
     fn a_quiescent_read_is_refused_when_a_writer_came_or_the_file_changed() {
         let dir = tempfile::tempdir().unwrap();
@@ -375,6 +479,17 @@ mod tests {
             .unwrap()
             .expect("no -wal: read immutable");
         assert_eq!(plan.unchanged(), Ok(()));
+        let gone = Quiescent {
+            path: dir.path().join("gone.sqlite"),
+            stamp: plan.stamp,
+        };
+        assert_eq!(
+            gone.unchanged(),
+            Err(format!(
+                "cannot read {}: No such file or directory",
+                gone.path.display()
+            ))
+        );
 
         let (wal, shm) = companions(&path);
         std::fs::write(&wal, b"").unwrap();

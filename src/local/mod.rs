@@ -167,7 +167,7 @@ impl Resources {
                 }
                 (false, "Secret", "v1") => self
                     .secrets
-                    .push(typed(value, None).map_err(|m| invalid(&kind, m))?),
+                    .push(secret(value).map_err(|m| invalid(&kind, m))?),
                 // A document meant for custody that it would not read is a mistake to say,
                 // not one to skip: ignored, its servers or classes would silently not be swept.
                 (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
@@ -321,6 +321,44 @@ use serde::Deserialize as _;
 
 /// `Kind namespace/name` → `file document N` of the resources read so far.
 type Seen = BTreeMap<String, String>;
+
+/// A `v1` Secret. A `data` value is base64, as the API server reads it: line breaks in it are
+/// ignored (Go's decoder skips `\r` and `\n`, so `base64`'s wrapped output is accepted), and one
+/// that is not base64 is said as such with its key and the plain-text alternative, rather than
+/// the decoder's `Invalid symbol 33, offset 0.`. The value itself is never quoted (it may be a
+/// password written in plain text by mistake).
+fn secret(mut value: serde_yaml::Value) -> Result<k8s_openapi::api::core::v1::Secret, String> {
+    if let Some(data) = value.get_mut("data").and_then(|d| d.as_mapping_mut()) {
+        for (key, v) in data.iter_mut() {
+            let Some(text) = v.as_str() else { continue };
+            let text: String = text.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
+            let body = text.trim_end_matches('=');
+            let bad = body
+                .chars()
+                .position(|c| !(c.is_ascii_alphanumeric() || c == '+' || c == '/'));
+            let problem = match bad {
+                Some(at) => format!("its character at offset {at} is not one base64 uses"),
+                None if !text.len().is_multiple_of(4) || text.len() - body.len() > 2 => {
+                    "its length is not base64's (groups of 4 characters, the last padded with = \
+                     or ==)"
+                        .to_owned()
+                }
+                None => {
+                    *v = serde_yaml::Value::String(text);
+                    continue;
+                }
+            };
+            let key = key
+                .as_str()
+                .map_or_else(|| format!("{key:?}"), str::to_owned);
+            return Err(format!(
+                "data.{key}: is not base64: {problem}; data holds base64-encoded values \
+                 (base64 -w0 encodes one), stringData plain text"
+            ));
+        }
+    }
+    typed(value, None)
+}
 
 #[cfg(test)]
 mod tests {
@@ -520,5 +558,48 @@ mod tests {
         let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: basket}\n";
         r.add_file(Path::new("d.yaml"), secret, &mut seen).unwrap();
         assert_eq!(r.servers.len(), 2);
+    }
+
+    /// A `data` value that is not base64 names the Secret, the key and the plain-text
+    /// alternative, without the value; k8s-openapi said "data.dsn: Invalid symbol 33, offset 0.".
+    /// A value wrapped over lines (as `base64` writes it) reads as the API server reads it.
+    #[test]
+    fn secret_data_that_is_not_base64_is_named() {
+        let load = |data: &str| {
+            let mut r = Resources::default();
+            r.add_file(
+                Path::new("s.yaml"),
+                &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: db}}\ndata:\n{data}"),
+                &mut Seen::new(),
+            )
+            .map(|()| r.secrets)
+            .map_err(|e| e.to_string())
+        };
+        let alternative = "data holds base64-encoded values (base64 -w0 encodes one), \
+                           stringData plain text";
+        assert_eq!(
+            load("  dsn: \"!postgres://u:hunter2@db/lg\"\n").unwrap_err(),
+            format!(
+                "s.yaml: document 1 (Secret default/db): data.dsn: is not base64: its character \
+                 at offset 0 is not one base64 uses; {alternative}"
+            )
+        );
+        assert_eq!(
+            load("  dsn: cG9zdGdyZXM6Ly9kYi9sZw=\n").unwrap_err(),
+            format!(
+                "s.yaml: document 1 (Secret default/db): data.dsn: is not base64: its length is \
+                 not base64's (groups of 4 characters, the last padded with = or ==); {alternative}"
+            )
+        );
+        assert!(
+            !load("  dsn: postgres://u:hunter2@db/lg\n")
+                .unwrap_err()
+                .contains("hunter2")
+        );
+        let wrapped = load("  dsn: |\n    cG9zdGdy\n    ZXM6Ly9kYi9sZw==\n").unwrap();
+        assert_eq!(
+            wrapped[0].data.as_ref().unwrap()["dsn"].0,
+            b"postgres://db/lg".to_vec()
+        );
     }
 }

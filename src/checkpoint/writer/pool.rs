@@ -76,13 +76,14 @@ impl WritePool {
     /// [`StoreError`] as for the reader; [`StoreError::Schema`] for a PostgresSaver schema older
     /// than v9.
     pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
+        crate::checkpoint::check_dsn(backend, dsn)?;
         let shown = redact_dsn(dsn);
         match backend {
             Backend::Postgres => {
                 let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
                     backend: "postgres",
                     dsn: shown.clone(),
-                    reason: e.to_string().replace(dsn, &shown),
+                    reason: crate::checkpoint::config_text(&e).replace(dsn, &shown),
                 })?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
