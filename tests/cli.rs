@@ -7,7 +7,12 @@ use std::path::Path;
 use serde_json::json;
 
 fn sweep_fails(dir: &Path) -> String {
-    let out = support::custody(&["sweep", "--dry-run", "-f", dir.to_str().unwrap()]);
+    sweep_fails_with(&["-f", dir.to_str().unwrap()])
+}
+
+/// The stderr of `custody sweep --dry-run` with these `-f` arguments, asserting it fails.
+fn sweep_fails_with(files: &[&str]) -> String {
+    let out = support::custody(&[&["sweep", "--dry-run"], files].concat());
     assert!(
         !out.status.success(),
         "expected failure, got:\n{}",
@@ -423,6 +428,31 @@ fn filename_may_be_given_several_times() {
         )),
         "{err}"
     );
+}
+
+/// A file two `-f` paths name (a directory and a file in it, `./dir` and `dir`) is read once, as
+/// `kubectl apply` would apply it once: it was "defined twice: also in" the same file. The
+/// resources load, so the sweep gets as far as the store's (missing) database.
+#[test]
+fn a_file_named_by_two_paths_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://missing.sqlite");
+    let d = dir.path();
+    for (first, second) in [
+        (d.to_owned(), d.join("store.yaml")),
+        (d.join("."), d.to_owned()),
+    ] {
+        let err = sweep_fails_with(&[
+            "-f",
+            first.to_str().unwrap(),
+            "-f",
+            second.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains("store default/orders: cannot connect") && !err.contains("defined twice"),
+            "{first:?} {second:?}: {err}"
+        );
+    }
 }
 
 /// `sweep --store` and `controller` without a reachable cluster say where custody looked, once,

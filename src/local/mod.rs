@@ -28,7 +28,8 @@ impl Resources {
     }
 
     /// [`Self::load`] of each path (`-f` given several times), into one set of resources: a
-    /// resource defined in two of them is an error naming both files, as within one directory.
+    /// resource defined in two files is an error naming both, as within one directory; a file
+    /// that two paths name (a directory and a file in it) is read once.
     ///
     /// # Errors
     /// As [`Self::load`].
@@ -39,6 +40,9 @@ impl Resources {
         };
         let mut out = Self::default();
         let mut seen = Seen::new();
+        // One file named twice (`-f dir -f dir/store.yaml`, `-f ./dir -f dir`) is read once:
+        // its resources are not two definitions.
+        let mut read = std::collections::BTreeSet::new();
         for path in paths {
             let path = path.as_ref();
             let files = if std::fs::metadata(path).map_err(io(path))?.is_file() {
@@ -56,6 +60,9 @@ impl Resources {
                 files
             };
             for file in files {
+                if !read.insert(std::fs::canonicalize(&file).map_err(io(&file))?) {
+                    continue;
+                }
                 let text = std::fs::read_to_string(&file).map_err(io(&file))?;
                 out.add_file(&file, &text, &mut seen)?;
             }
@@ -520,5 +527,36 @@ mod tests {
         let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: basket}\n";
         r.add_file(Path::new("d.yaml"), secret, &mut seen).unwrap();
         assert_eq!(r.servers.len(), 2);
+    }
+
+    /// A file two `-f` paths name is one file, read once: it was "defined twice: also in" the
+    /// same file. Two files defining one resource stay an error naming both.
+    #[test]
+    fn a_file_named_by_two_paths_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec: {url: 'http://127.0.0.1:1/mcp'}\n";
+        std::fs::write(dir.path().join("server.yaml"), server).unwrap();
+        let d = dir.path();
+        for paths in [
+            vec![d.to_owned(), d.join("server.yaml")],
+            vec![d.join("."), d.to_owned()],
+            vec![
+                d.join("server.yaml"),
+                d.join("../").join(d.file_name().unwrap()),
+            ],
+        ] {
+            let r = Resources::load_all(&paths).unwrap_or_else(|e| panic!("{paths:?}: {e}"));
+            assert_eq!(r.servers.len(), 1, "{paths:?}");
+        }
+        std::fs::write(d.join("copy.yaml"), server).unwrap();
+        let e = Resources::load(d).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: document 1 (MCPServer default/basket): defined twice: also in {} document 1 (names are unique per kind and namespace, as in a cluster)",
+                d.join("server.yaml").display(),
+                d.join("copy.yaml").display()
+            )
+        );
     }
 }
