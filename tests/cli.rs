@@ -430,6 +430,36 @@ fn filename_may_be_given_several_times() {
     );
 }
 
+/// A name the API server would refuse (custom resources and Secrets are named by DNS-1123
+/// subdomains) is refused in local mode too, in the API server's words, naming the file, document
+/// and object: `Orders_X` was accepted, so files that could never be applied were swept.
+#[test]
+fn a_name_the_api_server_refuses_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://missing.sqlite");
+    support::fixtures::write_resources(
+        dir.path(),
+        "server.yaml",
+        &[support::fixtures::object(
+            "MCPServer",
+            "Orders_X",
+            json!({"url": support::NOWHERE}),
+        )],
+    );
+    let err = sweep_fails(dir.path());
+    let want = format!(
+        "error: {}: document 1 (MCPServer default/Orders_X): metadata.name: invalid value \
+         \"Orders_X\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+         characters, '-' or '.', and must start and end with an alphanumeric character (e.g. \
+         'example.com')\n",
+        dir.path().join("server.yaml").display()
+    );
+    assert!(
+        err.contains(&want) && err.matches("Orders_X").count() == 2,
+        "{err}"
+    );
+}
+
 /// A file two `-f` paths name (a directory and a file in it, `./dir` and `dir`) is read once, as
 /// `kubectl apply` would apply it once: it was "defined twice: also in" the same file. The
 /// resources load, so the sweep gets as far as the store's (missing) database.

@@ -110,6 +110,58 @@ pub fn secret_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An object's `metadata.name` and `metadata.namespace` as the API server checks them when it
+/// creates the object, in its words: every object name (of custom resources and Secrets alike) is
+/// a DNS-1123 subdomain, a namespace a DNS-1123 label. For local mode, whose files meet no API
+/// server: a cluster would refuse `Orders_X`, so such files could never be applied as they are.
+///
+/// # Errors
+/// The field and what is wrong with it: no name, too long, not of the form.
+pub fn object_meta(name: Option<&str>, namespace: Option<&str>) -> Result<(), FieldError> {
+    static LABEL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("a valid regex")
+    });
+    let invalid = |value: &str, why: &str| format!("invalid value {value:?}: {why}");
+    match name {
+        None | Some("") => return Err(err("metadata.name", "required value")),
+        Some(name) if name.len() > 253 => {
+            return Err(err(
+                "metadata.name",
+                invalid(name, "must be no more than 253 characters"),
+            ));
+        }
+        Some(name) if !dns1123_subdomain(name) => {
+            return Err(err(
+                "metadata.name",
+                invalid(
+                    name,
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+                     characters, '-' or '.', and must start and end with an alphanumeric \
+                     character (e.g. 'example.com')",
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    match namespace {
+        Some(ns) if ns.len() > 63 => Err(err(
+            "metadata.namespace",
+            invalid(ns, "must be no more than 63 characters"),
+        )),
+        // An empty namespace is as good as none to kubectl; local mode keeps it as written.
+        Some(ns) if !ns.is_empty() && !LABEL.is_match(ns) => Err(err(
+            "metadata.namespace",
+            invalid(
+                ns,
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters \
+                 or '-', and must start and end with an alphanumeric character (e.g. 'my-name' \
+                 or '123-abc')",
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `name` is a DNS-1123 subdomain ([`super::schema::DNS1123_SUBDOMAIN`], at most 253
 /// characters): the form of every object name.
 fn dns1123_subdomain(name: &str) -> bool {

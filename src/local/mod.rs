@@ -123,6 +123,15 @@ impl Resources {
                     | (false, "Secret", "v1")
             );
             if read {
+                // The API server refuses such a name when the object is created; a name or
+                // namespace that is not a string is the typed step's to say (`invalid type`).
+                let text = |field: &str| match value.get("metadata").and_then(|m| m.get(field)) {
+                    None | Some(serde_yaml::Value::Null) => Ok(None),
+                    Some(v) => v.as_str().map(Some).ok_or(()),
+                };
+                if let (Ok(name), Ok(ns)) = (text("name"), text("namespace")) {
+                    validate::object_meta(name, ns).map_err(|e| invalid(&kind, e.to_string()))?;
+                }
                 let here = format!("{} document {}", path.display(), i + 1);
                 if let Some(first) = seen.insert(kind.clone(), here) {
                     return Err(invalid(
@@ -527,6 +536,81 @@ mod tests {
         let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: basket}\n";
         r.add_file(Path::new("d.yaml"), secret, &mut seen).unwrap();
         assert_eq!(r.servers.len(), 2);
+    }
+
+    /// Names the API server would refuse are refused, in its words, naming the object: they were
+    /// accepted (`Orders_X`), and such an object could not be applied to a cluster.
+    #[test]
+    fn names_are_held_to_the_api_servers_rules() {
+        let load = |kind: &str, metadata: &str| {
+            let text = if kind == "Secret" {
+                format!("apiVersion: v1\nkind: Secret\nmetadata: {metadata}\n")
+            } else {
+                format!(
+                    "apiVersion: custody.dev/v1alpha1\nkind: {kind}\nmetadata: {metadata}\nspec: {{url: 'http://127.0.0.1:1/mcp'}}\n"
+                )
+            };
+            Resources::parse(Path::new("r.yaml"), &text)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        let subdomain = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com')";
+        assert_eq!(
+            load("MCPServer", "{name: Orders_X}"),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer default/Orders_X): metadata.name: invalid value \"Orders_X\": {subdomain}"
+            ))
+        );
+        assert_eq!(
+            load("Secret", "{name: token., namespace: shop}"),
+            Err(format!(
+                "r.yaml: document 1 (Secret shop/token.): metadata.name: invalid value \"token.\": {subdomain}"
+            ))
+        );
+        let long = format!("a{}", ".a".repeat(127));
+        assert_eq!(
+            load("MCPServer", &format!("{{name: {long}}}")),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer default/{long}): metadata.name: invalid value {long:?}: must be no more than 253 characters"
+            ))
+        );
+        assert_eq!(
+            load("MCPServer", "{namespace: shop}"),
+            Err("r.yaml: document 1 (MCPServer shop/?): metadata.name: required value".to_owned())
+        );
+        assert_eq!(
+            load("MCPServer", "{name: b, namespace: Shop}"),
+            Err("r.yaml: document 1 (MCPServer Shop/b): metadata.namespace: invalid value \"Shop\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name' or '123-abc')".to_owned())
+        );
+        let ns = "n".repeat(64);
+        assert_eq!(
+            load("MCPServer", &format!("{{name: b, namespace: {ns}}}")),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer {ns}/b): metadata.namespace: invalid value {ns:?}: must be no more than 63 characters"
+            ))
+        );
+        // A name that is no string is the schema's type error, said once.
+        assert_eq!(
+            load("MCPServer", "{name: 5}"),
+            Err("r.yaml: document 1 (MCPServer default/?): metadata.name: invalid type: integer `5`, expected a string".to_owned())
+        );
+        for ok in [
+            "{name: basket-2.v1, namespace: shop-1}",
+            "{name: '0'}",
+            &format!("{{name: {}}}", "a".repeat(253)),
+        ] {
+            assert_eq!(load("MCPServer", ok), Ok(()), "{ok}");
+        }
+        // Kinds custody does not read are not its to judge.
+        assert_eq!(
+            Resources::parse(
+                Path::new("r.yaml"),
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: Web_1}\n"
+            )
+            .map(drop)
+            .map_err(|e| e.to_string()),
+            Ok(())
+        );
     }
 
     /// A file two `-f` paths name is one file, read once: it was "defined twice: also in" the
