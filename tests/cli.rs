@@ -801,6 +801,11 @@ fn local_stores_are_held_to_the_crds_bounds() {
             "spec.parallelism: 100 is out of range: 1 to 64",
         ),
         (
+            "parallelism",
+            json!(-3),
+            "spec.parallelism: -3 is out of range: 1 to 64",
+        ),
+        (
             "startingDeadlineSeconds",
             json!(5),
             "spec.startingDeadlineSeconds: 5 is out of range: 10 to 86400",
@@ -841,18 +846,26 @@ fn local_stores_are_held_to_the_crds_bounds() {
     }
 }
 
-/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in the words it uses
-/// for a CheckpointStore's bounds: a value below 0 too (it was refused by the Rust type's bound,
-/// "expected a non-negative integer up to 4294967295", while the CRD said the range in CEL).
+/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in one wording for
+/// every number outside it, as for a CheckpointStore's bounds: a value below 0 said "invalid
+/// value: integer `-5`, expected an integer from 1 to 300" (the Rust type's refusal, rephrased).
+/// A `null` is no value, so the default, as the API server prunes it: it said "unit value".
 #[test]
 fn local_servers_are_held_to_the_crds_bounds() {
     for (value, says) in [
         (
-            -5,
-            "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300",
+            json!(-5),
+            "spec.timeoutSeconds: -5 is out of range: 1 to 300",
         ),
-        (0, "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
-        (301, "spec.timeoutSeconds: 301 is out of range: 1 to 300"),
+        (json!(0), "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
+        (
+            json!(301),
+            "spec.timeoutSeconds: 301 is out of range: 1 to 300",
+        ),
+        (
+            json!(99_999_999_999_u64),
+            "spec.timeoutSeconds: 99999999999 is out of range: 1 to 300",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
@@ -873,6 +886,23 @@ fn local_servers_are_held_to_the_crds_bounds() {
             "{value}: {err}"
         );
     }
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        &format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+             spec: {{url: {:?}, timeoutSeconds: null}}\n",
+            support::NOWHERE
+        ),
+    );
+    let err = sweep_fails(dir.path());
+    assert!(
+        err.contains("store default/orders: cannot connect to sqlite://x.sqlite")
+            && !err.contains("timeoutSeconds"),
+        "{err}"
+    );
 }
 
 /// A header value HTTP cannot carry (a newline) is an error when the resources load, naming the

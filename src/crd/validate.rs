@@ -320,16 +320,12 @@ pub fn handle_class(
             format!("does not compile: {e}"),
         )
     })?;
-    if spec.probes_within_ttl > super::handle_class::PROBES_WITHIN_TTL_MAX {
-        return Err(err(
-            "spec.probesWithinTtl",
-            format!(
-                "{} is out of range: 0 to {}",
-                spec.probes_within_ttl,
-                super::handle_class::PROBES_WITHIN_TTL_MAX
-            ),
-        ));
-    }
+    in_range(
+        "spec.probesWithinTtl",
+        spec.probes_within_ttl,
+        0,
+        super::handle_class::PROBES_WITHIN_TTL_MAX,
+    )?;
     if spec.on_gone == OnGone::Remint && spec.mint.is_none() {
         return Err(err("spec.mint", "onGone: remint requires mint"));
     }
@@ -481,15 +477,28 @@ fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
 }
 
 /// A bound the CRD's schema gives as `minimum` and `maximum` (which the API server enforces in a
-/// cluster), checked for local mode: `field: 0 is out of range: 1 to 300`.
+/// cluster), checked for objects stored before the bound and in [`out_of_range`]'s words:
+/// `field: 0 is out of range: 1 to 300`.
 fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), FieldError> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
         Err(err(
             field,
-            format!("{value} is out of range: {min} to {max}"),
+            out_of_range(value, Some(min.into()), Some(max.into())),
         ))
+    }
+}
+
+/// The one wording of a number outside the bounds the CRD's schema gives its field (`minimum`,
+/// `maximum`), wherever it is found (local mode's schema check, these rules, a cron field):
+/// `301 is out of range: 1 to 300`, `-1 is out of range: at least 0`.
+pub fn out_of_range(value: impl fmt::Display, min: Option<f64>, max: Option<f64>) -> String {
+    match (min, max) {
+        (Some(min), Some(max)) => format!("{value} is out of range: {min} to {max}"),
+        (Some(min), None) => format!("{value} is out of range: at least {min}"),
+        (None, Some(max)) => format!("{value} is out of range: at most {max}"),
+        (None, None) => format!("{value} is out of range"),
     }
 }
 

@@ -235,33 +235,98 @@ fn schema_of<K: kube::CustomResourceExt>() -> serde_json::Value {
         .unwrap_or_default()
 }
 
-/// The `minimum` and `maximum` the CRD's `schema` gives the field at `path` (serde_path_to_error's
-/// `spec.servers[0].timeoutSeconds`), when it gives both.
-fn schema_range(schema: &serde_json::Value, path: &str) -> Option<(f64, f64)> {
+/// The schema of the field at `path` (serde_path_to_error's `spec.servers[0].timeoutSeconds`) in
+/// the CRD's `schema`, through `properties`, `additionalProperties` and `items`.
+fn schema_at<'a>(schema: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
     let mut node = schema;
     for part in path.split('.') {
-        let (name, indexed) = match part.split_once('[') {
-            Some((name, _)) => (name, true),
-            None => (part, false),
-        };
-        node = node.get("properties")?.get(name)?;
-        if indexed {
+        let (name, items) = part.split_once('[').map_or((part, 0), |(name, rest)| {
+            (name, 1 + rest.matches('[').count())
+        });
+        node = field_schema(node, name)?;
+        for _ in 0..items {
             node = node.get("items")?;
         }
     }
-    Some((
-        node.get("minimum")?.as_f64()?,
-        node.get("maximum")?.as_f64()?,
-    ))
+    Some(node)
 }
 
-/// Deserializes into the cluster type, `schema` being its CRD's (for the bounds a type error
-/// should name). Unknown fields are errors: the API server would prune them, and a misspelt
-/// `goneWhen` or `headersFrom` silently dropped changes what custody does.
+/// The schema of `object`'s field `name`: a declared property, or any key of a map.
+fn field_schema<'a>(object: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    object
+        .get("properties")
+        .and_then(|p| p.get(name))
+        .or_else(|| object.get("additionalProperties").filter(|a| a.is_object()))
+}
+
+/// The `minimum` and `maximum` a field's schema gives it.
+fn bounds(field: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    let bound = |key: &str| field.get(key).and_then(serde_json::Value::as_f64);
+    (bound("minimum"), bound("maximum"))
+}
+
+/// Does to a document what the API server does before it validates and stores an object, which
+/// local mode has no API server for (Kubernetes' structural schema rules): a `null` in a field
+/// the schema does not declare `nullable` is pruned, so the field's default applies as if it
+/// were absent (`timeoutSeconds: null` is 10), and a number outside its field's `minimum` or
+/// `maximum` is refused, in the one wording of a bound ([`validate::out_of_range`]) whether it is
+/// negative, 0 or too large for its Rust type. `path` is the document's path to `value`.
+fn conform(
+    value: &mut serde_yaml::Value,
+    schema: &serde_json::Value,
+    path: &str,
+) -> Result<(), String> {
+    use serde_yaml::Value;
+    match value {
+        Value::Mapping(map) => {
+            let field = |key: &Value| key.as_str().and_then(|k| field_schema(schema, k));
+            map.retain(|key, v| {
+                let nullable = |f: &serde_json::Value| {
+                    f.get("nullable") == Some(&serde_json::Value::Bool(true))
+                };
+                !(v.is_null() && field(key).is_some_and(|f| !nullable(f)))
+            });
+            for (key, v) in map.iter_mut() {
+                if let Some((name, f)) = key.as_str().zip(field(key)) {
+                    let at = if path.is_empty() {
+                        name.to_owned()
+                    } else {
+                        format!("{path}.{name}")
+                    };
+                    conform(v, f, &at)?;
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            if let Some(item) = schema.get("items") {
+                for (i, v) in items.iter_mut().enumerate() {
+                    conform(v, item, &format!("{path}[{i}]"))?;
+                }
+            }
+        }
+        Value::Number(n) => {
+            let (min, max) = bounds(schema);
+            let x = n.as_f64().unwrap_or_default();
+            if min.is_some_and(|min| x < min) || max.is_some_and(|max| x > max) {
+                return Err(format!("{path}: {}", validate::out_of_range(n, min, max)));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Deserializes into the cluster type, `schema` being its CRD's (pruned and bounded as the API
+/// server would, [`conform`]; its bounds named in a type error). Unknown fields are errors: the
+/// API server would prune them, and a misspelt `goneWhen` or `headersFrom` silently dropped
+/// changes what custody does.
 fn typed<T: DeserializeOwned>(
-    value: serde_yaml::Value,
+    mut value: serde_yaml::Value,
     schema: Option<&serde_json::Value>,
 ) -> Result<T, String> {
+    if let Some(schema) = schema {
+        conform(&mut value, schema, "")?;
+    }
     let mut unknown = Vec::new();
     // The derived kinds take apiVersion and kind from their type, not from the document.
     let mut note = |path: serde_ignored::Path<'_>| {
@@ -274,12 +339,22 @@ fn typed<T: DeserializeOwned>(
     let typed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let mut message = schema_words(&e.into_inner().to_string());
-        // `parallelism: -3` fails as a u32 before validation could say 1 to 64: say the schema's
-        // range, as the API server would, not the Rust type's.
-        if let Some((min, max)) = schema.and_then(|s| schema_range(s, &path))
-            && let Some((found, _)) = message.split_once(", expected ")
-        {
-            message = format!("{found}, expected an integer from {min} to {max}");
+        // `parallelism: two` fails as a u32, `mode: 5` as a Rust enum: say what the schema
+        // allows, as the API server would, not what the Rust type is.
+        let field = schema.and_then(|s| schema_at(s, &path));
+        let values = field
+            .and_then(|f| f.get("enum"))
+            .and_then(serde_json::Value::as_array);
+        if let Some((found, _)) = message.split_once(", expected ") {
+            if let Some((Some(min), Some(max))) = field.map(bounds) {
+                message = format!("{found}, expected an integer from {min} to {max}");
+            } else if let Some(values) = values {
+                let values: Vec<String> = values
+                    .iter()
+                    .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
+                    .collect();
+                message = format!("{found}, expected one of {}", values.join(", "));
+            }
         }
         if path == "." {
             message
@@ -330,6 +405,22 @@ fn schema_words(message: &str) -> String {
     for t in ["f32", "f64"] {
         out = out.replace(&format!("expected {t}"), "expected a number");
     }
+    // serde's names of what it found and of the containers it expected (`unit value`, `struct
+    // MCPServerSpec`), in the schema's: null, object, array, number.
+    static STRUCT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"expected struct [A-Za-z0-9_]+").expect("a valid regex")
+    });
+    out = STRUCT.replace_all(&out, "expected an object").into_owned();
+    for (serde, schema) in [
+        ("invalid type: unit value", "invalid type: null"),
+        ("invalid type: map,", "invalid type: object,"),
+        ("invalid type: sequence,", "invalid type: array,"),
+        ("invalid type: floating point `", "invalid type: number `"),
+        ("expected a map", "expected an object"),
+        ("expected a sequence", "expected an array"),
+    ] {
+        out = out.replace(serde, schema);
+    }
     out
 }
 
@@ -371,21 +462,33 @@ mod tests {
             ),
             "{e}"
         );
-        let e = store("-3");
-        assert!(
-            e.ends_with(
-                "spec.parallelism: invalid value: integer `-3`, expected an integer from 1 to 64"
+        // What serde names in Rust's words (`unit value`, `struct MCPServerSpec`, a Rust enum)
+        // is said in the schema's.
+        for (spec, says) in [
+            (
+                "  url: http://x/mcp\n  mode: 5\n",
+                "spec.mode: invalid type: integer `5`, expected one of `auto`, `legacy`",
             ),
-            "{e}"
-        );
-        // A range the CRD once gave as a CEL rule, which the schema lookup could not see.
-        let e = load_error("MCPServer", "  url: http://x/mcp\n  timeoutSeconds: -5\n");
-        assert!(
-            e.ends_with(
-                "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300"
+            (
+                "  url: http://x/mcp\n  headers: [a]\n",
+                "spec.headers: invalid type: array, expected an object",
             ),
-            "{e}"
-        );
+            (
+                "  url: http://x/mcp\n  reconciliation: [5]\n",
+                "spec.reconciliation[0]: invalid type: integer `5`, expected an object",
+            ),
+            (
+                "  url: http://x/mcp\n  toolAllowlist: [null]\n",
+                "spec.toolAllowlist[0]: invalid type: null, expected a string",
+            ),
+            (
+                "  url: http://x/mcp\n  timeoutSeconds: 2.5\n",
+                "spec.timeoutSeconds: invalid type: number `2.5`, expected an integer from 1 to 300",
+            ),
+        ] {
+            let e = load_error("MCPServer", spec);
+            assert!(e.ends_with(says), "{spec}: {e}");
+        }
         assert_eq!(schema_words("expected f64"), "expected a number");
         assert_eq!(
             schema_words("invalid value: integer `99999999999`, expected u32"),
@@ -394,6 +497,137 @@ mod tests {
         assert_eq!(
             schema_words("invalid value: integer `-1`, expected u64"),
             "invalid value: integer `-1`, expected a non-negative integer"
+        );
+    }
+
+    /// A bound has one wording, `N is out of range: MIN to MAX`, whatever the number: a negative
+    /// one said "invalid value: integer `-5`, expected an integer from 1 to 300" (the Rust
+    /// type's refusal, rephrased), 0 and 301 "is out of range" (validation's).
+    #[test]
+    fn a_bound_has_one_wording() {
+        for (kind, spec, field, value, range) in [
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "-5",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "0",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "301",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "99999999999",
+                "1 to 300",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "parallelism",
+                "-3",
+                "1 to 64",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "parallelism",
+                "65",
+                "1 to 64",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "sweepTimeoutSeconds",
+                "-1",
+                "1 to 86400",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "startingDeadlineSeconds",
+                "5",
+                "10 to 86400",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "minParkedSeconds",
+                "-1",
+                "at least 0",
+            ),
+            (
+                "HandleClass",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "probesWithinTtl",
+                "-1",
+                "0 to 1000",
+            ),
+            (
+                "HandleClass",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "probesWithinTtl",
+                "1001",
+                "0 to 1000",
+            ),
+        ] {
+            let e = load_error(kind, &format!("{spec}  {field}: {value}\n"));
+            assert_eq!(
+                e,
+                format!(
+                    "r.yaml: document 1 ({kind} default/s): spec.{field}: {value} is out of range: {range}"
+                )
+            );
+        }
+        let e = load_error(
+            "CheckpointStore",
+            "  backend: sqlite\n  dsn: sqlite://x\n  audit: {graceSeconds: -1}\n",
+        );
+        assert!(
+            e.ends_with("spec.audit.graceSeconds: -1 is out of range: at least 0"),
+            "{e}"
+        );
+        // Validation of objects from the API server says the same.
+        let mut spec: crate::crd::MCPServerSpec =
+            serde_json::from_value(serde_json::json!({"url": "http://x/mcp"})).unwrap();
+        spec.timeout_seconds = 301;
+        assert_eq!(
+            validate::mcp_server(&spec).unwrap_err().to_string(),
+            "spec.timeoutSeconds: 301 is out of range: 1 to 300"
+        );
+    }
+
+    /// An explicit `null` is an absent field where the CRD does not declare the field nullable,
+    /// as the API server prunes it before defaulting: `timeoutSeconds: null` is 10 (it said
+    /// "invalid type: unit value"), a required field is missing.
+    #[test]
+    fn a_null_is_an_absent_field_unless_the_crd_says_nullable() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: s}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: null\n  mode: null\n  headers: {X-A: null}\n  toolAllowlist: null\n---\napiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite://x\n  parallelism: null\n  audit: {graceSeconds: null, verdictPath: null}\n  dsnFrom: null\n  handleClassSelector: null\n";
+        let r = Resources::parse(Path::new("r.yaml"), text).unwrap();
+        let server = &r.servers[0].spec;
+        assert_eq!(server.timeout_seconds, 10);
+        assert_eq!(server.mode, crate::mcp::ProtocolMode::Auto);
+        assert!(server.headers.is_empty() && server.tool_allowlist.is_empty());
+        let store = &r.stores[0].spec;
+        assert_eq!((store.parallelism, store.audit.grace_seconds), (1, 120));
+        assert!(store.dsn_from.is_none() && store.handle_class_selector.is_none());
+        let e = load_error("MCPServer", "  url: null\n");
+        assert!(
+            e.ends_with("(MCPServer default/s): spec: missing field `url`"),
+            "{e}"
         );
     }
 
