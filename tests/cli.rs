@@ -886,23 +886,37 @@ fn local_servers_are_held_to_the_crds_bounds() {
             "{value}: {err}"
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
-    support::write_file(
-        dir.path(),
-        "server.yaml",
-        &format!(
-            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
-             spec: {{url: {:?}, timeoutSeconds: null}}\n",
-            support::NOWHERE
+    // What JSON cannot write: a number beyond 64 bits (it said "document 1 (?): not YAML: …
+    // as u128, expected any YAML value", naming no object), and null.
+    for (value, says) in [
+        (
+            "99999999999999999999999",
+            "server.yaml: document 1 (MCPServer default/basket): spec.timeoutSeconds: \
+             99999999999999999999999 is out of range: 1 to 300\n",
         ),
-    );
-    let err = sweep_fails(dir.path());
-    assert!(
-        err.contains("store default/orders: cannot connect to sqlite://x.sqlite")
-            && !err.contains("timeoutSeconds"),
-        "{err}"
-    );
+        (
+            "null",
+            "store default/orders: cannot connect to sqlite://x.sqlite",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+        support::write_file(
+            dir.path(),
+            "server.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+                 spec: {{url: {:?}, timeoutSeconds: {value}}}\n",
+                support::NOWHERE
+            ),
+        );
+        let err = sweep_fails(dir.path());
+        assert!(
+            err.contains(says)
+                && err.matches("timeoutSeconds").count() == says.matches("timeoutSeconds").count(),
+            "{value}: {err}"
+        );
+    }
 }
 
 /// A header value HTTP cannot carry (a newline) is an error when the resources load, naming the

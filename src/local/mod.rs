@@ -89,8 +89,8 @@ impl Resources {
                 kind: kind.to_owned(),
                 message,
             };
-            let value = serde_yaml::Value::deserialize(doc)
-                .map_err(|e| invalid("?", format!("not YAML: {e}")))?;
+            let doc = Document::read(doc).map_err(|e| invalid("?", format!("not YAML: {e}")))?;
+            let value = &doc.value;
             if value.is_null() {
                 continue;
             }
@@ -160,7 +160,7 @@ impl Resources {
                 }
                 (true, "MCPServer", _) => {
                     let s: MCPServer =
-                        typed(value, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::mcp_server(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.compiled.reconciliation.insert(compiled_key(&s), rules);
@@ -168,7 +168,7 @@ impl Resources {
                 }
                 (true, "HandleClass", _) => {
                     let c: HandleClass =
-                        typed(value, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::handle_class(&c.spec)
                         .map_err(|e| invalid(&label(&c), e.to_string()))?;
                     self.compiled.classes.insert(compiled_key(&c), rules);
@@ -176,14 +176,14 @@ impl Resources {
                 }
                 (true, "CheckpointStore", _) => {
                     let s: CheckpointStore =
-                        typed(value, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
                     validate::checkpoint_store(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.stores.push(s);
                 }
                 (false, "Secret", "v1") => self
                     .secrets
-                    .push(typed(value, None).map_err(|m| invalid(&kind, m))?),
+                    .push(typed(doc, None).map_err(|m| invalid(&kind, m))?),
                 // A document meant for custody that it would not read is a mistake to say,
                 // not one to skip: ignored, its servers or classes would silently not be swept.
                 (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
@@ -317,13 +317,20 @@ fn conform(
 }
 
 /// Deserializes into the cluster type, `schema` being its CRD's (pruned and bounded as the API
-/// server would, [`conform`]; its bounds named in a type error). Unknown fields are errors: the
-/// API server would prune them, and a misspelt `goneWhen` or `headersFrom` silently dropped
-/// changes what custody does.
+/// server would, [`conform`]; its bounds named in a type error). What the document's value could
+/// not hold is an error naming the field; so are unknown fields: the API server would prune them,
+/// and a misspelt `goneWhen` or `headersFrom` silently dropped changes what custody does.
 fn typed<T: DeserializeOwned>(
-    mut value: serde_yaml::Value,
+    doc: Document,
     schema: Option<&serde_json::Value>,
 ) -> Result<T, String> {
+    let Document { mut value, noted } = doc;
+    if let Some((path, noted)) = noted.first() {
+        return Err(format!(
+            "{path}: {}",
+            noted.message(schema.and_then(|s| schema_at(s, path)))
+        ));
+    }
     if let Some(schema) = schema {
         conform(&mut value, schema, "")?;
     }
@@ -367,6 +374,204 @@ fn typed<T: DeserializeOwned>(
         Some(path) => Err(format!(
             "{path}: unknown field (check its spelling against `custody crd`)"
         )),
+    }
+}
+
+/// One document of a file as a YAML value, with what a [`serde_yaml::Value`] cannot hold noted by
+/// path instead: serde_yaml's own reading refuses the whole document at an integer beyond 64 bits
+/// ("not YAML: … as u128, expected any YAML value") or a key given twice, before the document's
+/// kind and name are known. Read so, the error names the object and the field.
+struct Document {
+    value: serde_yaml::Value,
+    /// `(path, what)` in document order, the path as serde_path_to_error writes it.
+    noted: Vec<(String, Noted)>,
+}
+
+/// What a document holds that its [`Document::value`] does not.
+enum Noted {
+    /// An integer no 64-bit type holds, as written (the value holds it as a float).
+    TooWide(String),
+    /// A key given twice in one mapping (the value keeps the first).
+    Repeated,
+}
+
+impl Noted {
+    /// What is wrong, for the field whose schema is `field`: an integer beyond 64 bits is out of
+    /// the field's bounds, in their one wording, where the schema gives the bound it passes.
+    fn message(&self, field: Option<&serde_json::Value>) -> String {
+        match self {
+            Self::TooWide(digits) => {
+                let (min, max) = field.map(bounds).unwrap_or_default();
+                let negative = digits.starts_with('-');
+                if (negative && min.is_some()) || (!negative && max.is_some()) {
+                    validate::out_of_range(digits, min, max)
+                } else {
+                    let than = if negative { "smaller" } else { "larger" };
+                    format!("{digits} is out of range: {than} than any 64-bit integer")
+                }
+            }
+            Self::Repeated => "given twice in one mapping (a YAML key appears once)".to_owned(),
+        }
+    }
+}
+
+impl Document {
+    fn read<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        use serde::de::DeserializeSeed as _;
+        let mut noted = Vec::new();
+        let value = ValueAt {
+            path: String::new(),
+            noted: &mut noted,
+        }
+        .deserialize(de)?;
+        Ok(Self { value, noted })
+    }
+}
+
+/// Reads the value at `path` of a [`Document`], noting what the value cannot hold.
+struct ValueAt<'a> {
+    path: String,
+    noted: &'a mut Vec<(String, Noted)>,
+}
+
+impl ValueAt<'_> {
+    /// The reader of the value at `path` of the same document.
+    fn at(&mut self, path: String) -> ValueAt<'_> {
+        ValueAt {
+            path,
+            noted: self.noted,
+        }
+    }
+
+    /// An integer beyond 64 bits, noted; the value holds it as a float.
+    fn too_wide(self, digits: String, approximately: f64) -> serde_yaml::Value {
+        self.noted.push((self.path, Noted::TooWide(digits)));
+        serde_yaml::Value::Number(approximately.into())
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ValueAt<'_> {
+    type Value = serde_yaml::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+/// [`serde_yaml::Value`]'s own reading, but for the integers and keys it would refuse.
+impl<'de> serde::de::Visitor<'de> for ValueAt<'_> {
+    type Value = serde_yaml::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_i128<E>(self, v: i128) -> Result<Self::Value, E> {
+        Ok(match i64::try_from(v) {
+            Ok(v) => serde_yaml::Value::Number(v.into()),
+            Err(_) => self.too_wide(v.to_string(), v as f64),
+        })
+    }
+
+    fn visit_u128<E>(self, v: u128) -> Result<Self::Value, E> {
+        Ok(match u64::try_from(v) {
+            Ok(v) => serde_yaml::Value::Number(v.into()),
+            Err(_) => self.too_wide(v.to_string(), v as f64),
+        })
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Null)
+    }
+
+    /// An empty document.
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        mut self,
+        mut seq: A,
+    ) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let path = format!("{}[{}]", self.path, items.len());
+            match seq.next_element_seed(self.at(path))? {
+                Some(item) => items.push(item),
+                None => return Ok(serde_yaml::Value::Sequence(items)),
+            }
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        mut self,
+        mut map: A,
+    ) -> Result<Self::Value, A::Error> {
+        let mut mapping = serde_yaml::Mapping::new();
+        while let Some(key) = map.next_key_seed(self.at(self.path.clone()))? {
+            let name = match &key {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                _ => "?".to_owned(),
+            };
+            let path = if self.path.is_empty() {
+                name
+            } else {
+                format!("{}.{name}", self.path)
+            };
+            let value = map.next_value_seed(self.at(path.clone()))?;
+            if mapping.contains_key(&key) {
+                self.noted.push((path, Noted::Repeated));
+            } else {
+                mapping.insert(key, value);
+            }
+        }
+        Ok(serde_yaml::Value::Mapping(mapping))
+    }
+
+    /// A value with a YAML tag (`!thing`), kept with it.
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        mut self,
+        data: A,
+    ) -> Result<Self::Value, A::Error> {
+        use serde::de::{Error as _, VariantAccess as _};
+        let (tag, contents) = data.variant::<String>()?;
+        if tag.is_empty() {
+            // `Tag::new` would panic; serde_yaml's own reading refuses it so.
+            return Err(A::Error::custom("empty YAML tag is not allowed"));
+        }
+        let value = contents.newtype_variant_seed(self.at(self.path.clone()))?;
+        Ok(serde_yaml::Value::Tagged(Box::new(
+            serde_yaml::value::TaggedValue {
+                tag: serde_yaml::value::Tag::new(tag),
+                value,
+            },
+        )))
     }
 }
 
@@ -423,8 +628,6 @@ fn schema_words(message: &str) -> String {
     }
     out
 }
-
-use serde::Deserialize as _;
 
 /// `Kind namespace/name` → `file document N` of the resources read so far.
 type Seen = BTreeMap<String, String>;
@@ -608,6 +811,45 @@ mod tests {
             validate::mcp_server(&spec).unwrap_err().to_string(),
             "spec.timeoutSeconds: 301 is out of range: 1 to 300"
         );
+    }
+
+    /// An integer beyond 64 bits, which a YAML value cannot hold, names the object and the field
+    /// and says the field's bounds: it said "document 1 (?): not YAML: … as u128, expected any
+    /// YAML value". So does a key given twice, which refused the document the same way.
+    #[test]
+    fn what_a_yaml_value_cannot_hold_names_the_object_and_field() {
+        let huge = "99999999999999999999999";
+        for (text, says) in [
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: b, namespace: shop}}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: {huge}\n"),
+                format!("(MCPServer shop/b): spec.timeoutSeconds: {huge} is out of range: 1 to 300"),
+            ),
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: s}}\nspec: {{backend: sqlite, dsn: 'sqlite://x', parallelism: -{huge}}}\n"),
+                format!("(CheckpointStore default/s): spec.parallelism: -{huge} is out of range: 1 to 64"),
+            ),
+            // No maximum in the schema: the bound is custody's.
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: s}}\nspec: {{backend: sqlite, dsn: 'sqlite://x', minParkedSeconds: {huge}}}\n"),
+                format!("(CheckpointStore default/s): spec.minParkedSeconds: {huge} is out of range: larger than any 64-bit integer"),
+            ),
+            (
+                format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: t}}\nstringData:\n  - {huge}\n"),
+                format!("(Secret default/t): stringData[0]: {huge} is out of range: larger than any 64-bit integer"),
+            ),
+            (
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  url: http://y/mcp\n".to_owned(),
+                "(MCPServer default/b): spec.url: given twice in one mapping (a YAML key appears once)".to_owned(),
+            ),
+        ] {
+            let e = Resources::parse(Path::new("r.yaml"), &text).err().unwrap().to_string();
+            assert_eq!(e, format!("r.yaml: document 1 {says}"));
+        }
+        // Another group's document is not custody's to judge; an empty document is none.
+        let text = format!(
+            "---\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d}}\nspec: {{replicas: {huge}, replicas: 1}}\n"
+        );
+        assert!(Resources::parse(Path::new("r.yaml"), &text).is_ok());
     }
 
     /// An explicit `null` is an absent field where the CRD does not declare the field nullable,
