@@ -7,7 +7,12 @@ use std::path::Path;
 use serde_json::json;
 
 fn sweep_fails(dir: &Path) -> String {
-    let out = support::custody(&["sweep", "--dry-run", "-f", dir.to_str().unwrap()]);
+    sweep_fails_with(&["-f", dir.to_str().unwrap()])
+}
+
+/// The stderr of `custody sweep --dry-run` with these `-f` arguments, asserting it fails.
+fn sweep_fails_with(files: &[&str]) -> String {
+    let out = support::custody(&[&["sweep", "--dry-run"], files].concat());
     assert!(
         !out.status.success(),
         "expected failure, got:\n{}",
@@ -429,6 +434,61 @@ fn filename_may_be_given_several_times() {
     );
 }
 
+/// A name the API server would refuse (custom resources and Secrets are named by DNS-1123
+/// subdomains) is refused in local mode too, in the API server's words, naming the file, document
+/// and object: `Orders_X` was accepted, so files that could never be applied were swept.
+#[test]
+fn a_name_the_api_server_refuses_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://missing.sqlite");
+    support::fixtures::write_resources(
+        dir.path(),
+        "server.yaml",
+        &[support::fixtures::object(
+            "MCPServer",
+            "Orders_X",
+            json!({"url": support::NOWHERE}),
+        )],
+    );
+    let err = sweep_fails(dir.path());
+    let want = format!(
+        "error: {}: document 1 (MCPServer default/Orders_X): metadata.name: invalid value \
+         \"Orders_X\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+         characters, '-' or '.', and must start and end with an alphanumeric character (e.g. \
+         'example.com')\n",
+        dir.path().join("server.yaml").display()
+    );
+    assert!(
+        err.contains(&want) && err.matches("Orders_X").count() == 2,
+        "{err}"
+    );
+}
+
+/// A file two `-f` paths name (a directory and a file in it, `./dir` and `dir`) is read once, as
+/// `kubectl apply` would apply it once: it was "defined twice: also in" the same file. The
+/// resources load, so the sweep gets as far as the store's (missing) database.
+#[test]
+fn a_file_named_by_two_paths_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://missing.sqlite");
+    let d = dir.path();
+    for (first, second) in [
+        (d.to_owned(), d.join("store.yaml")),
+        (d.join("."), d.to_owned()),
+    ] {
+        let err = sweep_fails_with(&[
+            "-f",
+            first.to_str().unwrap(),
+            "-f",
+            second.to_str().unwrap(),
+        ]);
+        assert!(
+            err.contains("store default/orders: cannot connect") && !err.contains("defined twice"),
+            "{first:?} {second:?}: {err}"
+        );
+    }
+}
+
 /// `sweep --store` and `controller` without a reachable cluster say where custody looked, once,
 /// on one line: a kubeconfig that is not there by its path, one that does not parse by the first
 /// line of why.
@@ -662,7 +722,10 @@ fn warnings_about_the_input_come_before_the_table() {
         "{text}"
     );
     assert_eq!(
-        at("warning: no HandleClass applies to this store"),
+        at(
+            "warning: no HandleClass applies to this store: spec.handleClassSelector does not \
+            match the one HandleClass in its namespace, default"
+        ),
         orders + 1,
         "{text}"
     );
@@ -672,6 +735,58 @@ fn warnings_about_the_input_come_before_the_table() {
         "{text}"
     );
     assert_eq!(text.matches("no HandleClass applies").count(), 1, "{text}");
+}
+
+/// A store whose namespace holds no HandleClass is told so, not to "check
+/// spec.handleClassSelector" (which it does not have); a class in another namespace is named
+/// by its namespace. An empty LangGraph SQLite database: the warning comes before any row.
+#[test]
+fn no_handle_class_in_the_namespace_is_said_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("empty.sqlite");
+    let made = std::process::Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import sqlite3; c = sqlite3.connect({:?}); \
+                 c.execute('create table checkpoints (thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT \\'\\', checkpoint_id TEXT NOT NULL, parent_checkpoint_id TEXT, type TEXT, checkpoint BLOB, metadata BLOB, PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id))'); \
+                 c.execute('create table writes (thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT \\'\\', checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL, idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT, value BLOB, PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx))'); \
+                 c.commit()",
+                db.display().to_string()
+            ),
+        ])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    use support::fixtures::{
+        object, observing_basket_class, server_spec, store_spec, write_resources,
+    };
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[object(
+            "CheckpointStore",
+            "orders",
+            store_spec("sqlite", &format!("sqlite://{}", db.display())),
+        )],
+    );
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("store default/orders\nwarning: no HandleClass applies to this store: there is no HandleClass in its namespace, default\n"),
+        "{text}"
+    );
+    let mut server = object("MCPServer", "basket", server_spec(support::NOWHERE));
+    let mut class = object("HandleClass", "basket", observing_basket_class());
+    server["metadata"]["namespace"] = "shop".into();
+    class["metadata"]["namespace"] = "shop".into();
+    write_resources(dir.path(), "class.yaml", &[server, class]);
+    let out = support::custody(&["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("store default/orders\nwarning: no HandleClass applies to this store: there is no HandleClass in its namespace, default (only in shop; a store sweeps its own namespace's)\n"),
+        "{text}"
+    );
 }
 
 /// Local mode logs no line per write at the default level: the table's ACTION column and its
@@ -750,6 +865,11 @@ fn local_stores_are_held_to_the_crds_bounds() {
             "spec.parallelism: 100 is out of range: 1 to 64",
         ),
         (
+            "parallelism",
+            json!(-3),
+            "spec.parallelism: -3 is out of range: 1 to 64",
+        ),
+        (
             "startingDeadlineSeconds",
             json!(5),
             "spec.startingDeadlineSeconds: 5 is out of range: 10 to 86400",
@@ -790,18 +910,26 @@ fn local_stores_are_held_to_the_crds_bounds() {
     }
 }
 
-/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in the words it uses
-/// for a CheckpointStore's bounds: a value below 0 too (it was refused by the Rust type's bound,
-/// "expected a non-negative integer up to 4294967295", while the CRD said the range in CEL).
+/// Local mode holds an MCPServer's `timeoutSeconds` to the CRD's 1 to 300, in one wording for
+/// every number outside it, as for a CheckpointStore's bounds: a value below 0 said "invalid
+/// value: integer `-5`, expected an integer from 1 to 300" (the Rust type's refusal, rephrased).
+/// A `null` is no value, so the default, as the API server prunes it: it said "unit value".
 #[test]
 fn local_servers_are_held_to_the_crds_bounds() {
     for (value, says) in [
         (
-            -5,
-            "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300",
+            json!(-5),
+            "spec.timeoutSeconds: -5 is out of range: 1 to 300",
         ),
-        (0, "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
-        (301, "spec.timeoutSeconds: 301 is out of range: 1 to 300"),
+        (json!(0), "spec.timeoutSeconds: 0 is out of range: 1 to 300"),
+        (
+            json!(301),
+            "spec.timeoutSeconds: 301 is out of range: 1 to 300",
+        ),
+        (
+            json!(99_999_999_999_u64),
+            "spec.timeoutSeconds: 99999999999 is out of range: 1 to 300",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
@@ -819,6 +947,37 @@ fn local_servers_are_held_to_the_crds_bounds() {
             err.contains(&format!(
                 "server.yaml: document 1 (MCPServer default/basket): {says}\n"
             )),
+            "{value}: {err}"
+        );
+    }
+    // What JSON cannot write: a number beyond 64 bits (it said "document 1 (?): not YAML: …
+    // as u128, expected any YAML value", naming no object), and null.
+    for (value, says) in [
+        (
+            "99999999999999999999999",
+            "server.yaml: document 1 (MCPServer default/basket): spec.timeoutSeconds: \
+             99999999999999999999999 is out of range: 1 to 300\n",
+        ),
+        (
+            "null",
+            "store default/orders: cannot connect to sqlite://x.sqlite",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+        support::write_file(
+            dir.path(),
+            "server.yaml",
+            &format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\n\
+                 spec: {{url: {:?}, timeoutSeconds: {value}}}\n",
+                support::NOWHERE
+            ),
+        );
+        let err = sweep_fails(dir.path());
+        assert!(
+            err.contains(says)
+                && err.matches("timeoutSeconds").count() == says.matches("timeoutSeconds").count(),
             "{value}: {err}"
         );
     }

@@ -154,9 +154,10 @@ fn check_range(range: &str, field: &Field) -> Result<(), String> {
     }
     for v in [start, end] {
         if !(field.min..=field.max).contains(&v) {
-            return Err(format!(
-                "{v} is out of range: {} to {}",
-                field.min, field.max
+            return Err(super::validate::out_of_range(
+                v,
+                Some(field.min.into()),
+                Some(field.max.into()),
             ));
         }
     }

@@ -110,6 +110,58 @@ pub fn secret_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An object's `metadata.name` and `metadata.namespace` as the API server checks them when it
+/// creates the object, in its words: every object name (of custom resources and Secrets alike) is
+/// a DNS-1123 subdomain, a namespace a DNS-1123 label. For local mode, whose files meet no API
+/// server: a cluster would refuse `Orders_X`, so such files could never be applied as they are.
+///
+/// # Errors
+/// The field and what is wrong with it: no name, too long, not of the form.
+pub fn object_meta(name: Option<&str>, namespace: Option<&str>) -> Result<(), FieldError> {
+    static LABEL: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("a valid regex")
+    });
+    let invalid = |value: &str, why: &str| format!("invalid value {value:?}: {why}");
+    match name {
+        None | Some("") => return Err(err("metadata.name", "required value")),
+        Some(name) if name.len() > 253 => {
+            return Err(err(
+                "metadata.name",
+                invalid(name, "must be no more than 253 characters"),
+            ));
+        }
+        Some(name) if !dns1123_subdomain(name) => {
+            return Err(err(
+                "metadata.name",
+                invalid(
+                    name,
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+                     characters, '-' or '.', and must start and end with an alphanumeric \
+                     character (e.g. 'example.com')",
+                ),
+            ));
+        }
+        Some(_) => {}
+    }
+    match namespace {
+        Some(ns) if ns.len() > 63 => Err(err(
+            "metadata.namespace",
+            invalid(ns, "must be no more than 63 characters"),
+        )),
+        // An empty namespace is as good as none to kubectl; local mode keeps it as written.
+        Some(ns) if !ns.is_empty() && !LABEL.is_match(ns) => Err(err(
+            "metadata.namespace",
+            invalid(
+                ns,
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters \
+                 or '-', and must start and end with an alphanumeric character (e.g. 'my-name' \
+                 or '123-abc')",
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Whether `name` is a DNS-1123 subdomain ([`super::schema::DNS1123_SUBDOMAIN`], at most 253
 /// characters): the form of every object name.
 fn dns1123_subdomain(name: &str) -> bool {
@@ -268,16 +320,12 @@ pub fn handle_class(
             format!("does not compile: {e}"),
         )
     })?;
-    if spec.probes_within_ttl > super::handle_class::PROBES_WITHIN_TTL_MAX {
-        return Err(err(
-            "spec.probesWithinTtl",
-            format!(
-                "{} is out of range: 0 to {}",
-                spec.probes_within_ttl,
-                super::handle_class::PROBES_WITHIN_TTL_MAX
-            ),
-        ));
-    }
+    in_range(
+        "spec.probesWithinTtl",
+        spec.probes_within_ttl,
+        0,
+        super::handle_class::PROBES_WITHIN_TTL_MAX,
+    )?;
     if spec.on_gone == OnGone::Remint && spec.mint.is_none() {
         return Err(err("spec.mint", "onGone: remint requires mint"));
     }
@@ -429,15 +477,28 @@ fn cluster_bounds(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
 }
 
 /// A bound the CRD's schema gives as `minimum` and `maximum` (which the API server enforces in a
-/// cluster), checked for local mode: `field: 0 is out of range: 1 to 300`.
+/// cluster), checked for objects stored before the bound and in [`out_of_range`]'s words:
+/// `field: 0 is out of range: 1 to 300`.
 fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<(), FieldError> {
     if (min..=max).contains(&value) {
         Ok(())
     } else {
         Err(err(
             field,
-            format!("{value} is out of range: {min} to {max}"),
+            out_of_range(value, Some(min.into()), Some(max.into())),
         ))
+    }
+}
+
+/// The one wording of a number outside the bounds the CRD's schema gives its field (`minimum`,
+/// `maximum`), wherever it is found (local mode's schema check, these rules, a cron field):
+/// `301 is out of range: 1 to 300`, `-1 is out of range: at least 0`.
+pub fn out_of_range(value: impl fmt::Display, min: Option<f64>, max: Option<f64>) -> String {
+    match (min, max) {
+        (Some(min), Some(max)) => format!("{value} is out of range: {min} to {max}"),
+        (Some(min), None) => format!("{value} is out of range: at least {min}"),
+        (None, Some(max)) => format!("{value} is out of range: at most {max}"),
+        (None, None) => format!("{value} is out of range"),
     }
 }
 

@@ -28,7 +28,8 @@ impl Resources {
     }
 
     /// [`Self::load`] of each path (`-f` given several times), into one set of resources: a
-    /// resource defined in two of them is an error naming both files, as within one directory.
+    /// resource defined in two files is an error naming both, as within one directory; a file
+    /// that two paths name (a directory and a file in it) is read once.
     ///
     /// # Errors
     /// As [`Self::load`].
@@ -39,6 +40,9 @@ impl Resources {
         };
         let mut out = Self::default();
         let mut seen = Seen::new();
+        // One file named twice (`-f dir -f dir/store.yaml`, `-f ./dir -f dir`) is read once:
+        // its resources are not two definitions.
+        let mut read = std::collections::BTreeSet::new();
         for path in paths {
             let path = path.as_ref();
             let files = if std::fs::metadata(path).map_err(io(path))?.is_file() {
@@ -56,6 +60,9 @@ impl Resources {
                 files
             };
             for file in files {
+                if !read.insert(std::fs::canonicalize(&file).map_err(io(&file))?) {
+                    continue;
+                }
                 let text = std::fs::read_to_string(&file).map_err(io(&file))?;
                 out.add_file(&file, &text, &mut seen)?;
             }
@@ -82,8 +89,8 @@ impl Resources {
                 kind: kind.to_owned(),
                 message,
             };
-            let value = serde_yaml::Value::deserialize(doc)
-                .map_err(|e| invalid("?", format!("not YAML: {e}")))?;
+            let doc = Document::read(doc).map_err(|e| invalid("?", format!("not YAML: {e}")))?;
+            let value = &doc.value;
             if value.is_null() {
                 continue;
             }
@@ -116,6 +123,15 @@ impl Resources {
                     | (false, "Secret", "v1")
             );
             if read {
+                // The API server refuses such a name when the object is created; a name or
+                // namespace that is not a string is the typed step's to say (`invalid type`).
+                let text = |field: &str| match value.get("metadata").and_then(|m| m.get(field)) {
+                    None | Some(serde_yaml::Value::Null) => Ok(None),
+                    Some(v) => v.as_str().map(Some).ok_or(()),
+                };
+                if let (Ok(name), Ok(ns)) = (text("name"), text("namespace")) {
+                    validate::object_meta(name, ns).map_err(|e| invalid(&kind, e.to_string()))?;
+                }
                 let here = format!("{} document {}", path.display(), i + 1);
                 if let Some(first) = seen.insert(kind.clone(), here) {
                     return Err(invalid(
@@ -144,7 +160,7 @@ impl Resources {
                 }
                 (true, "MCPServer", _) => {
                     let s: MCPServer =
-                        typed(value, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::mcp_server(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.compiled.reconciliation.insert(compiled_key(&s), rules);
@@ -152,7 +168,7 @@ impl Resources {
                 }
                 (true, "HandleClass", _) => {
                     let c: HandleClass =
-                        typed(value, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
                     let rules = validate::handle_class(&c.spec)
                         .map_err(|e| invalid(&label(&c), e.to_string()))?;
                     self.compiled.classes.insert(compiled_key(&c), rules);
@@ -160,14 +176,14 @@ impl Resources {
                 }
                 (true, "CheckpointStore", _) => {
                     let s: CheckpointStore =
-                        typed(value, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
+                        typed(doc, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
                     validate::checkpoint_store(&s.spec)
                         .map_err(|e| invalid(&label(&s), e.to_string()))?;
                     self.stores.push(s);
                 }
                 (false, "Secret", "v1") => self
                     .secrets
-                    .push(secret(value).map_err(|m| invalid(&kind, m))?),
+                    .push(secret(doc).map_err(|m| invalid(&kind, m))?),
                 // A document meant for custody that it would not read is a mistake to say,
                 // not one to skip: ignored, its servers or classes would silently not be swept.
                 (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
@@ -219,33 +235,105 @@ fn schema_of<K: kube::CustomResourceExt>() -> serde_json::Value {
         .unwrap_or_default()
 }
 
-/// The `minimum` and `maximum` the CRD's `schema` gives the field at `path` (serde_path_to_error's
-/// `spec.servers[0].timeoutSeconds`), when it gives both.
-fn schema_range(schema: &serde_json::Value, path: &str) -> Option<(f64, f64)> {
+/// The schema of the field at `path` (serde_path_to_error's `spec.servers[0].timeoutSeconds`) in
+/// the CRD's `schema`, through `properties`, `additionalProperties` and `items`.
+fn schema_at<'a>(schema: &'a serde_json::Value, path: &str) -> Option<&'a serde_json::Value> {
     let mut node = schema;
     for part in path.split('.') {
-        let (name, indexed) = match part.split_once('[') {
-            Some((name, _)) => (name, true),
-            None => (part, false),
-        };
-        node = node.get("properties")?.get(name)?;
-        if indexed {
+        let (name, items) = part.split_once('[').map_or((part, 0), |(name, rest)| {
+            (name, 1 + rest.matches('[').count())
+        });
+        node = field_schema(node, name)?;
+        for _ in 0..items {
             node = node.get("items")?;
         }
     }
-    Some((
-        node.get("minimum")?.as_f64()?,
-        node.get("maximum")?.as_f64()?,
-    ))
+    Some(node)
 }
 
-/// Deserializes into the cluster type, `schema` being its CRD's (for the bounds a type error
-/// should name). Unknown fields are errors: the API server would prune them, and a misspelt
-/// `goneWhen` or `headersFrom` silently dropped changes what custody does.
+/// The schema of `object`'s field `name`: a declared property, or any key of a map.
+fn field_schema<'a>(object: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    object
+        .get("properties")
+        .and_then(|p| p.get(name))
+        .or_else(|| object.get("additionalProperties").filter(|a| a.is_object()))
+}
+
+/// The `minimum` and `maximum` a field's schema gives it.
+fn bounds(field: &serde_json::Value) -> (Option<f64>, Option<f64>) {
+    let bound = |key: &str| field.get(key).and_then(serde_json::Value::as_f64);
+    (bound("minimum"), bound("maximum"))
+}
+
+/// Does to a document what the API server does before it validates and stores an object, which
+/// local mode has no API server for (Kubernetes' structural schema rules): a `null` in a field
+/// the schema does not declare `nullable` is pruned, so the field's default applies as if it
+/// were absent (`timeoutSeconds: null` is 10), and a number outside its field's `minimum` or
+/// `maximum` is refused, in the one wording of a bound ([`validate::out_of_range`]) whether it is
+/// negative, 0 or too large for its Rust type. `path` is the document's path to `value`.
+fn conform(
+    value: &mut serde_yaml::Value,
+    schema: &serde_json::Value,
+    path: &str,
+) -> Result<(), String> {
+    use serde_yaml::Value;
+    match value {
+        Value::Mapping(map) => {
+            let field = |key: &Value| key.as_str().and_then(|k| field_schema(schema, k));
+            map.retain(|key, v| {
+                let nullable = |f: &serde_json::Value| {
+                    f.get("nullable") == Some(&serde_json::Value::Bool(true))
+                };
+                !(v.is_null() && field(key).is_some_and(|f| !nullable(f)))
+            });
+            for (key, v) in map.iter_mut() {
+                if let Some((name, f)) = key.as_str().zip(field(key)) {
+                    let at = if path.is_empty() {
+                        name.to_owned()
+                    } else {
+                        format!("{path}.{name}")
+                    };
+                    conform(v, f, &at)?;
+                }
+            }
+        }
+        Value::Sequence(items) => {
+            if let Some(item) = schema.get("items") {
+                for (i, v) in items.iter_mut().enumerate() {
+                    conform(v, item, &format!("{path}[{i}]"))?;
+                }
+            }
+        }
+        Value::Number(n) => {
+            let (min, max) = bounds(schema);
+            let x = n.as_f64().unwrap_or_default();
+            if min.is_some_and(|min| x < min) || max.is_some_and(|max| x > max) {
+                return Err(format!("{path}: {}", validate::out_of_range(n, min, max)));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Deserializes into the cluster type, `schema` being its CRD's (pruned and bounded as the API
+/// server would, [`conform`]; its bounds named in a type error). What the document's value could
+/// not hold is an error naming the field; so are unknown fields: the API server would prune them,
+/// and a misspelt `goneWhen` or `headersFrom` silently dropped changes what custody does.
 fn typed<T: DeserializeOwned>(
-    value: serde_yaml::Value,
+    doc: Document,
     schema: Option<&serde_json::Value>,
 ) -> Result<T, String> {
+    let Document { mut value, noted } = doc;
+    if let Some((path, noted)) = noted.first() {
+        return Err(format!(
+            "{path}: {}",
+            noted.message(schema.and_then(|s| schema_at(s, path)))
+        ));
+    }
+    if let Some(schema) = schema {
+        conform(&mut value, schema, "")?;
+    }
     let mut unknown = Vec::new();
     // The derived kinds take apiVersion and kind from their type, not from the document.
     let mut note = |path: serde_ignored::Path<'_>| {
@@ -258,12 +346,22 @@ fn typed<T: DeserializeOwned>(
     let typed = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let mut message = schema_words(&e.into_inner().to_string());
-        // `parallelism: -3` fails as a u32 before validation could say 1 to 64: say the schema's
-        // range, as the API server would, not the Rust type's.
-        if let Some((min, max)) = schema.and_then(|s| schema_range(s, &path))
-            && let Some((found, _)) = message.split_once(", expected ")
-        {
-            message = format!("{found}, expected an integer from {min} to {max}");
+        // `parallelism: two` fails as a u32, `mode: 5` as a Rust enum: say what the schema
+        // allows, as the API server would, not what the Rust type is.
+        let field = schema.and_then(|s| schema_at(s, &path));
+        let values = field
+            .and_then(|f| f.get("enum"))
+            .and_then(serde_json::Value::as_array);
+        if let Some((found, _)) = message.split_once(", expected ") {
+            if let Some((Some(min), Some(max))) = field.map(bounds) {
+                message = format!("{found}, expected an integer from {min} to {max}");
+            } else if let Some(values) = values {
+                let values: Vec<String> = values
+                    .iter()
+                    .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
+                    .collect();
+                message = format!("{found}, expected one of {}", values.join(", "));
+            }
         }
         if path == "." {
             message
@@ -276,6 +374,204 @@ fn typed<T: DeserializeOwned>(
         Some(path) => Err(format!(
             "{path}: unknown field (check its spelling against `custody crd`)"
         )),
+    }
+}
+
+/// One document of a file as a YAML value, with what a [`serde_yaml::Value`] cannot hold noted by
+/// path instead: serde_yaml's own reading refuses the whole document at an integer beyond 64 bits
+/// ("not YAML: … as u128, expected any YAML value") or a key given twice, before the document's
+/// kind and name are known. Read so, the error names the object and the field.
+struct Document {
+    value: serde_yaml::Value,
+    /// `(path, what)` in document order, the path as serde_path_to_error writes it.
+    noted: Vec<(String, Noted)>,
+}
+
+/// What a document holds that its [`Document::value`] does not.
+enum Noted {
+    /// An integer no 64-bit type holds, as written (the value holds it as a float).
+    TooWide(String),
+    /// A key given twice in one mapping (the value keeps the first).
+    Repeated,
+}
+
+impl Noted {
+    /// What is wrong, for the field whose schema is `field`: an integer beyond 64 bits is out of
+    /// the field's bounds, in their one wording, where the schema gives the bound it passes.
+    fn message(&self, field: Option<&serde_json::Value>) -> String {
+        match self {
+            Self::TooWide(digits) => {
+                let (min, max) = field.map(bounds).unwrap_or_default();
+                let negative = digits.starts_with('-');
+                if (negative && min.is_some()) || (!negative && max.is_some()) {
+                    validate::out_of_range(digits, min, max)
+                } else {
+                    let than = if negative { "smaller" } else { "larger" };
+                    format!("{digits} is out of range: {than} than any 64-bit integer")
+                }
+            }
+            Self::Repeated => "given twice in one mapping (a YAML key appears once)".to_owned(),
+        }
+    }
+}
+
+impl Document {
+    fn read<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        use serde::de::DeserializeSeed as _;
+        let mut noted = Vec::new();
+        let value = ValueAt {
+            path: String::new(),
+            noted: &mut noted,
+        }
+        .deserialize(de)?;
+        Ok(Self { value, noted })
+    }
+}
+
+/// Reads the value at `path` of a [`Document`], noting what the value cannot hold.
+struct ValueAt<'a> {
+    path: String,
+    noted: &'a mut Vec<(String, Noted)>,
+}
+
+impl ValueAt<'_> {
+    /// The reader of the value at `path` of the same document.
+    fn at(&mut self, path: String) -> ValueAt<'_> {
+        ValueAt {
+            path,
+            noted: self.noted,
+        }
+    }
+
+    /// An integer beyond 64 bits, noted; the value holds it as a float.
+    fn too_wide(self, digits: String, approximately: f64) -> serde_yaml::Value {
+        self.noted.push((self.path, Noted::TooWide(digits)));
+        serde_yaml::Value::Number(approximately.into())
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ValueAt<'_> {
+    type Value = serde_yaml::Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+/// [`serde_yaml::Value`]'s own reading, but for the integers and keys it would refuse.
+impl<'de> serde::de::Visitor<'de> for ValueAt<'_> {
+    type Value = serde_yaml::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_i128<E>(self, v: i128) -> Result<Self::Value, E> {
+        Ok(match i64::try_from(v) {
+            Ok(v) => serde_yaml::Value::Number(v.into()),
+            Err(_) => self.too_wide(v.to_string(), v as f64),
+        })
+    }
+
+    fn visit_u128<E>(self, v: u128) -> Result<Self::Value, E> {
+        Ok(match u64::try_from(v) {
+            Ok(v) => serde_yaml::Value::Number(v.into()),
+            Err(_) => self.too_wide(v.to_string(), v as f64),
+        })
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Number(v.into()))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Null)
+    }
+
+    /// An empty document.
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_yaml::Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        mut self,
+        mut seq: A,
+    ) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let path = format!("{}[{}]", self.path, items.len());
+            match seq.next_element_seed(self.at(path))? {
+                Some(item) => items.push(item),
+                None => return Ok(serde_yaml::Value::Sequence(items)),
+            }
+        }
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        mut self,
+        mut map: A,
+    ) -> Result<Self::Value, A::Error> {
+        let mut mapping = serde_yaml::Mapping::new();
+        while let Some(key) = map.next_key_seed(self.at(self.path.clone()))? {
+            let name = match &key {
+                serde_yaml::Value::String(s) => s.clone(),
+                serde_yaml::Value::Number(n) => n.to_string(),
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                _ => "?".to_owned(),
+            };
+            let path = if self.path.is_empty() {
+                name
+            } else {
+                format!("{}.{name}", self.path)
+            };
+            let value = map.next_value_seed(self.at(path.clone()))?;
+            if mapping.contains_key(&key) {
+                self.noted.push((path, Noted::Repeated));
+            } else {
+                mapping.insert(key, value);
+            }
+        }
+        Ok(serde_yaml::Value::Mapping(mapping))
+    }
+
+    /// A value with a YAML tag (`!thing`), kept with it.
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        mut self,
+        data: A,
+    ) -> Result<Self::Value, A::Error> {
+        use serde::de::{Error as _, VariantAccess as _};
+        let (tag, contents) = data.variant::<String>()?;
+        if tag.is_empty() {
+            // `Tag::new` would panic; serde_yaml's own reading refuses it so.
+            return Err(A::Error::custom("empty YAML tag is not allowed"));
+        }
+        let value = contents.newtype_variant_seed(self.at(self.path.clone()))?;
+        Ok(serde_yaml::Value::Tagged(Box::new(
+            serde_yaml::value::TaggedValue {
+                tag: serde_yaml::value::Tag::new(tag),
+                value,
+            },
+        )))
     }
 }
 
@@ -314,10 +610,24 @@ fn schema_words(message: &str) -> String {
     for t in ["f32", "f64"] {
         out = out.replace(&format!("expected {t}"), "expected a number");
     }
+    // serde's names of what it found and of the containers it expected (`unit value`, `struct
+    // MCPServerSpec`), in the schema's: null, object, array, number.
+    static STRUCT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"expected struct [A-Za-z0-9_]+").expect("a valid regex")
+    });
+    out = STRUCT.replace_all(&out, "expected an object").into_owned();
+    for (serde, schema) in [
+        ("invalid type: unit value", "invalid type: null"),
+        ("invalid type: map,", "invalid type: object,"),
+        ("invalid type: sequence,", "invalid type: array,"),
+        ("invalid type: floating point `", "invalid type: number `"),
+        ("expected a map", "expected an object"),
+        ("expected a sequence", "expected an array"),
+    ] {
+        out = out.replace(serde, schema);
+    }
     out
 }
-
-use serde::Deserialize as _;
 
 /// `Kind namespace/name` → `file document N` of the resources read so far.
 type Seen = BTreeMap<String, String>;
@@ -327,8 +637,8 @@ type Seen = BTreeMap<String, String>;
 /// that is not base64 is said as such with its key and the plain-text alternative, rather than
 /// the decoder's `Invalid symbol 33, offset 0.`. The value itself is never quoted (it may be a
 /// password written in plain text by mistake).
-fn secret(mut value: serde_yaml::Value) -> Result<k8s_openapi::api::core::v1::Secret, String> {
-    if let Some(data) = value.get_mut("data").and_then(|d| d.as_mapping_mut()) {
+fn secret(mut doc: Document) -> Result<k8s_openapi::api::core::v1::Secret, String> {
+    if let Some(data) = doc.value.get_mut("data").and_then(|d| d.as_mapping_mut()) {
         for (key, v) in data.iter_mut() {
             let Some(text) = v.as_str() else { continue };
             let text: String = text.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
@@ -357,7 +667,7 @@ fn secret(mut value: serde_yaml::Value) -> Result<k8s_openapi::api::core::v1::Se
             ));
         }
     }
-    typed(value, None)
+    typed(doc, None)
 }
 
 #[cfg(test)]
@@ -393,21 +703,33 @@ mod tests {
             ),
             "{e}"
         );
-        let e = store("-3");
-        assert!(
-            e.ends_with(
-                "spec.parallelism: invalid value: integer `-3`, expected an integer from 1 to 64"
+        // What serde names in Rust's words (`unit value`, `struct MCPServerSpec`, a Rust enum)
+        // is said in the schema's.
+        for (spec, says) in [
+            (
+                "  url: http://x/mcp\n  mode: 5\n",
+                "spec.mode: invalid type: integer `5`, expected one of `auto`, `legacy`",
             ),
-            "{e}"
-        );
-        // A range the CRD once gave as a CEL rule, which the schema lookup could not see.
-        let e = load_error("MCPServer", "  url: http://x/mcp\n  timeoutSeconds: -5\n");
-        assert!(
-            e.ends_with(
-                "spec.timeoutSeconds: invalid value: integer `-5`, expected an integer from 1 to 300"
+            (
+                "  url: http://x/mcp\n  headers: [a]\n",
+                "spec.headers: invalid type: array, expected an object",
             ),
-            "{e}"
-        );
+            (
+                "  url: http://x/mcp\n  reconciliation: [5]\n",
+                "spec.reconciliation[0]: invalid type: integer `5`, expected an object",
+            ),
+            (
+                "  url: http://x/mcp\n  toolAllowlist: [null]\n",
+                "spec.toolAllowlist[0]: invalid type: null, expected a string",
+            ),
+            (
+                "  url: http://x/mcp\n  timeoutSeconds: 2.5\n",
+                "spec.timeoutSeconds: invalid type: number `2.5`, expected an integer from 1 to 300",
+            ),
+        ] {
+            let e = load_error("MCPServer", spec);
+            assert!(e.ends_with(says), "{spec}: {e}");
+        }
         assert_eq!(schema_words("expected f64"), "expected a number");
         assert_eq!(
             schema_words("invalid value: integer `99999999999`, expected u32"),
@@ -416,6 +738,176 @@ mod tests {
         assert_eq!(
             schema_words("invalid value: integer `-1`, expected u64"),
             "invalid value: integer `-1`, expected a non-negative integer"
+        );
+    }
+
+    /// A bound has one wording, `N is out of range: MIN to MAX`, whatever the number: a negative
+    /// one said "invalid value: integer `-5`, expected an integer from 1 to 300" (the Rust
+    /// type's refusal, rephrased), 0 and 301 "is out of range" (validation's).
+    #[test]
+    fn a_bound_has_one_wording() {
+        for (kind, spec, field, value, range) in [
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "-5",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "0",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "301",
+                "1 to 300",
+            ),
+            (
+                "MCPServer",
+                "  url: http://x/mcp\n",
+                "timeoutSeconds",
+                "99999999999",
+                "1 to 300",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "parallelism",
+                "-3",
+                "1 to 64",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "parallelism",
+                "65",
+                "1 to 64",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "sweepTimeoutSeconds",
+                "-1",
+                "1 to 86400",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "startingDeadlineSeconds",
+                "5",
+                "10 to 86400",
+            ),
+            (
+                "CheckpointStore",
+                "  backend: sqlite\n  dsn: sqlite://x\n",
+                "minParkedSeconds",
+                "-1",
+                "at least 0",
+            ),
+            (
+                "HandleClass",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "probesWithinTtl",
+                "-1",
+                "0 to 1000",
+            ),
+            (
+                "HandleClass",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "probesWithinTtl",
+                "1001",
+                "0 to 1000",
+            ),
+        ] {
+            let e = load_error(kind, &format!("{spec}  {field}: {value}\n"));
+            assert_eq!(
+                e,
+                format!(
+                    "r.yaml: document 1 ({kind} default/s): spec.{field}: {value} is out of range: {range}"
+                )
+            );
+        }
+        let e = load_error(
+            "CheckpointStore",
+            "  backend: sqlite\n  dsn: sqlite://x\n  audit: {graceSeconds: -1}\n",
+        );
+        assert!(
+            e.ends_with("spec.audit.graceSeconds: -1 is out of range: at least 0"),
+            "{e}"
+        );
+        // Validation of objects from the API server says the same.
+        let mut spec: crate::crd::MCPServerSpec =
+            serde_json::from_value(serde_json::json!({"url": "http://x/mcp"})).unwrap();
+        spec.timeout_seconds = 301;
+        assert_eq!(
+            validate::mcp_server(&spec).unwrap_err().to_string(),
+            "spec.timeoutSeconds: 301 is out of range: 1 to 300"
+        );
+    }
+
+    /// An integer beyond 64 bits, which a YAML value cannot hold, names the object and the field
+    /// and says the field's bounds: it said "document 1 (?): not YAML: … as u128, expected any
+    /// YAML value". So does a key given twice, which refused the document the same way.
+    #[test]
+    fn what_a_yaml_value_cannot_hold_names_the_object_and_field() {
+        let huge = "99999999999999999999999";
+        for (text, says) in [
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: b, namespace: shop}}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: {huge}\n"),
+                format!("(MCPServer shop/b): spec.timeoutSeconds: {huge} is out of range: 1 to 300"),
+            ),
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: s}}\nspec: {{backend: sqlite, dsn: 'sqlite://x', parallelism: -{huge}}}\n"),
+                format!("(CheckpointStore default/s): spec.parallelism: -{huge} is out of range: 1 to 64"),
+            ),
+            // No maximum in the schema: the bound is custody's.
+            (
+                format!("apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: s}}\nspec: {{backend: sqlite, dsn: 'sqlite://x', minParkedSeconds: {huge}}}\n"),
+                format!("(CheckpointStore default/s): spec.minParkedSeconds: {huge} is out of range: larger than any 64-bit integer"),
+            ),
+            (
+                format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: t}}\nstringData:\n  - {huge}\n"),
+                format!("(Secret default/t): stringData[0]: {huge} is out of range: larger than any 64-bit integer"),
+            ),
+            (
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  url: http://y/mcp\n".to_owned(),
+                "(MCPServer default/b): spec.url: given twice in one mapping (a YAML key appears once)".to_owned(),
+            ),
+        ] {
+            let e = Resources::parse(Path::new("r.yaml"), &text).err().unwrap().to_string();
+            assert_eq!(e, format!("r.yaml: document 1 {says}"));
+        }
+        // Another group's document is not custody's to judge; an empty document is none.
+        let text = format!(
+            "---\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: d}}\nspec: {{replicas: {huge}, replicas: 1}}\n"
+        );
+        assert!(Resources::parse(Path::new("r.yaml"), &text).is_ok());
+    }
+
+    /// An explicit `null` is an absent field where the CRD does not declare the field nullable,
+    /// as the API server prunes it before defaulting: `timeoutSeconds: null` is 10 (it said
+    /// "invalid type: unit value"), a required field is missing.
+    #[test]
+    fn a_null_is_an_absent_field_unless_the_crd_says_nullable() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: s}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: null\n  mode: null\n  headers: {X-A: null}\n  toolAllowlist: null\n---\napiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\nspec:\n  backend: sqlite\n  dsn: sqlite://x\n  parallelism: null\n  audit: {graceSeconds: null, verdictPath: null}\n  dsnFrom: null\n  handleClassSelector: null\n";
+        let r = Resources::parse(Path::new("r.yaml"), text).unwrap();
+        let server = &r.servers[0].spec;
+        assert_eq!(server.timeout_seconds, 10);
+        assert_eq!(server.mode, crate::mcp::ProtocolMode::Auto);
+        assert!(server.headers.is_empty() && server.tool_allowlist.is_empty());
+        let store = &r.stores[0].spec;
+        assert_eq!((store.parallelism, store.audit.grace_seconds), (1, 120));
+        assert!(store.dsn_from.is_none() && store.handle_class_selector.is_none());
+        let e = load_error("MCPServer", "  url: null\n");
+        assert!(
+            e.ends_with("(MCPServer default/s): spec: missing field `url`"),
+            "{e}"
         );
     }
 
@@ -600,6 +1092,112 @@ mod tests {
         assert_eq!(
             wrapped[0].data.as_ref().unwrap()["dsn"].0,
             b"postgres://db/lg".to_vec()
+        );
+    }
+
+    /// Names the API server would refuse are refused, in its words, naming the object: they were
+    /// accepted (`Orders_X`), and such an object could not be applied to a cluster.
+    #[test]
+    fn names_are_held_to_the_api_servers_rules() {
+        let load = |kind: &str, metadata: &str| {
+            let text = if kind == "Secret" {
+                format!("apiVersion: v1\nkind: Secret\nmetadata: {metadata}\n")
+            } else {
+                format!(
+                    "apiVersion: custody.dev/v1alpha1\nkind: {kind}\nmetadata: {metadata}\nspec: {{url: 'http://127.0.0.1:1/mcp'}}\n"
+                )
+            };
+            Resources::parse(Path::new("r.yaml"), &text)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        let subdomain = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com')";
+        assert_eq!(
+            load("MCPServer", "{name: Orders_X}"),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer default/Orders_X): metadata.name: invalid value \"Orders_X\": {subdomain}"
+            ))
+        );
+        assert_eq!(
+            load("Secret", "{name: token., namespace: shop}"),
+            Err(format!(
+                "r.yaml: document 1 (Secret shop/token.): metadata.name: invalid value \"token.\": {subdomain}"
+            ))
+        );
+        let long = format!("a{}", ".a".repeat(127));
+        assert_eq!(
+            load("MCPServer", &format!("{{name: {long}}}")),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer default/{long}): metadata.name: invalid value {long:?}: must be no more than 253 characters"
+            ))
+        );
+        assert_eq!(
+            load("MCPServer", "{namespace: shop}"),
+            Err("r.yaml: document 1 (MCPServer shop/?): metadata.name: required value".to_owned())
+        );
+        assert_eq!(
+            load("MCPServer", "{name: b, namespace: Shop}"),
+            Err("r.yaml: document 1 (MCPServer Shop/b): metadata.namespace: invalid value \"Shop\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name' or '123-abc')".to_owned())
+        );
+        let ns = "n".repeat(64);
+        assert_eq!(
+            load("MCPServer", &format!("{{name: b, namespace: {ns}}}")),
+            Err(format!(
+                "r.yaml: document 1 (MCPServer {ns}/b): metadata.namespace: invalid value {ns:?}: must be no more than 63 characters"
+            ))
+        );
+        // A name that is no string is the schema's type error, said once.
+        assert_eq!(
+            load("MCPServer", "{name: 5}"),
+            Err("r.yaml: document 1 (MCPServer default/?): metadata.name: invalid type: integer `5`, expected a string".to_owned())
+        );
+        for ok in [
+            "{name: basket-2.v1, namespace: shop-1}",
+            "{name: '0'}",
+            &format!("{{name: {}}}", "a".repeat(253)),
+        ] {
+            assert_eq!(load("MCPServer", ok), Ok(()), "{ok}");
+        }
+        // Kinds custody does not read are not its to judge.
+        assert_eq!(
+            Resources::parse(
+                Path::new("r.yaml"),
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: Web_1}\n"
+            )
+            .map(drop)
+            .map_err(|e| e.to_string()),
+            Ok(())
+        );
+    }
+
+    /// A file two `-f` paths name is one file, read once: it was "defined twice: also in" the
+    /// same file. Two files defining one resource stay an error naming both.
+    #[test]
+    fn a_file_named_by_two_paths_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let server = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec: {url: 'http://127.0.0.1:1/mcp'}\n";
+        std::fs::write(dir.path().join("server.yaml"), server).unwrap();
+        let d = dir.path();
+        for paths in [
+            vec![d.to_owned(), d.join("server.yaml")],
+            vec![d.join("."), d.to_owned()],
+            vec![
+                d.join("server.yaml"),
+                d.join("../").join(d.file_name().unwrap()),
+            ],
+        ] {
+            let r = Resources::load_all(&paths).unwrap_or_else(|e| panic!("{paths:?}: {e}"));
+            assert_eq!(r.servers.len(), 1, "{paths:?}");
+        }
+        std::fs::write(d.join("copy.yaml"), server).unwrap();
+        let e = Resources::load(d).err().unwrap().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: document 1 (MCPServer default/basket): defined twice: also in {} document 1 (names are unique per kind and namespace, as in a cluster)",
+                d.join("server.yaml").display(),
+                d.join("copy.yaml").display()
+            )
         );
     }
 }

@@ -151,7 +151,9 @@ impl Resources {
             }
         };
         let mut classes = Vec::new();
+        let mut in_namespace = 0;
         for class in self.classes.iter().filter(|c| namespace(*c) == ns) {
+            in_namespace += 1;
             if !selects(store.spec.handle_class_selector.as_ref(), class.labels()).map_err(
                 |message| LoadError::Reference {
                     resource: label(store),
@@ -167,6 +169,8 @@ impl Resources {
                 (Err(e), None) => return Err(e),
             }
         }
+        let no_class = (classes.is_empty() && left_out.as_deref().is_none_or(Vec::is_empty))
+            .then(|| self.why_no_class(&ns, in_namespace));
         let audit = AuditPlan {
             grace: Duration::from_secs(store.spec.audit.grace_seconds),
             max_age: Duration::from_secs(store.spec.audit.max_age_seconds),
@@ -189,7 +193,37 @@ impl Resources {
                 .unwrap_or_default(),
             mode: store.spec.mode,
             audit,
+            no_class,
         })
+    }
+
+    /// Why no HandleClass applies to a store of namespace `ns`, which holds `in_namespace`
+    /// HandleClasses: none is there (and where the others are: a store sweeps only its own
+    /// namespace's), or, as a store without a selector selects every one, its
+    /// `spec.handleClassSelector` matches none of them. Pointing at the selector when there is
+    /// no class to select would mislead.
+    fn why_no_class(&self, ns: &str, in_namespace: usize) -> String {
+        const LEAD: &str = "no HandleClass applies to this store";
+        match in_namespace {
+            0 => {
+                let elsewhere: std::collections::BTreeSet<String> =
+                    self.classes.iter().map(namespace).collect();
+                if elsewhere.is_empty() {
+                    format!("{LEAD}: there is no HandleClass in its namespace, {ns}")
+                } else {
+                    format!(
+                        "{LEAD}: there is no HandleClass in its namespace, {ns} (only in {}; a store sweeps its own namespace's)",
+                        elsewhere.into_iter().collect::<Vec<_>>().join(", ")
+                    )
+                }
+            }
+            1 => format!(
+                "{LEAD}: spec.handleClassSelector does not match the one HandleClass in its namespace, {ns}"
+            ),
+            n => format!(
+                "{LEAD}: spec.handleClassSelector matches none of the {n} HandleClasses in its namespace, {ns}"
+            ),
+        }
     }
 
     /// The MCPServers of `ns` that have reconciliation rules, compiled.
@@ -378,6 +412,10 @@ pub struct Target {
     pub mode: StoreMode,
     /// Settling pending audit records (`spec.audit` and the namespace's reconciliation rules).
     pub audit: AuditPlan,
+    /// When no HandleClass applies and none was left out, why, for the sweep's warning: no
+    /// HandleClass in the store's namespace, or a `spec.handleClassSelector` that matches none
+    /// of the N there.
+    pub no_class: Option<String>,
 }
 
 /// A HandleClass, resolved and validated.
@@ -663,6 +701,64 @@ mod tests {
             unusable_against_catalog(&class(destructive, 2)).map(|(f, _)| f),
             Some("spec.probe.tool".to_owned())
         );
+    }
+
+    /// When no HandleClass applies, the target says what is true: no class in the store's
+    /// namespace (it said "check spec.handleClassSelector" of a store without one), or a
+    /// selector that matches none of those there.
+    #[test]
+    fn why_no_handle_class_applies_is_what_is_true() {
+        let server = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket, namespace: NS}\nspec: {url: 'http://127.0.0.1:1/mcp'}\n";
+        let class = "apiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata: {name: NAME, namespace: NS, labels: {team: orders}}\nspec: {serverRef: basket, statePath: basket, probe: {tool: get_basket, arguments: {basket_id: '{{handle}}'}}}\n";
+        let store = |selector: &str| {
+            format!(
+                "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {{name: orders, namespace: shop}}\nspec: {{backend: sqlite, dsn: 'sqlite://x'{selector}}}\n"
+            )
+        };
+        let no_class = |docs: &[String]| {
+            let r = Resources::parse(std::path::Path::new("r.yaml"), &docs.join("---\n")).unwrap();
+            let from_files = r.targets().unwrap().remove(0).no_class;
+            let (target, _) = r.targets_without_bad_classes().unwrap().remove(0);
+            assert_eq!(from_files, target.no_class);
+            from_files
+        };
+        let class_in = |name: &str, ns: &str| class.replace("NAME", name).replace("NS", ns);
+        let lead = "no HandleClass applies to this store";
+        assert_eq!(
+            no_class(&[store("")]),
+            Some(format!(
+                "{lead}: there is no HandleClass in its namespace, shop"
+            ))
+        );
+        assert_eq!(
+            no_class(&[
+                store(""),
+                server.replace("NS", "billing"),
+                class_in("basket", "billing")
+            ]),
+            Some(format!(
+                "{lead}: there is no HandleClass in its namespace, shop (only in billing; a store sweeps its own namespace's)"
+            ))
+        );
+        let in_shop = [
+            server.replace("NS", "shop"),
+            class_in("a", "shop"),
+            class_in("b", "shop"),
+        ];
+        let selector = ", handleClassSelector: {matchLabels: {team: nobody}}";
+        assert_eq!(
+            no_class(&[&[store(selector)], &in_shop[..]].concat()),
+            Some(format!(
+                "{lead}: spec.handleClassSelector matches none of the 2 HandleClasses in its namespace, shop"
+            ))
+        );
+        assert_eq!(
+            no_class(&[&[store(selector)], &in_shop[..2]].concat()),
+            Some(format!(
+                "{lead}: spec.handleClassSelector does not match the one HandleClass in its namespace, shop"
+            ))
+        );
+        assert_eq!(no_class(&[&[store("")], &in_shop[..]].concat()), None);
     }
 
     /// One final newline of a Secret's header value goes (`echo`-written files); one only, and

@@ -864,8 +864,8 @@ impl ProbeCache {
 }
 
 /// The warnings about `target` that its resources alone show, before any thread is read: each
-/// HandleClass left out and why, or that no HandleClass applies (a typo in
-/// `spec.handleClassSelector` sweeps nothing). The first of [`Report::warnings`], so the table
+/// HandleClass left out and why, or why no HandleClass applies ([`Target::no_class`]: none in
+/// the store's namespace, or a `spec.handleClassSelector` matching none there). The first of [`Report::warnings`], so the table
 /// can print them above its rows ([`crate::report::SweepWriter::begin_store`]).
 pub fn input_warnings(target: &Target) -> Vec<String> {
     let mut out: Vec<String> = target
@@ -873,10 +873,8 @@ pub fn input_warnings(target: &Target) -> Vec<String> {
         .iter()
         .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
         .collect();
-    if target.classes.is_empty() && target.left_out.is_empty() {
-        out.push(
-            "no HandleClass applies to this store (check spec.handleClassSelector)".to_owned(),
-        );
+    if let Some(why) = &target.no_class {
+        out.push(why.clone());
     } else if target.classes.is_empty() {
         // The classes exist and are selected: pointing at the selector would mislead.
         out.push(format!(
