@@ -53,7 +53,7 @@ fn unreachable_database_is_an_error_without_the_password() {
     // The real cause, at once (not "pool timed out" after the pool's 10 s), and once, without
     // Rust's "(os error 111)".
     let want = format!(
-        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused\n"
+        "store default/orders: spec.dsn: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: error communicating with database: Connection refused\n"
     );
     assert!(err.contains(&want), "{err}");
     assert!(elapsed < std::time::Duration::from_secs(5), "{elapsed:?}");
@@ -102,7 +102,7 @@ fn a_postgres_dsn_at_an_http_server_says_what_answered() {
     support::offline_basket_resources(dir.path(), "postgres", &dsn);
     let err = sweep_fails(dir.path());
     let want = format!(
-        "store default/orders: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
+        "store default/orders: spec.dsn: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
          server there does not speak PostgreSQL's protocol: it answered the SSL request with 'H' \
          (0x48), as an HTTP server does\n"
     );
@@ -246,7 +246,7 @@ fn missing_sqlite_file_and_foreign_database_are_errors() {
     let err = sweep_fails(dir.path());
     assert!(
         err.contains(&format!(
-            "store default/orders: no file at {}\n",
+            "store default/orders: spec.dsn: no file at {}\n",
             missing.display()
         )),
         "{err}"
@@ -483,7 +483,8 @@ fn a_file_named_by_two_paths_is_read_once() {
             second.to_str().unwrap(),
         ]);
         assert!(
-            err.contains("store default/orders: no file at") && !err.contains("defined twice"),
+            err.contains("store default/orders: spec.dsn: no file at")
+                && !err.contains("defined twice"),
             "{first:?} {second:?}: {err}"
         );
     }
@@ -958,7 +959,7 @@ fn local_servers_are_held_to_the_crds_bounds() {
             "server.yaml: document 1 (MCPServer default/basket): spec.timeoutSeconds: \
              99999999999999999999999 is out of range: 1 to 300\n",
         ),
-        ("null", "store default/orders: no file at"),
+        ("null", "store default/orders: spec.dsn: no file at"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
@@ -1131,7 +1132,7 @@ fn a_sqlite_dsn_naming_no_database_says_what_is_there() {
         let err = sweep_fails(&resources);
         assert_eq!(
             err.lines().last().unwrap_or_default(),
-            format!("error: store default/orders: {says}"),
+            format!("error: store default/orders: spec.dsn: {says}"),
             "{dsn}: {err}"
         );
     }
@@ -1151,7 +1152,7 @@ fn a_bad_sslmode_is_named_with_the_values_it_takes() {
     let err = sweep_fails(dir.path());
     assert_eq!(
         err.lines().last().unwrap_or_default(),
-        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg?sslmode=bogus: \
+        "error: store default/orders: spec.dsn: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg?sslmode=bogus: \
          sslmode is \"bogus\", not one of disable, allow, prefer, require, verify-ca, verify-full",
         "{err}"
     );
@@ -1183,7 +1184,7 @@ fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
     let err = sweep_fails(dir.path());
     assert_eq!(
         err.lines().last().unwrap_or_default(),
-        "error: store default/orders: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg\\n: \
+        "error: store default/orders: spec.dsnFrom (Secret \"orders-db\" key \"dsn\"): invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg\\n: \
          it ends with a newline: libpq (LangGraph's PostgresSaver connects through it) would read \
          it as part of the DSN and fail, so custody does not drop it either; store the DSN \
          without it (echo writes one; echo -n and printf '%s' do not)",

@@ -139,9 +139,12 @@ impl Resources {
         mut left_out: Option<&mut Vec<LeftOutClass>>,
     ) -> Result<Target, LoadError> {
         let ns = namespace(store);
-        let dsn = match (&store.spec.dsn, &store.spec.dsn_from) {
-            (Some(dsn), _) => SecretString::from(dsn.clone()),
-            (None, Some(r)) => self.secret(&label(store), "spec.dsnFrom", &ns, r)?,
+        let (dsn, dsn_field) = match (&store.spec.dsn, &store.spec.dsn_from) {
+            (Some(dsn), _) => (SecretString::from(dsn.clone()), "spec.dsn".to_owned()),
+            (None, Some(r)) => (
+                self.secret(&label(store), "spec.dsnFrom", &ns, r)?,
+                format!("spec.dsnFrom (Secret {:?} key {:?})", r.name, r.key),
+            ),
             (None, None) => {
                 return Err(LoadError::Reference {
                     resource: label(store),
@@ -181,6 +184,7 @@ impl Resources {
             store: format!("{ns}/{}", store.name_any()),
             backend: store.spec.backend,
             dsn,
+            dsn_field,
             principal_key: store.spec.principal_key.clone(),
             min_parked: Duration::from_secs(store.spec.min_parked_seconds),
             classes,
@@ -397,6 +401,10 @@ pub struct Target {
     pub backend: Backend,
     /// Connection string (a secret: it may hold a password).
     pub dsn: SecretString,
+    /// Where [`Self::dsn`] is written, for the errors about it (a DSN that does not parse or
+    /// does not connect): `spec.dsn`, or `spec.dsnFrom (Secret "db" key "dsn")`, since the
+    /// Secret is what to fix.
+    pub dsn_field: String,
     /// Metadata key of the thread's current principal.
     pub principal_key: String,
     /// Threads parked for less than this are left alone (a run may still be in flight).

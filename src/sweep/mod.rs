@@ -161,10 +161,13 @@ impl Default for RunOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     /// The checkpoint database could not be read.
-    #[error("store {store}: {source}")]
+    #[error("store {store}: {}{source}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
     Store {
         /// `namespace/name`.
         store: String,
+        /// Where the DSN is written ([`Target::dsn_field`]), when the error is the DSN's: it does
+        /// not parse, or names no database that answers, or one without LangGraph's tables.
+        field: Option<String>,
         /// What failed.
         #[source]
         source: StoreError,
@@ -306,8 +309,16 @@ pub async fn run_with(
     rows: &mut dyn RowSink,
 ) -> Result<Report, SweepError> {
     let started = Instant::now();
-    let store_err = |source| SweepError::Store {
+    let store_err = |source: StoreError| SweepError::Store {
         store: target.store.clone(),
+        field: matches!(
+            source,
+            StoreError::Dsn { .. }
+                | StoreError::Connect { .. }
+                | StoreError::File(_)
+                | StoreError::Schema(_)
+        )
+        .then(|| target.dsn_field.clone()),
         source,
     };
     let act_err = |source| SweepError::Act {
