@@ -1226,3 +1226,30 @@ fn secret_data_that_is_not_base64_is_named() {
     );
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// Local mode's log lines are sentences a person reads, as cargo's and kubectl's are:
+/// `warning: …` with the file, document and object, no time, no module path, no `key=value`.
+#[test]
+fn local_mode_logs_sentences() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://missing.sqlite");
+    support::write_file(
+        dir.path(),
+        "zz-assignment.yaml",
+        "apiVersion: custody.dev/v1alpha1\nkind: AgentAssignment\nmetadata: {name: a}\n",
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        stderr.lines().next().unwrap_or_default(),
+        format!(
+            "warning: {}: document 1 (AgentAssignment default/a, custody.dev/v1alpha1): ignored: a sweep reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
+            dir.path().join("zz-assignment.yaml").display()
+        ),
+        "{stderr}"
+    );
+}

@@ -203,7 +203,11 @@ impl Resources {
                     ));
                 }
                 _ => {
-                    tracing::warn!(file = %path.display(), document = i + 1, %api_version, %kind, "ignoring a document custody does not read");
+                    tracing::warn!(
+                        "{}: document {} ({kind}, {api_version}): ignored: a sweep reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
+                        path.display(),
+                        i + 1
+                    );
                 }
             }
         }
