@@ -1158,18 +1158,12 @@ fn a_bad_sslmode_is_named_with_the_values_it_takes() {
     );
 }
 
-/// A DSN from a Secret written with `echo` ends with a newline. libpq, which the agent's
-/// PostgresSaver connects with, reads it as part of the database name and fails, so custody
-/// refuses it too, on one line, the newline shown escaped and the password hidden; it connected
-/// (sqlx's URL parser drops it), and its error message broke in two there.
-#[test]
-fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
-    use base64::Engine as _;
-    let dir = tempfile::tempdir().unwrap();
-    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
-    let dsn = "postgres://custody:hunter2@127.0.0.1:1/lg\n";
+/// Resources in `dir` whose CheckpointStore `orders` takes its DSN from Secret `orders-db`, key
+/// `dsn`, whose `data` is `data` as given; the file that holds them both.
+fn store_with_dsn_secret(dir: &Path, data: serde_json::Value) -> std::path::PathBuf {
+    support::offline_basket_resources(dir, "postgres", "postgres://unused");
     support::fixtures::write_resources(
-        dir.path(),
+        dir,
         "store.yaml",
         &[
             support::fixtures::object(
@@ -1178,8 +1172,23 @@ fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
                 support::fixtures::store_from("orders-db"),
             ),
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
-                   "data": {"dsn": base64::engine::general_purpose::STANDARD.encode(dsn)}}),
+                   "data": data}),
         ],
+    )
+}
+
+/// A DSN from a Secret written with `echo` ends with a newline. libpq, which the agent's
+/// PostgresSaver connects with, reads it as part of the database name and fails, so custody
+/// refuses it too, on one line, the newline shown escaped and the password hidden; it connected
+/// (sqlx's URL parser drops it), and its error message broke in two there.
+#[test]
+fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = "postgres://custody:hunter2@127.0.0.1:1/lg\n";
+    store_with_dsn_secret(
+        dir.path(),
+        json!({"dsn": base64::engine::general_purpose::STANDARD.encode(dsn)}),
     );
     let err = sweep_fails(dir.path());
     assert_eq!(
@@ -1199,19 +1208,9 @@ fn a_dsn_ending_with_a_newline_is_refused_on_one_line() {
 #[test]
 fn secret_data_that_is_not_base64_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    support::offline_basket_resources(dir.path(), "postgres", "postgres://unused");
-    let path = support::fixtures::write_resources(
+    let path = store_with_dsn_secret(
         dir.path(),
-        "store.yaml",
-        &[
-            support::fixtures::object(
-                "CheckpointStore",
-                "orders",
-                support::fixtures::store_from("orders-db"),
-            ),
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orders-db"},
-                   "data": {"dsn": "postgres://custody:hunter2@127.0.0.1:1/lg"}}),
-        ],
+        json!({"dsn": "postgres://custody:hunter2@127.0.0.1:1/lg"}),
     );
     let err = sweep_fails(dir.path());
     assert_eq!(
