@@ -1252,3 +1252,32 @@ fn local_mode_logs_sentences() {
         "{stderr}"
     );
 }
+
+/// `-o json` with resources that do not load prints nothing on stdout (no half document for a
+/// program to parse), the error once on stderr, and exits 1.
+#[test]
+fn json_output_of_resources_that_do_not_load_is_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "sqlite", "sqlite://x.sqlite");
+    support::write_file(
+        dir.path(),
+        "server.yaml",
+        "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec: {url: 'ftp://x/mcp'}\n",
+    );
+    let out = support::custody(&[
+        "sweep",
+        "--dry-run",
+        "-f",
+        dir.path().to_str().unwrap(),
+        "-o",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(stderr.matches("spec.url").count(), 1, "{stderr}");
+}
