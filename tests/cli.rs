@@ -491,8 +491,8 @@ fn a_file_named_by_two_paths_is_read_once() {
 }
 
 /// `sweep --store` and `controller` without a reachable cluster say where custody looked, once,
-/// on one line: a kubeconfig that is not there by its path, one that does not parse by the first
-/// line of why.
+/// on one line: a kubeconfig that is not there by its path, without Rust's `(os error 2)`, one
+/// that does not parse by its path (kube's text has none) and the first line of why.
 #[test]
 fn no_cluster_names_kubeconfig_once() {
     let home = tempfile::tempdir().unwrap();
@@ -504,7 +504,7 @@ fn no_cluster_names_kubeconfig_once() {
             &["sweep", "--store", "shop/orders"][..],
             &missing,
             format!(
-                "cannot read the kubeconfig {}: No such file or directory",
+                "cannot read the kubeconfig {}: No such file or directory, and",
                 missing.display()
             ),
         ),
@@ -516,7 +516,10 @@ fn no_cluster_names_kubeconfig_once() {
         (
             &["sweep", "--store", "shop/orders"],
             &broken,
-            "the kubeconfig does not load: ".into(),
+            format!(
+                "the kubeconfig {} does not parse: line 1 column 11: unclosed bracket",
+                broken.display()
+            ),
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
