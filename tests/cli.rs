@@ -1465,3 +1465,22 @@ fn field_errors_read_in_the_api_servers_words() {
         assert_eq!(err, format!("{lead}{says}\n"), "{body}");
     }
 }
+
+/// Usage errors exit 2, as clap's own do, apart from 1 for a failed run: README's exit-status
+/// paragraph says so.
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["sweep", "--dry-run", "--apply", "-f", "x"][..],
+        &["sweep", "--batch-threads", "0", "-f", "x"],
+        &["sweep", "-o", "yaml", "-f", "x"],
+        &["discover", "-o", "yaml", "-f", "x"],
+        &["sweep"],
+        &["frobnicate"],
+    ] {
+        let out = support::custody(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    let out = support::custody(&["sweep", "--dry-run", "-f", "/nonexistent/custody"]);
+    assert_eq!(out.status.code(), Some(1));
+}
