@@ -286,7 +286,7 @@ fn missing_secret_is_named() {
     // The file and document are named, as for any other error about a file.
     assert!(
         err.contains(&format!(
-            "error: {} document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: no Secret \"basket-token\" in namespace default",
+            "error: {}: document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: no Secret \"basket-token\" in namespace default",
             dir.path().join("server.yaml").display()
         )),
         "{err}"
@@ -1007,7 +1007,7 @@ fn header_values_are_checked_at_load_without_printing_them() {
                 json!({"authorization": value}),
             )),
             // Resolved after loading: discover reports it in the server's place.
-            "server.yaml document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
+            "server.yaml: document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -1355,7 +1355,7 @@ fn filename_dash_reads_standard_input() {
     assert!(!ok);
     assert_eq!(
         stderr,
-        "error: <stdin> document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default\n"
+        "error: <stdin>: document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default\n"
     );
     let missing = "/nonexistent/custody-resources";
     let err = sweep_fails_with(&["-f", missing]);
@@ -1408,7 +1408,7 @@ fn discover_reports_an_unusable_server_in_its_place() {
     assert!(stdout.contains("server down ("), "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "server hf ({})\n  discovery failed: server hf: {} document 1 (MCPServer default/hf): spec.headersFrom[0].secretKeyRef: no Secret \"hf-token\" in namespace default (for its key \"token\")\n  health: unhealthy (as discovery failed, 0 ms)\n",
+            "server hf ({})\n  discovery failed: server hf: {}: document 1 (MCPServer default/hf): spec.headersFrom[0].secretKeyRef: no Secret \"hf-token\" in namespace default (for its key \"token\")\n  health: unhealthy (as discovery failed, 0 ms)\n",
             basket.url(),
             hf.display()
         )),

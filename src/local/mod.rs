@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, validate};
 pub use crate::plan::{LoadError, Resources};
-use crate::plan::{compiled_key, label};
+use crate::plan::{Origin, compiled_key, label};
 
 /// How `-f -` (standard input, as `kubectl apply -f -` reads it) is named in messages.
 pub const STDIN: &str = "<stdin>";
@@ -134,11 +134,11 @@ impl Resources {
         if value.is_null() {
             return Ok(());
         }
-        let here = format!(
-            "{} {}",
-            path.display(),
-            crate::plan::document_label(document, item, "")
-        );
+        let here = Origin {
+            path: path.to_owned(),
+            document,
+            item,
+        };
         let api_version = value
             .get("apiVersion")
             .and_then(|v| v.as_str())
@@ -245,11 +245,13 @@ impl Resources {
             }
             // `sweep` and `discover` read these files alike: the warning names neither.
             _ => {
-                tracing::warn!(
-                    "{}: {} ({kind}, {api_version}): ignored: local mode reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
-                    path.display(),
-                    crate::plan::document_label(document, item, "")
+                let ignored = invalid(
+                    &format!("{kind}, {api_version}"),
+                    "ignored: local mode reads only MCPServers, HandleClasses, CheckpointStores \
+                     and Secrets"
+                        .to_owned(),
                 );
+                tracing::warn!("{ignored}");
             }
         }
         Ok(())
@@ -1443,7 +1445,7 @@ mod tests {
         assert_eq!(names, [Some("a".to_owned()), Some("b".to_owned())]);
         assert_eq!(r.secrets.len(), 1);
         assert_eq!(
-            r.origins["MCPServer default/b"],
+            r.origins["MCPServer default/b"].to_string(),
             "all.yaml document 1 item 2"
         );
         // An item's error names its item, and a field of it by the item's own path.
@@ -1565,7 +1567,7 @@ mod tests {
         let r = Resources::parse(Path::new("all.yaml"), text).unwrap();
         assert_eq!(
             r.targets().err().unwrap().to_string(),
-            "all.yaml document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default"
+            "all.yaml: document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default"
         );
         // Resources from the API server have no file: the object alone.
         let mut cluster = r;
@@ -1584,7 +1586,7 @@ mod tests {
         let each = r.each_server_config();
         assert_eq!(
             each[0].1.as_ref().err().unwrap().to_string(),
-            "s.yaml document 1 (MCPServer default/a): spec.headersFrom[0].secretKeyRef: no Secret \"t\" in namespace default (for its key \"token\")"
+            "s.yaml: document 1 (MCPServer default/a): spec.headersFrom[0].secretKeyRef: no Secret \"t\" in namespace default (for its key \"token\")"
         );
         assert_eq!(each[1].1.as_ref().unwrap().0.url, "http://127.0.0.1:2/mcp");
         assert!(r.server_configs().is_err());

@@ -55,15 +55,15 @@ pub enum LoadError {
     },
     /// Resources are individually valid but do not fit together (a missing reference).
     #[error("{}: {field}: {message}", match origin {
-        Some(origin) => format!("{origin} ({resource})"),
+        Some(o) => format!("{}: {}", o.path.display(), document_label(o.document, o.item, resource)),
         None => resource.clone(),
     })]
     Reference {
         /// `Kind namespace/name`.
         resource: String,
-        /// Where the resource was read (`file document N`): local mode's, from
-        /// [`Resources::origins`]; `None` for the API server's, which have no file.
-        origin: Option<String>,
+        /// Where the resource was read: local mode's, from [`Resources::origins`]; `None` for
+        /// the API server's, which have no file.
+        origin: Option<Origin>,
         /// The referring field.
         field: String,
         /// What is missing.
@@ -71,9 +71,32 @@ pub enum LoadError {
     },
 }
 
+/// Where local mode read a resource: file, document and, in a List, item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// File (`<stdin>` for `-f -`).
+    pub path: PathBuf,
+    /// 1-based index of the document in the file.
+    pub document: usize,
+    /// 1-based index of the item, for a document that is a List.
+    pub item: Option<usize>,
+}
+
+/// `file document N` (`… item M`), as a sentence names the place.
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}",
+            self.path.display(),
+            document_label(self.document, self.item, "")
+        )
+    }
+}
+
 /// `document N`, `document N item M` of a List, then ` (Kind namespace/name)` when `kind` is
 /// known.
-pub(crate) fn document_label(document: usize, item: Option<usize>, kind: &str) -> String {
+fn document_label(document: usize, item: Option<usize>, kind: &str) -> String {
     let mut out = format!("document {document}");
     if let Some(item) = item {
         out = format!("{out} item {item}");
@@ -108,10 +131,9 @@ pub struct Resources {
     /// file as it reads it), which the compile step takes instead of compiling them again.
     /// Empty for resources from the API server: the compile step validates those itself.
     pub compiled: Compiled,
-    /// Where each resource was read (`file document N`), by `Kind namespace/name`: local
-    /// mode's, so that an error about a reference names the file to fix. Empty for resources
-    /// from the API server.
-    pub origins: BTreeMap<String, String>,
+    /// Where each resource was read, by `Kind namespace/name`: local mode's, so that an error
+    /// about a reference names the file to fix. Empty for resources from the API server.
+    pub origins: BTreeMap<String, Origin>,
 }
 
 /// A HandleClass's rules as [`validate::handle_class`] compiles them: the probe template, the
