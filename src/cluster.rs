@@ -41,8 +41,9 @@ pub async fn client() -> anyhow::Result<Client> {
 
 /// Why no client could be made, once, on one line: for a kubeconfig that cannot be read, its
 /// path and the reason (kube says "Failed to infer configuration: failed to infer config: ..."
-/// with the path in Debug quotes, `'"/root/.kube/config"'`); for one that does not load, the
-/// first line of why; else kube's text.
+/// with the path in Debug quotes, `'"/root/.kube/config"'`, and Rust's `(os error 2)`); for one
+/// that does not parse, its path (kube's text has none) and the first line of why, with its line
+/// and column; for one that does not load, its path and kube's reason; else kube's text.
 fn no_client_text(e: &kube::Error) -> String {
     use kube::config::KubeconfigError;
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
@@ -50,20 +51,67 @@ fn no_client_text(e: &kube::Error) -> String {
         match s.downcast_ref::<KubeconfigError>() {
             Some(KubeconfigError::ReadConfig(io, path)) => {
                 return format!(
-                    "cannot read the kubeconfig {}: {io}, and this is not a Pod with an in-cluster ServiceAccount",
-                    path.display()
+                    "cannot read the kubeconfig {}: {}, and this is not a Pod with an in-cluster ServiceAccount",
+                    path.display(),
+                    crate::checkpoint::io_text(io)
                 );
             }
-            // A YAML error's own text draws the line under its first one.
+            // The YAML error's own text leads with `error: ` and draws the line under its first.
+            Some(KubeconfigError::Parse(yaml)) => {
+                let text = yaml.to_string();
+                let first = text.lines().next().unwrap_or_default();
+                let first = first.strip_prefix("error: ").unwrap_or(first);
+                let paths = kubeconfig_paths();
+                let path = paths
+                    .iter()
+                    .find(|p| {
+                        matches!(
+                            kube::config::Kubeconfig::read_from(p),
+                            Err(KubeconfigError::Parse(_))
+                        )
+                    })
+                    .map_or_else(|| shown_paths(&paths), |p| p.display().to_string());
+                return format!("the kubeconfig {path} does not parse: {first}");
+            }
             Some(other) => {
                 let text = other.to_string();
                 let first = text.lines().next().unwrap_or_default();
-                return format!("the kubeconfig does not load: {first}");
+                return format!(
+                    "the kubeconfig {} does not load: {first}",
+                    shown_paths(&kubeconfig_paths())
+                );
             }
             None => source = s.source(),
         }
     }
     e.to_string()
+}
+
+/// The kubeconfig files a client reads, as kube finds them: each of `$KUBECONFIG`'s, else
+/// `~/.kube/config`.
+fn kubeconfig_paths() -> Vec<std::path::PathBuf> {
+    let listed: Vec<std::path::PathBuf> = std::env::var_os("KUBECONFIG")
+        .map(|v| {
+            std::env::split_paths(&v)
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !listed.is_empty() {
+        return listed;
+    }
+    std::env::var_os("HOME")
+        .map(|home| vec![std::path::Path::new(&home).join(".kube").join("config")])
+        .unwrap_or_default()
+}
+
+/// `a, b` of kubeconfig paths.
+fn shown_paths(paths: &[std::path::PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A kube client error for a person: the API server's own message and HTTP status for an error

@@ -30,8 +30,9 @@ enum Command {
 
 #[derive(clap::Args)]
 struct DiscoverArgs {
-    /// Resource YAML file, or directory of them (local mode): MCPServers and the Secrets they
-    /// reference. Repeat it to read several, as one set of resources.
+    /// Resource YAML file, or directory of them, or `-` for standard input (local mode):
+    /// MCPServers and the Secrets they reference. Repeat it to read several, as one set of
+    /// resources.
     #[arg(
         short = 'f',
         long = "filename",
@@ -60,9 +61,10 @@ struct DiscoverArgs {
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["paths", "store"])))]
 struct SweepArgs {
-    /// Resource YAML file, or directory of them (local mode): MCPServers, HandleClasses,
-    /// CheckpointStores and the Secrets they reference. Repeat it to read several, as one set
-    /// of resources (a resource defined in two of them is an error naming both files).
+    /// Resource YAML file, or directory of them, or `-` for standard input (local mode):
+    /// MCPServers, HandleClasses, CheckpointStores and the Secrets they reference. Repeat it to
+    /// read several, as one set of resources (a resource defined in two of them is an error
+    /// naming both files).
     #[arg(
         short = 'f',
         long = "filename",
@@ -258,32 +260,67 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The `-f` paths for a message: `a, b`.
+/// The `-f` paths for a message: `a, b` (`-` is standard input).
 fn shown(paths: &[PathBuf]) -> String {
     paths
         .iter()
-        .map(|p| p.display().to_string())
+        .map(|p| match p.to_str() {
+            Some("-") => custody::local::STDIN.to_owned(),
+            _ => p.display().to_string(),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
+    use custody::mcp::discovery::{DiscoveryError, Health};
     let resources = Resources::load_all(&args.paths)?;
-    let mut servers = resources.server_configs()?;
-    if servers.is_empty() {
+    let entries = resources.each_server_config();
+    if entries.is_empty() {
         anyhow::bail!("no MCPServer in {}", shown(&args.paths));
     }
-    for (cfg, _) in &mut servers {
-        cfg.max_response_bytes = args.max_response_bytes;
+    // A server that cannot be used (a Secret of it is missing) is reported in its place, as
+    // an unreachable one: the others are discovered.
+    let mut servers = Vec::new();
+    for (_, config) in &entries {
+        if let Ok((cfg, allowlist)) = config {
+            let mut cfg = cfg.clone();
+            cfg.max_response_bytes = args.max_response_bytes;
+            servers.push((cfg, allowlist.clone()));
+        }
     }
-    let results =
-        custody::mcp::discovery::discover_all(&servers, args.page_cap, args.concurrency).await;
-    let shown: Vec<report::Discovered<'_>> = servers
+    let mut discovered =
+        custody::mcp::discovery::discover_all(&servers, args.page_cap, args.concurrency)
+            .await
+            .into_iter();
+    let results: Vec<_> = entries
+        .iter()
+        .map(|(server, config)| match config {
+            Ok(_) => discovered.next().expect("one result per usable server"),
+            Err(e) => {
+                let name = server.metadata.name.clone().unwrap_or_default();
+                let error = DiscoveryError::Mcp(custody::mcp::McpError::Config {
+                    server: name.clone(),
+                    reason: e.to_string(),
+                });
+                // Not checked: said as the discovery's failure.
+                let health = Health {
+                    server: name,
+                    healthy: false,
+                    reason: error.explained(),
+                    category: Some(error.category()),
+                    latency_ms: 0,
+                };
+                (Err(error), health)
+            }
+        })
+        .collect();
+    let shown: Vec<report::Discovered<'_>> = entries
         .iter()
         .zip(&results)
-        .map(|((cfg, _), (catalog, health))| report::Discovered {
-            name: &cfg.name,
-            url: &cfg.url,
+        .map(|((server, _), (catalog, health))| report::Discovered {
+            name: server.metadata.name.as_deref().unwrap_or_default(),
+            url: &server.spec.url,
             catalog,
             health,
             schedule: custody::mcp::discovery::Schedule::default(),
@@ -294,9 +331,9 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     stdout.flush()?;
     let failed: Vec<&str> = results
         .iter()
-        .zip(&servers)
+        .zip(&shown)
         .filter(|((c, _), _)| c.is_err())
-        .map(|(_, (cfg, _))| cfg.name.as_str())
+        .map(|(_, d)| d.name)
         .collect();
     if !failed.is_empty() {
         anyhow::bail!("discovery failed for {}", failed.join(", "));

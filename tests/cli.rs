@@ -283,8 +283,12 @@ fn missing_secret_is_named() {
         "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec:\n  url: http://127.0.0.1:1/mcp\n  headersFrom:\n  - name: Authorization\n    secretKeyRef: {name: basket-token, key: token}\n",
     );
     let err = sweep_fails(dir.path());
+    // The file and document are named, as for any other error about a file.
     assert!(
-        err.contains("MCPServer default/basket: spec.headersFrom[0].secretKeyRef: no Secret \"basket-token\" in namespace default"),
+        err.contains(&format!(
+            "error: {}: document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: no Secret \"basket-token\" in namespace default",
+            dir.path().join("server.yaml").display()
+        )),
         "{err}"
     );
     support::write_file(
@@ -491,8 +495,8 @@ fn a_file_named_by_two_paths_is_read_once() {
 }
 
 /// `sweep --store` and `controller` without a reachable cluster say where custody looked, once,
-/// on one line: a kubeconfig that is not there by its path, one that does not parse by the first
-/// line of why.
+/// on one line: a kubeconfig that is not there by its path, without Rust's `(os error 2)`, one
+/// that does not parse by its path (kube's text has none) and the first line of why.
 #[test]
 fn no_cluster_names_kubeconfig_once() {
     let home = tempfile::tempdir().unwrap();
@@ -504,7 +508,7 @@ fn no_cluster_names_kubeconfig_once() {
             &["sweep", "--store", "shop/orders"][..],
             &missing,
             format!(
-                "cannot read the kubeconfig {}: No such file or directory",
+                "cannot read the kubeconfig {}: No such file or directory, and",
                 missing.display()
             ),
         ),
@@ -516,7 +520,10 @@ fn no_cluster_names_kubeconfig_once() {
         (
             &["sweep", "--store", "shop/orders"],
             &broken,
-            "the kubeconfig does not load: ".into(),
+            format!(
+                "the kubeconfig {} does not parse: line 1 column 11: unclosed bracket",
+                broken.display()
+            ),
         ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
@@ -999,7 +1006,8 @@ fn header_values_are_checked_at_load_without_printing_them() {
                 "token",
                 json!({"authorization": value}),
             )),
-            "MCPServer default/basket: spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
+            // Resolved after loading: discover reports it in the server's place.
+            "server.yaml: document 1 (MCPServer default/basket): spec.headersFrom[0].secretKeyRef: Secret \"token\" key \"authorization\": the value is not a valid HTTP header value",
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -1010,7 +1018,7 @@ fn header_values_are_checked_at_load_without_printing_them() {
         assert!(!out.status.success());
         let err = String::from_utf8(out.stderr).unwrap();
         let stdout = String::from_utf8(out.stdout).unwrap();
-        assert!(err.contains(says), "{err}");
+        assert!(err.contains(says) || stdout.contains(says), "{err}{stdout}");
         assert!(
             !err.contains(value.lines().next().unwrap()) && !stdout.contains("Bearer"),
             "{err}{stdout}"
@@ -1246,7 +1254,7 @@ fn local_mode_logs_sentences() {
     assert_eq!(
         stderr.lines().next().unwrap_or_default(),
         format!(
-            "warning: {}: document 1 (AgentAssignment default/a, custody.dev/v1alpha1): ignored: a sweep reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
+            "warning: {}: document 1 (AgentAssignment default/a, custody.dev/v1alpha1): ignored: local mode reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
             dir.path().join("zz-assignment.yaml").display()
         ),
         "{stderr}"
@@ -1280,4 +1288,228 @@ fn json_output_of_resources_that_do_not_load_is_empty() {
     );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(stderr.matches("spec.url").count(), 1, "{stderr}");
+}
+
+/// The stderr of `custody ARGS` with `stdin` as its standard input, and whether it succeeded.
+fn custody_with_stdin(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A List (what `kubectl get … -o yaml` writes) is read item by item, as `kubectl apply` reads
+/// it: a List holding the only MCPServer was ignored ("a sweep reads only …", under `discover`
+/// too) and then "no MCPServer in DIR".
+#[test]
+fn a_list_is_read_item_by_item() {
+    use support::fixtures::{object, server_spec};
+    let dir = tempfile::tempdir().unwrap();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [
+        object("MCPServer", "basket", server_spec(support::NOWHERE)),
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}},
+    ]});
+    support::write_file(dir.path(), "all.yaml", &list.to_string());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["discover", "-f", dir.path().to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stdout.starts_with(&format!("server basket ({})", support::NOWHERE)),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(
+        stderr,
+        format!(
+            "warning: {}: document 1 item 2 (Deployment default/web, apps/v1): ignored: local mode reads only MCPServers, HandleClasses, CheckpointStores and Secrets\nerror: discovery failed for basket\n",
+            dir.path().join("all.yaml").display()
+        )
+    );
+}
+
+/// `-f -` reads standard input, as `kubectl apply -f -` does (it said "-: No such file or
+/// directory (os error 2)"); errors name it `<stdin>`. A path that is not there is said without
+/// Rust's `(os error 2)`.
+#[test]
+fn filename_dash_reads_standard_input() {
+    use support::fixtures::{basket_class, object, server_spec, store_spec};
+    let docs = [
+        object("MCPServer", "basket", server_spec(support::NOWHERE)),
+        object("HandleClass", "basket", basket_class()),
+        object(
+            "CheckpointStore",
+            "orders",
+            store_spec("sqlite", "sqlite:///nonexistent/custody-test.sqlite"),
+        ),
+    ];
+    let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
+    let text = text.join("\n---\n");
+    // The sweep gets as far as the store's database, which is not there.
+    let (ok, _, stderr) = custody_with_stdin(&["sweep", "--dry-run", "-f", "-"], &text);
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "store default/orders: spec.dsn: no file at /nonexistent/custody-test.sqlite"
+        ),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = custody_with_stdin(&["discover", "-f", "-"], &text);
+    assert!(!ok);
+    assert!(stdout.starts_with("server basket ("), "{stdout}\n{stderr}");
+    assert_eq!(stderr, "error: discovery failed for basket\n");
+    let (ok, _, stderr) = custody_with_stdin(
+        &["sweep", "--dry-run", "-f", "-"],
+        &text.replace("\"serverRef\":\"basket\"", "\"serverRef\":\"baskett\""),
+    );
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "error: <stdin>: document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default\n"
+    );
+    let missing = "/nonexistent/custody-resources";
+    let err = sweep_fails_with(&["-f", missing]);
+    assert_eq!(
+        err,
+        format!("error: cannot read {missing}: No such file or directory\n")
+    );
+}
+
+/// `discover` reports a server it cannot use (its headersFrom Secret is missing) in the
+/// server's place, as an unreachable one, and discovers the others: it stopped at the first such
+/// server, discovering none, with an error that named no file.
+#[test]
+fn discover_reports_an_unusable_server_in_its_place() {
+    use support::fixtures::{object, server_spec, write_resources};
+    let basket = support::BasketServer::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let ok = write_resources(
+        dir.path(),
+        "ok.yaml",
+        &[object("MCPServer", "ok", server_spec(&basket.url()))],
+    );
+    let down = write_resources(
+        dir.path(),
+        "down.yaml",
+        &[object("MCPServer", "down", server_spec(support::NOWHERE))],
+    );
+    let hf = write_resources(
+        dir.path(),
+        "hf.yaml",
+        &[object(
+            "MCPServer",
+            "hf",
+            json!({"url": basket.url(), "headersFrom": [
+                {"name": "Authorization", "secretKeyRef": {"name": "hf-token", "key": "token"}}]}),
+        )],
+    );
+    let out = support::custody(&[
+        "discover",
+        "-f",
+        ok.to_str().unwrap(),
+        "-f",
+        down.to_str().unwrap(),
+        "-f",
+        hf.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.contains("  ok_get_basket  "), "{stdout}");
+    assert!(stdout.contains("server down ("), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "server hf ({})\n  discovery failed: server hf: {}: document 1 (MCPServer default/hf): spec.headersFrom[0].secretKeyRef: no Secret \"hf-token\" in namespace default (for its key \"token\")\n  health: unhealthy (as discovery failed, 0 ms)\n",
+            basket.url(),
+            hf.display()
+        )),
+        "{stdout}"
+    );
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: discovery failed for down, hf\n"
+    );
+}
+
+/// Field errors read in the API server's words, each on one line: a misspelt top-level key, a
+/// value not in a field's enum, a required field, a regex that does not compile (its message
+/// drew the pattern over four lines, the last `error: unclosed group`), and YAML that does not
+/// parse (named by line and column, not `at position N`, and by kind and name, not `(?)`).
+#[test]
+fn field_errors_read_in_the_api_servers_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("class.yaml");
+    let lead = format!(
+        "error: {}: document 1 (HandleClass default/basket): ",
+        file.display()
+    );
+    let probe = "probe: {tool: get_basket, arguments: {}";
+    for (body, says) in [
+        (
+            "spek: {serverRef: basket}".to_owned(),
+            "spek: unknown field (check its spelling against `custody crd`)".to_owned(),
+        ),
+        ("spec: null".to_owned(), "spec: required value".to_owned()),
+        (
+            "spec: {serverRef: basket, statePath: basket}".to_owned(),
+            "spec.probe: required value".to_owned(),
+        ),
+        (
+            format!("spec: {{serverRef: basket, statePath: basket, {probe}}}, onGone: Escalate}}"),
+            "spec.onGone: unsupported value \"Escalate\": supported values: \"remint\", \"escalate\", \"fail\"".to_owned(),
+        ),
+        (
+            format!("spec: {{serverRef: basket, statePath: basket, {probe}, goneWhen: {{errorTextRegex: '(expired'}}}}}}"),
+            "spec.probe.goneWhen.errorTextRegex: invalid value \"(expired\": not a regular expression: unclosed group at character 1".to_owned(),
+        ),
+        (
+            "spec:\n  serverRef: \"basket\u{1}\"".to_owned(),
+            "not YAML: control characters are not allowed at line 6 column 21".to_owned(),
+        ),
+    ] {
+        std::fs::write(
+            &file,
+            format!("apiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata:\n  name: basket\n{body}\n"),
+        )
+        .unwrap();
+        let err = sweep_fails_with(&["-f", file.to_str().unwrap()]);
+        assert_eq!(err, format!("{lead}{says}\n"), "{body}");
+    }
+}
+
+/// Usage errors exit 2, as clap's own do, apart from 1 for a failed run: README's exit-status
+/// paragraph says so.
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["sweep", "--dry-run", "--apply", "-f", "x"][..],
+        &["sweep", "--batch-threads", "0", "-f", "x"],
+        &["sweep", "-o", "yaml", "-f", "x"],
+        &["discover", "-o", "yaml", "-f", "x"],
+        &["sweep"],
+        &["frobnicate"],
+    ] {
+        let out = support::custody(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+    let out = support::custody(&["sweep", "--dry-run", "-f", "/nonexistent/custody"]);
+    assert_eq!(out.status.code(), Some(1));
 }

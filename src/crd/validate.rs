@@ -35,6 +35,35 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     }
 }
 
+/// Why `pattern` is not a regular expression, on one line: `unclosed group at character 1`. The
+/// regex crate's own text draws the pattern with a caret under the fault over four lines, its last
+/// `error: unclosed group`, which reads as a second error.
+fn regex_error(pattern: &str, e: &regex::Error) -> String {
+    let (kind, at) = match regex_syntax::Parser::new().parse(pattern) {
+        Err(regex_syntax::Error::Parse(e)) => (e.kind().to_string(), e.span().start),
+        Err(regex_syntax::Error::Translate(e)) => (e.kind().to_string(), e.span().start),
+        _ => {
+            return match e {
+                regex::Error::CompiledTooBig(limit) => {
+                    format!("too large: compiled, it exceeds the limit of {limit} bytes")
+                }
+                other => other.to_string(),
+            };
+        }
+    };
+    if pattern.contains('\n') {
+        format!(
+            "not a regular expression: {kind} at line {} character {}",
+            at.line, at.column
+        )
+    } else {
+        format!(
+            "not a regular expression: {kind} at character {}",
+            at.column
+        )
+    }
+}
+
 /// Whether the URL's authority ends in a colon with no port (`http://127.0.0.1:/mcp`). The URL
 /// standard accepts it as "no port" (the `url` crate parses it so), so only the text can tell.
 fn has_empty_port(url: &str) -> bool {
@@ -315,9 +344,15 @@ pub fn handle_class(
         ));
     }
     let rule = GoneRule::new(&(&spec.probe.gone_when).into()).map_err(|e| {
+        let pattern = spec
+            .probe
+            .gone_when
+            .error_text_regex
+            .as_deref()
+            .unwrap_or_default();
         err(
             "spec.probe.goneWhen.errorTextRegex",
-            format!("does not compile: {e}"),
+            format!("invalid value {pattern:?}: {}", regex_error(pattern, &e)),
         )
     })?;
     in_range(
@@ -683,6 +718,33 @@ mod tests {
             verdict_path: None,
         };
         assert!(handle_class(&spec).is_ok());
+        // A regex that does not compile is one line naming the cause and where: the regex
+        // crate's text drew the pattern over four lines, the last `error: unclosed group`.
+        for (pattern, says) in [
+            (
+                "(",
+                "invalid value \"(\": not a regular expression: unclosed group at character 1",
+            ),
+            (
+                "ok|a\\p{Foo}",
+                "invalid value \"ok|a\\\\p{Foo}\": not a regular expression: Unicode property not found at character 5",
+            ),
+            (
+                "(?x)a\n(",
+                "invalid value \"(?x)a\\n(\": not a regular expression: unclosed group at line 2 character 1",
+            ),
+            (
+                "a{1000000}{1000}",
+                "invalid value \"a{1000000}{1000}\": too large: compiled, it exceeds the limit of 10485760 bytes",
+            ),
+        ] {
+            spec.probe.gone_when.error_text_regex = Some(pattern.into());
+            assert_eq!(
+                handle_class(&spec).unwrap_err().to_string(),
+                format!("spec.probe.goneWhen.errorTextRegex: {says}")
+            );
+        }
+        spec.probe.gone_when.error_text_regex = None;
         spec.probe
             .arguments
             .insert("basket_id".into(), serde_json::json!("{{handel}}"));

@@ -1,25 +1,30 @@
 //! Local mode: the same resources as in a cluster, read from YAML files.
 //!
 //! `-f PATH` names one YAML file or a directory: every `*.yaml`/`*.yml` file in it (not
-//! recursive), as `kubectl apply -f` reads either; `-f` given several times reads them all, as
-//! one set of resources. A file may hold several documents. Kinds
+//! recursive), as `kubectl apply -f` reads either, and `-f -` standard input; `-f` given several
+//! times reads them all, as one set of resources. A file may hold several documents, and a
+//! document may be a List (`kind: List` with `items`, as `kubectl get -o yaml` writes), whose
+//! items are read as documents. Kinds
 //! custody knows (`MCPServer`, `HandleClass`, `CheckpointStore` of `custody.dev/v1alpha1`, and
 //! `v1` `Secret`) are parsed into the cluster types and validated; documents of other kinds are
 //! ignored with a warning. A resource without a namespace is in `default`. Two documents naming
 //! the same kind, namespace and name are an error naming both, as the API server would keep only
 //! one of them (a stray `basket-old.yaml` must not silently decide which URL is probed).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
 use crate::crd::{CheckpointStore, HandleClass, MCPServer, validate};
 pub use crate::plan::{LoadError, Resources};
-use crate::plan::{compiled_key, label};
+use crate::plan::{Origin, compiled_key, label};
+
+/// How `-f -` (standard input, as `kubectl apply -f -` reads it) is named in messages.
+pub const STDIN: &str = "<stdin>";
 
 impl Resources {
-    /// Reads and validates the YAML file `path`, or every YAML file in the directory `path`.
+    /// Reads and validates the YAML file `path`, or every YAML file in the directory `path`;
+    /// `-` is standard input.
     ///
     /// # Errors
     /// [`LoadError::Io`] or [`LoadError::Invalid`] naming the file, document and field.
@@ -29,7 +34,8 @@ impl Resources {
 
     /// [`Self::load`] of each path (`-f` given several times), into one set of resources: a
     /// resource defined in two files is an error naming both, as within one directory; a file
-    /// that two paths name (a directory and a file in it) is read once.
+    /// that two paths name (a directory and a file in it) is read once, and so is standard
+    /// input.
     ///
     /// # Errors
     /// As [`Self::load`].
@@ -39,12 +45,21 @@ impl Resources {
             move |source| LoadError::Io { path, source }
         };
         let mut out = Self::default();
-        let mut seen = Seen::new();
         // One file named twice (`-f dir -f dir/store.yaml`, `-f ./dir -f dir`) is read once:
         // its resources are not two definitions.
         let mut read = std::collections::BTreeSet::new();
         for path in paths {
             let path = path.as_ref();
+            if path == Path::new("-") {
+                if read.insert(path.to_owned()) {
+                    let stdin = Path::new(STDIN);
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                        .map_err(io(stdin))?;
+                    out.add_file(stdin, &text)?;
+                }
+                continue;
+            }
             let files = if std::fs::metadata(path).map_err(io(path))?.is_file() {
                 vec![path.to_owned()]
             } else {
@@ -64,7 +79,7 @@ impl Resources {
                     continue;
                 }
                 let text = std::fs::read_to_string(&file).map_err(io(&file))?;
-                out.add_file(&file, &text, &mut seen)?;
+                out.add_file(&file, &text)?;
             }
         }
         Ok(out)
@@ -76,143 +91,264 @@ impl Resources {
     /// [`LoadError::Invalid`] naming the document and field.
     pub fn parse(path: &Path, text: &str) -> Result<Self, LoadError> {
         let mut out = Self::default();
-        out.add_file(path, text, &mut Seen::new())?;
+        out.add_file(path, text)?;
         Ok(out)
     }
 
-    fn add_file(&mut self, path: &Path, text: &str, seen: &mut Seen) -> Result<(), LoadError> {
-        let served = format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION);
+    /// Reads the documents of one file; a List (`kind: List` as `kubectl get -o yaml` writes
+    /// it, or `SecretList`, `MCPServerList`, … with `items`) is read item by item, as
+    /// `kubectl apply` reads it.
+    fn add_file(&mut self, path: &Path, text: &str) -> Result<(), LoadError> {
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let invalid = |kind: &str, message: String| LoadError::Invalid {
+            let doc = Document::read(doc).map_err(|e| not_yaml(path, i + 1, text, &e))?;
+            let docs = doc.split().map_err(|(kind, message)| LoadError::Invalid {
                 path: path.to_owned(),
                 document: i + 1,
-                kind: kind.to_owned(),
+                item: None,
+                kind,
                 message,
-            };
-            let doc = Document::read(doc).map_err(|e| invalid("?", format!("not YAML: {e}")))?;
-            let value = &doc.value;
-            if value.is_null() {
-                continue;
-            }
-            let api_version = value
-                .get("apiVersion")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned();
-            let kind = value
-                .get("kind")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned();
-            let name = value
-                .get("metadata")
-                .and_then(|m| m.get("name"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("?");
-            let ns = value
-                .get("metadata")
-                .and_then(|m| m.get("namespace"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("default");
-            let kind = format!("{kind} {ns}/{name}");
-            let custody = api_version == served;
-            let kind_name = kind.split(' ').next().unwrap_or_default();
-            let read = matches!(
-                (custody, kind_name, api_version.as_str()),
-                (true, "MCPServer" | "HandleClass" | "CheckpointStore", _)
-                    | (false, "Secret", "v1")
-            );
-            if read {
-                // The API server refuses such a name when the object is created; a name or
-                // namespace that is not a string is the typed step's to say (`invalid type`).
-                let text = |field: &str| match value.get("metadata").and_then(|m| m.get(field)) {
-                    None | Some(serde_yaml::Value::Null) => Ok(None),
-                    Some(v) => v.as_str().map(Some).ok_or(()),
-                };
-                if let (Ok(name), Ok(ns)) = (text("name"), text("namespace")) {
-                    validate::object_meta(name, ns).map_err(|e| invalid(&kind, e.to_string()))?;
-                }
-                let here = format!("{} document {}", path.display(), i + 1);
-                if let Some(first) = seen.insert(kind.clone(), here) {
-                    return Err(invalid(
-                        &kind,
-                        format!(
-                            "defined twice: also in {first} (names are unique per kind and namespace, as in a cluster)"
-                        ),
-                    ));
-                }
-            }
-            match (custody, kind_name, api_version.as_str()) {
-                // kubectl refuses such a document too; skipped, a custody resource missing its
-                // apiVersion would surface later as a reference to nothing.
-                (_, k, v) if k.is_empty() || v.is_empty() => {
-                    let missing = match (v.is_empty(), k.is_empty()) {
-                        (true, true) => "apiVersion and kind are",
-                        (true, false) => "apiVersion is",
-                        _ => "kind is",
-                    };
-                    return Err(invalid(
-                        if k.is_empty() { "?" } else { &kind },
-                        format!(
-                            "{missing} not set (a custody resource has apiVersion: {served} and its kind)"
-                        ),
-                    ));
-                }
-                (true, "MCPServer", _) => {
-                    let s: MCPServer =
-                        typed(doc, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
-                    let rules = validate::mcp_server(&s.spec)
-                        .map_err(|e| invalid(&label(&s), e.to_string()))?;
-                    self.compiled.reconciliation.insert(compiled_key(&s), rules);
-                    self.servers.push(s);
-                }
-                (true, "HandleClass", _) => {
-                    let c: HandleClass =
-                        typed(doc, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
-                    let rules = validate::handle_class(&c.spec)
-                        .map_err(|e| invalid(&label(&c), e.to_string()))?;
-                    self.compiled.classes.insert(compiled_key(&c), rules);
-                    self.classes.push(c);
-                }
-                (true, "CheckpointStore", _) => {
-                    let s: CheckpointStore =
-                        typed(doc, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
-                    validate::checkpoint_store(&s.spec)
-                        .map_err(|e| invalid(&label(&s), e.to_string()))?;
-                    self.stores.push(s);
-                }
-                (false, "Secret", "v1") => self
-                    .secrets
-                    .push(secret(doc).map_err(|m| invalid(&kind, m))?),
-                // A document meant for custody that it would not read is a mistake to say,
-                // not one to skip: ignored, its servers or classes would silently not be swept.
-                (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
-                    return Err(invalid(
-                        &kind,
-                        format!(
-                            "apiVersion: {v} is not served by this custody, which reads {served}"
-                        ),
-                    ));
-                }
-                (true, k, _) if k != "AgentAssignment" => {
-                    return Err(invalid(
-                        &kind,
-                        format!(
-                            "kind: {k:?} is not a kind of {served} (MCPServer, AgentAssignment, HandleClass, CheckpointStore)"
-                        ),
-                    ));
-                }
-                _ => {
-                    tracing::warn!(
-                        "{}: document {} ({kind}, {api_version}): ignored: a sweep reads only MCPServers, HandleClasses, CheckpointStores and Secrets",
-                        path.display(),
-                        i + 1
-                    );
-                }
+            })?;
+            for (item, doc) in docs {
+                self.add_document(path, (i + 1, item), doc)?;
             }
         }
         Ok(())
     }
+
+    /// Reads one document, at `(document, item)` of `path`.
+    fn add_document(
+        &mut self,
+        path: &Path,
+        (document, item): (usize, Option<usize>),
+        doc: Document,
+    ) -> Result<(), LoadError> {
+        let served = format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION);
+        let invalid = |kind: &str, message: String| LoadError::Invalid {
+            path: path.to_owned(),
+            document,
+            item,
+            kind: kind.to_owned(),
+            message,
+        };
+        let value = &doc.value;
+        if value.is_null() {
+            return Ok(());
+        }
+        let here = Origin {
+            path: path.to_owned(),
+            document,
+            item,
+        };
+        let api_version = value
+            .get("apiVersion")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let kind = value
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let name = value
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("?");
+        let ns = value
+            .get("metadata")
+            .and_then(|m| m.get("namespace"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let kind = format!("{kind} {ns}/{name}");
+        let custody = api_version == served;
+        let kind_name = kind.split(' ').next().unwrap_or_default();
+        let read = matches!(
+            (custody, kind_name, api_version.as_str()),
+            (true, "MCPServer" | "HandleClass" | "CheckpointStore", _) | (false, "Secret", "v1")
+        );
+        if read {
+            // The API server refuses such a name when the object is created; a name or
+            // namespace that is not a string is the typed step's to say (`invalid type`).
+            let text = |field: &str| match value.get("metadata").and_then(|m| m.get(field)) {
+                None | Some(serde_yaml::Value::Null) => Ok(None),
+                Some(v) => v.as_str().map(Some).ok_or(()),
+            };
+            if let (Ok(name), Ok(ns)) = (text("name"), text("namespace")) {
+                validate::object_meta(name, ns).map_err(|e| invalid(&kind, e.to_string()))?;
+            }
+            if let Some(first) = self.origins.insert(kind.clone(), here.clone()) {
+                return Err(invalid(
+                    &kind,
+                    format!(
+                        "defined twice: also in {first} (names are unique per kind and namespace, as in a cluster)"
+                    ),
+                ));
+            }
+        }
+        match (custody, kind_name, api_version.as_str()) {
+            // kubectl refuses such a document too; skipped, a custody resource missing its
+            // apiVersion would surface later as a reference to nothing.
+            (_, k, v) if k.is_empty() || v.is_empty() => {
+                let missing = match (v.is_empty(), k.is_empty()) {
+                    (true, true) => "apiVersion and kind are",
+                    (true, false) => "apiVersion is",
+                    _ => "kind is",
+                };
+                return Err(invalid(
+                    if k.is_empty() { "?" } else { &kind },
+                    format!(
+                        "{missing} not set (a custody resource has apiVersion: {served} and its kind)"
+                    ),
+                ));
+            }
+            (true, "MCPServer", _) => {
+                let s: MCPServer =
+                    typed(doc, Some(&SCHEMAS.server)).map_err(|m| invalid(&kind, m))?;
+                let rules = validate::mcp_server(&s.spec)
+                    .map_err(|e| invalid(&label(&s), e.to_string()))?;
+                self.compiled.reconciliation.insert(compiled_key(&s), rules);
+                self.servers.push(s);
+            }
+            (true, "HandleClass", _) => {
+                let c: HandleClass =
+                    typed(doc, Some(&SCHEMAS.class)).map_err(|m| invalid(&kind, m))?;
+                let rules = validate::handle_class(&c.spec)
+                    .map_err(|e| invalid(&label(&c), e.to_string()))?;
+                self.compiled.classes.insert(compiled_key(&c), rules);
+                self.classes.push(c);
+            }
+            (true, "CheckpointStore", _) => {
+                let s: CheckpointStore =
+                    typed(doc, Some(&SCHEMAS.store)).map_err(|m| invalid(&kind, m))?;
+                validate::checkpoint_store(&s.spec)
+                    .map_err(|e| invalid(&label(&s), e.to_string()))?;
+                self.stores.push(s);
+            }
+            (false, "Secret", "v1") => self
+                .secrets
+                .push(secret(doc).map_err(|m| invalid(&kind, m))?),
+            // A document meant for custody that it would not read is a mistake to say,
+            // not one to skip: ignored, its servers or classes would silently not be swept.
+            (false, _, v) if v.starts_with(&format!("{}/", crate::crd::GROUP)) => {
+                return Err(invalid(
+                    &kind,
+                    format!("apiVersion: {v} is not served by this custody, which reads {served}"),
+                ));
+            }
+            (true, k, _) if k != "AgentAssignment" => {
+                return Err(invalid(
+                    &kind,
+                    format!(
+                        "kind: {k:?} is not a kind of {served} (MCPServer, AgentAssignment, HandleClass, CheckpointStore)"
+                    ),
+                ));
+            }
+            // `sweep` and `discover` read these files alike: the warning names neither.
+            _ => {
+                let ignored = invalid(
+                    &format!("{kind}, {api_version}"),
+                    "ignored: local mode reads only MCPServers, HandleClasses, CheckpointStores \
+                     and Secrets"
+                        .to_owned(),
+                );
+                tracing::warn!("{ignored}");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A document that is not YAML, with its line and column (the YAML reader says only `at
+/// position N`, a byte offset, of a control character) and, as far as the document's lines
+/// say them, its kind and name.
+fn not_yaml(path: &Path, document: usize, text: &str, e: &serde_yaml::Error) -> LoadError {
+    static POSITION: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r" at position (\d+)").expect("a valid regex")
+    });
+    let mut message = e.to_string();
+    let mut line = e.location().map(|l| l.line());
+    if let Some(c) = POSITION.captures(&message)
+        && let Some(at) = c[1].parse::<usize>().ok().filter(|&at| at <= text.len())
+    {
+        let before = String::from_utf8_lossy(&text.as_bytes()[..at]).into_owned();
+        let l = before.matches('\n').count() + 1;
+        let column = before
+            .rsplit('\n')
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .count()
+            + 1;
+        message = message.replace(&c[0], &format!(" at line {l} column {column}"));
+        line = Some(l);
+    }
+    LoadError::Invalid {
+        path: path.to_owned(),
+        document,
+        item: None,
+        kind: line.map(|l| kind_in_lines(text, l)).unwrap_or_default(),
+        message: format!("not YAML: {message}"),
+    }
+}
+
+/// `Kind namespace/name` as the lines of the document around 1-based `line` of `text` write
+/// them (top-level `kind:`, and `metadata:`'s `name:` and `namespace:` in block or flow style),
+/// for a document the YAML reader cannot read; empty when they give no kind.
+fn kind_in_lines(text: &str, line: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = line.saturating_sub(1).min(lines.len());
+    let start = lines[..at]
+        .iter()
+        .rposition(|l| l.starts_with("---"))
+        .map_or(0, |i| i + 1);
+    let end = lines[at..]
+        .iter()
+        .position(|l| l.starts_with("---") || l.starts_with("..."))
+        .map_or(lines.len(), |i| at + i);
+    let scalar = |v: &str| {
+        let v = v.split(" #").next().unwrap_or_default();
+        v.trim().trim_matches(['"', '\'']).to_owned()
+    };
+    let (mut kind, mut name, mut ns) = (None, None, None);
+    let mut meta = |entry: &str| match entry.split_once(':') {
+        Some((k, v)) if !scalar(v).is_empty() => match k.trim() {
+            "name" => name = Some(scalar(v)),
+            "namespace" => ns = Some(scalar(v)),
+            _ => {}
+        },
+        _ => {}
+    };
+    // In `metadata:`'s block: the indentation of its fields, once its first one is seen.
+    let mut metadata: Option<Option<usize>> = None;
+    for l in &lines[start..end] {
+        let t = l.trim_start();
+        let indent = l.len() - t.len();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if indent == 0 {
+            metadata = None;
+            if let Some(v) = t.strip_prefix("kind:") {
+                kind = Some(scalar(v)).filter(|k| !k.is_empty());
+            } else if let Some(v) = t.strip_prefix("metadata:") {
+                match v.trim().strip_prefix('{') {
+                    Some(flow) => flow.trim_end_matches('}').split(',').for_each(&mut meta),
+                    None => metadata = Some(None),
+                }
+            }
+        } else if let Some(fields) = &mut metadata
+            && *fields.get_or_insert(indent) == indent
+        {
+            meta(t);
+        }
+    }
+    kind.map_or_else(String::new, |kind| {
+        format!(
+            "{kind} {}/{}",
+            ns.as_deref().unwrap_or("default"),
+            name.as_deref().unwrap_or("?")
+        )
+    })
 }
 
 /// The `openAPIV3Schema` of each kind local mode reads, built once (not per document).
@@ -347,38 +483,84 @@ fn typed<T: DeserializeOwned>(
         }
     };
     let de = serde_ignored::Deserializer::new(value, &mut note);
-    let typed = serde_path_to_error::deserialize(de).map_err(|e| {
+    let typed = serde_path_to_error::deserialize(de);
+    // A misspelt field is why a required one is missing (`spek:` for `spec:`): it is said,
+    // not the missing one.
+    if let Some(path) = unknown.first() {
+        return Err(format!(
+            "{path}: unknown field (check its spelling against `custody crd`)"
+        ));
+    }
+    typed.map_err(|e| {
         let path = e.path().to_string();
-        let mut message = schema_words(&e.into_inner().to_string());
-        // `parallelism: two` fails as a u32, `mode: 5` as a Rust enum: say what the schema
-        // allows, as the API server would, not what the Rust type is.
         let field = schema.and_then(|s| schema_at(s, &path));
-        let values = field
-            .and_then(|f| f.get("enum"))
-            .and_then(serde_json::Value::as_array);
-        if let Some((found, _)) = message.split_once(", expected ") {
-            if let Some((Some(min), Some(max))) = field.map(bounds) {
-                message = format!("{found}, expected an integer from {min} to {max}");
-            } else if let Some(values) = values {
-                let values: Vec<String> = values
-                    .iter()
-                    .map(|v| format!("`{}`", v.as_str().unwrap_or_default()))
-                    .collect();
-                message = format!("{found}, expected one of {}", values.join(", "));
-            }
-        }
+        kubernetes_words(&e.into_inner().to_string(), &path, field)
+    })
+}
+
+/// serde's error `message` about the field at `path` (`.` for the document), whose schema is
+/// `field`, in the API server's words and the schema's: `spec.probe: required value` (serde:
+/// "missing field `probe`", said of `spec`), `unsupported value "Escalate": supported values:
+/// "remint", "escalate", "fail"` (serde: "unknown variant `Escalate`, expected one of …"), and a
+/// type error in the schema's types and bounds ([`schema_words`]); led by the field's path.
+fn kubernetes_words(message: &str, path: &str, field: Option<&serde_json::Value>) -> String {
+    static MISSING: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^missing field `([^`]*)`$").expect("a valid regex")
+    });
+    static VARIANT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"(?s)^unknown variant `(.*)`, expected (.*)$").expect("a valid regex")
+    });
+    static QUOTED: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"`([^`]*)`").expect("a valid regex"));
+    let values = field
+        .and_then(|f| f.get("enum"))
+        .and_then(serde_json::Value::as_array)
+        .map(|values| {
+            values
+                .iter()
+                .map(|v| v.as_str().unwrap_or_default().to_owned())
+                .collect::<Vec<_>>()
+        });
+    let at = |message: String| {
         if path == "." {
             message
         } else {
             format!("{path}: {message}")
         }
-    })?;
-    match unknown.first() {
-        None => Ok(typed),
-        Some(path) => Err(format!(
-            "{path}: unknown field (check its spelling against `custody crd`)"
-        )),
+    };
+    if let Some(c) = MISSING.captures(message) {
+        return if path == "." {
+            format!("{}: required value", &c[1])
+        } else {
+            format!("{path}.{}: required value", &c[1])
+        };
     }
+    if let Some(c) = VARIANT.captures(message) {
+        let supported = values.unwrap_or_else(|| {
+            QUOTED
+                .captures_iter(&c[2])
+                .map(|v| v[1].to_owned())
+                .collect()
+        });
+        let supported: Vec<String> = supported.iter().map(|v| format!("{v:?}")).collect();
+        return at(format!(
+            "unsupported value {:?}: supported values: {}",
+            &c[1],
+            supported.join(", ")
+        ));
+    }
+    let mut message = schema_words(message);
+    // `parallelism: two` fails as a u32, `mode: 5` as a Rust enum: say what the schema
+    // allows, as the API server would, not what the Rust type is.
+    if let Some((found, _)) = message.split_once(", expected ") {
+        if let Some((Some(min), Some(max))) = field.map(bounds) {
+            message = format!("{found}, expected an integer from {min} to {max}");
+        } else if let Some(values) = values {
+            let values: Vec<String> = values.iter().map(|v| format!("`{v}`")).collect();
+            message = format!("{found}, expected one of {}", values.join(", "));
+        }
+    }
+    at(message)
 }
 
 /// One document of a file as a YAML value, with what a [`serde_yaml::Value`] cannot hold noted by
@@ -390,6 +572,9 @@ struct Document {
     /// `(path, what)` in document order, the path as serde_path_to_error writes it.
     noted: Vec<(String, Noted)>,
 }
+
+/// A document, with its 1-based item number when it is an item of a List.
+type Numbered = (Option<usize>, Document);
 
 /// What a document holds that its [`Document::value`] does not.
 enum Noted {
@@ -420,6 +605,53 @@ impl Noted {
 }
 
 impl Document {
+    /// The documents this one stands for: itself, or each item of a List (a `kind` ending in
+    /// `List`, such as `kubectl get -o yaml`'s `List` or a `SecretList`, with an `items` array),
+    /// numbered from 1, with what its value cannot hold. What a List cannot hold outside its
+    /// items (`items` given twice) is an error, `(kind, message)`.
+    fn split(self) -> Result<Vec<Numbered>, (String, String)> {
+        let Self { mut value, noted } = self;
+        let list = value
+            .get("kind")
+            .and_then(serde_yaml::Value::as_str)
+            .filter(|k| k.ends_with("List"))
+            .map(str::to_owned);
+        let items = match (&list, value.get_mut("items")) {
+            (Some(_), Some(serde_yaml::Value::Sequence(items))) => std::mem::take(items),
+            // `items:` with nothing under it, as an empty List may be written.
+            (Some(_), Some(serde_yaml::Value::Null)) => Vec::new(),
+            _ => return Ok(vec![(None, Self { value, noted })]),
+        };
+        let mut out: Vec<Numbered> = items
+            .into_iter()
+            .enumerate()
+            .map(|(m, value)| {
+                let item = Self {
+                    value,
+                    noted: Vec::new(),
+                };
+                (Some(m + 1), item)
+            })
+            .collect();
+        for (path, what) in noted {
+            let item = path
+                .strip_prefix("items[")
+                .and_then(|rest| rest.split_once(']'))
+                .and_then(|(m, rest)| Some((m.parse::<usize>().ok()?, rest)));
+            match item {
+                Some((m, rest)) if m < out.len() => {
+                    let rest = rest.strip_prefix('.').unwrap_or(rest);
+                    out[m].1.noted.push((rest.to_owned(), what));
+                }
+                _ => {
+                    let kind = list.unwrap_or_default();
+                    return Err((kind, format!("{path}: {}", what.message(None))));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn read<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
         use serde::de::DeserializeSeed as _;
         let mut noted = Vec::new();
@@ -633,9 +865,6 @@ fn schema_words(message: &str) -> String {
     out
 }
 
-/// `Kind namespace/name` → `file document N` of the resources read so far.
-type Seen = BTreeMap<String, String>;
-
 /// A `v1` Secret. A `data` value is base64, as the API server reads it: line breaks in it are
 /// ignored (Go's decoder skips `\r` and `\n`, so `base64`'s wrapped output is accepted), and one
 /// that is not base64 is said as such with its key and the plain-text alternative, rather than
@@ -676,6 +905,8 @@ fn secret(mut doc: Document) -> Result<k8s_openapi::api::core::v1::Secret, Strin
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     /// The error of reading one `kind` document whose `spec` is `spec` (YAML lines, indented).
@@ -683,8 +914,7 @@ mod tests {
         Resources::default()
             .add_file(
                 Path::new("r.yaml"),
-                &format!("apiVersion: custody.dev/v1alpha1\nkind: {kind}\nmetadata: {{name: s}}\nspec:\n{spec}"),
-                &mut Seen::new(),
+                &format!("apiVersion: custody.dev/v1alpha1\nkind: {kind}\nmetadata: {{name: s}}\nspec:\n{spec}")
             )
             .unwrap_err()
             .to_string()
@@ -910,7 +1140,7 @@ mod tests {
         assert!(store.dsn_from.is_none() && store.handle_class_selector.is_none());
         let e = load_error("MCPServer", "  url: null\n");
         assert!(
-            e.ends_with("(MCPServer default/s): spec: missing field `url`"),
+            e.ends_with("(MCPServer default/s): spec.url: required value"),
             "{e}"
         );
     }
@@ -919,7 +1149,7 @@ mod tests {
     fn custody_documents_custody_does_not_read_are_errors_not_skipped() {
         let load = |text: &str| {
             let mut r = Resources::default();
-            r.add_file(Path::new("r.yaml"), text, &mut Seen::new())
+            r.add_file(Path::new("r.yaml"), text)
                 .map(|()| r.servers.len())
                 .map_err(|e| e.to_string())
         };
@@ -974,8 +1204,7 @@ mod tests {
         let e = r
             .add_file(
                 Path::new("servers.yaml"),
-                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: ftp://x/mcp\n",
-                &mut Seen::new(),
+                "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: ftp://x/mcp\n"
             )
             .unwrap_err()
             .to_string();
@@ -983,11 +1212,10 @@ mod tests {
             e.starts_with("servers.yaml: document 1 (MCPServer default/b): spec.url:"),
             "{e}"
         );
-        let e = r
+        let e = Resources::default()
             .add_file(
                 Path::new("s.yaml"),
-                "---\n---\napiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: soon\n",
-                &mut Seen::new(),
+                "---\n---\napiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  timeoutSeconds: soon\n"
             )
             .unwrap_err()
             .to_string();
@@ -1031,16 +1259,10 @@ mod tests {
                 "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {{name: basket}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n"
             )
         };
-        let mut seen = Seen::new();
         let mut r = Resources::default();
-        r.add_file(Path::new("a.yaml"), &server(1), &mut seen)
-            .unwrap();
+        r.add_file(Path::new("a.yaml"), &server(1)).unwrap();
         let e = r
-            .add_file(
-                Path::new("b.yaml"),
-                &format!("---\n---\n{}", server(2)),
-                &mut seen,
-            )
+            .add_file(Path::new("b.yaml"), &format!("---\n---\n{}", server(2)))
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -1049,10 +1271,9 @@ mod tests {
         );
         // the same name in another namespace, or of another kind, is another resource
         let other_ns = server(3).replace("{name: basket}", "{name: basket, namespace: shop}");
-        r.add_file(Path::new("c.yaml"), &other_ns, &mut seen)
-            .unwrap();
+        r.add_file(Path::new("c.yaml"), &other_ns).unwrap();
         let secret = "apiVersion: v1\nkind: Secret\nmetadata: {name: basket}\n";
-        r.add_file(Path::new("d.yaml"), secret, &mut seen).unwrap();
+        r.add_file(Path::new("d.yaml"), secret).unwrap();
         assert_eq!(r.servers.len(), 2);
     }
 
@@ -1066,7 +1287,6 @@ mod tests {
             r.add_file(
                 Path::new("s.yaml"),
                 &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: db}}\ndata:\n{data}"),
-                &mut Seen::new(),
             )
             .map(|()| r.secrets)
             .map_err(|e| e.to_string())
@@ -1203,5 +1423,172 @@ mod tests {
                 d.join("copy.yaml").display()
             )
         );
+    }
+
+    /// A List (`kubectl get … -o yaml`) is read item by item, as `kubectl apply` reads it, and
+    /// each item is named `document N item M`: the List was ignored with a warning, so its only
+    /// MCPServer was "no MCPServer in DIR".
+    #[test]
+    fn a_list_is_read_item_by_item() {
+        let server = |name: &str| {
+            format!(
+                "- apiVersion: custody.dev/v1alpha1\n  kind: MCPServer\n  metadata: {{name: {name}}}\n  spec: {{url: 'http://127.0.0.1:1/mcp'}}\n"
+            )
+        };
+        let text = format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}{}---\napiVersion: v1\nkind: SecretList\nitems:\n- {{apiVersion: v1, kind: Secret, metadata: {{name: t}}, stringData: {{k: v}}}}\n",
+            server("a"),
+            server("b")
+        );
+        let r = Resources::parse(Path::new("all.yaml"), &text).unwrap();
+        let names: Vec<_> = r.servers.iter().map(|s| s.metadata.name.clone()).collect();
+        assert_eq!(names, [Some("a".to_owned()), Some("b".to_owned())]);
+        assert_eq!(r.secrets.len(), 1);
+        assert_eq!(
+            r.origins["MCPServer default/b"].to_string(),
+            "all.yaml document 1 item 2"
+        );
+        // An item's error names its item, and a field of it by the item's own path.
+        let bad = format!(
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServerList\nitems:\n{}- apiVersion: custody.dev/v1alpha1\n  kind: MCPServer\n  metadata: {{name: c}}\n  spec: {{url: 'http://127.0.0.1:1/mcp', timeoutSeconds: 99999999999999999999999}}\n",
+            server("a")
+        );
+        let e = Resources::parse(Path::new("all.yaml"), &bad)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            "all.yaml: document 1 item 2 (MCPServer default/c): spec.timeoutSeconds: 99999999999999999999999 is out of range: 1 to 300"
+        );
+        let empty =
+            "apiVersion: v1\nkind: List\nitems:\n---\napiVersion: v1\nkind: List\nitems: []\n";
+        assert!(Resources::parse(Path::new("e.yaml"), empty).is_ok());
+        let twice = format!(
+            "apiVersion: v1\nkind: List\nitems:\n{}{}",
+            server("a"),
+            server("a")
+        );
+        let e = Resources::parse(Path::new("l.yaml"), &twice)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("l.yaml: document 1 item 2 (MCPServer default/a): defined twice: also in l.yaml document 1 item 1"),
+            "{e}"
+        );
+    }
+
+    /// serde's wording (`missing field`, `unknown variant`) is said in the API server's, as the
+    /// other field errors are: `spek:` for `spec:` and `spec: null` both said "missing field
+    /// `spec`", a misspelt value "unknown variant `Escalate`, expected one of …".
+    #[test]
+    fn errors_use_the_api_servers_words() {
+        let class = |body: &str| {
+            Resources::parse(
+                Path::new("c.yaml"),
+                &format!(
+                    "apiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata: {{name: b}}\n{body}"
+                ),
+            )
+            .err()
+            .unwrap()
+            .to_string()
+        };
+        let lead = "c.yaml: document 1 (HandleClass default/b): ";
+        let probe = "probe: {tool: t, arguments: {}}";
+        for (body, says) in [
+            (
+                "spek: {serverRef: b}\n".to_owned(),
+                "spek: unknown field (check its spelling against `custody crd`)",
+            ),
+            ("spec: null\n".to_owned(), "spec: required value"),
+            (
+                "spec: {serverRef: b, statePath: b}\n".to_owned(),
+                "spec.probe: required value",
+            ),
+            (
+                format!("spec: {{serverRef: b, statePath: b, {probe}, onGone: Escalate}}\n"),
+                "spec.onGone: unsupported value \"Escalate\": supported values: \"remint\", \"escalate\", \"fail\"",
+            ),
+        ] {
+            assert_eq!(class(&body), format!("{lead}{says}"), "{body}");
+        }
+        assert_eq!(
+            kubernetes_words(
+                "unknown variant `x`, expected `a` or `b`",
+                "spec.mode",
+                None
+            ),
+            "spec.mode: unsupported value \"x\": supported values: \"a\", \"b\""
+        );
+    }
+
+    /// YAML that does not parse names its line and column (a control character said `at
+    /// position 85`, a byte offset) and, from the document's lines, its kind and name (it said
+    /// `document 1 (?)`).
+    #[test]
+    fn yaml_that_does_not_parse_names_line_column_and_object() {
+        let e = Resources::parse(
+            Path::new("s.yaml"),
+            "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata:\n  labels: {name: x}\n  name: basket\n  namespace: shop\nspec:\n  url: \"http://x/mcp\u{1}\"\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert_eq!(
+            e,
+            "s.yaml: document 1 (MCPServer shop/basket): not YAML: control characters are not allowed at line 8 column 21"
+        );
+        let e = Resources::parse(
+            Path::new("s.yaml"),
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\n---\n# two\nkind: MCPServer\nmetadata: {name: b, namespace: 'shop'}\nspec:\n  url: [http://x/mcp\n",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.starts_with("s.yaml: document 2 (MCPServer shop/b): not YAML: did not find expected ',' or ']' at line 10 column 1"),
+            "{e}"
+        );
+        // Lines that name no kind leave the object unnamed, not `(?)`.
+        let e = Resources::parse(Path::new("s.yaml"), "a: [\n")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.starts_with("s.yaml: document 1: not YAML: "), "{e}");
+    }
+
+    /// An error about a reference names the file and document of the resource that makes it, as
+    /// any other error about a file does: it named only `HandleClass default/basket`.
+    #[test]
+    fn a_reference_error_names_the_file_and_document() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: basket}\nspec: {url: 'http://127.0.0.1:1/mcp'}\n---\napiVersion: custody.dev/v1alpha1\nkind: HandleClass\nmetadata: {name: basket}\nspec: {serverRef: baskett, statePath: basket, probe: {tool: t, arguments: {}}}\n---\napiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: orders}\nspec: {backend: sqlite, dsn: 'sqlite://x'}\n";
+        let r = Resources::parse(Path::new("all.yaml"), text).unwrap();
+        assert_eq!(
+            r.targets().err().unwrap().to_string(),
+            "all.yaml: document 2 (HandleClass default/basket): spec.serverRef: no MCPServer \"baskett\" in namespace default"
+        );
+        // Resources from the API server have no file: the object alone.
+        let mut cluster = r;
+        cluster.origins.clear();
+        assert_eq!(
+            cluster.targets().err().unwrap().to_string(),
+            "HandleClass default/basket: spec.serverRef: no MCPServer \"baskett\" in namespace default"
+        );
+    }
+
+    /// One MCPServer whose Secret is missing does not keep the others from being used.
+    #[test]
+    fn each_server_is_usable_or_says_why() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: a}\nspec:\n  url: http://127.0.0.1:1/mcp\n  headersFrom:\n  - name: Authorization\n    secretKeyRef: {name: t, key: token}\n---\napiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec: {url: 'http://127.0.0.1:2/mcp'}\n";
+        let r = Resources::parse(Path::new("s.yaml"), text).unwrap();
+        let each = r.each_server_config();
+        assert_eq!(
+            each[0].1.as_ref().err().unwrap().to_string(),
+            "s.yaml: document 1 (MCPServer default/a): spec.headersFrom[0].secretKeyRef: no Secret \"t\" in namespace default (for its key \"token\")"
+        );
+        assert_eq!(each[1].1.as_ref().unwrap().0.url, "http://127.0.0.1:2/mcp");
+        assert!(r.server_configs().is_err());
     }
 }

@@ -31,7 +31,7 @@ use crate::mcp::{DEFAULT_MAX_RESPONSE_BYTES, ServerConfig};
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The directory or a file could not be read.
-    #[error("{path}: {source}")]
+    #[error("cannot read {}: {}", path.display(), crate::checkpoint::io_text(source))]
     Io {
         /// File or directory.
         path: PathBuf,
@@ -40,28 +40,78 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// A document is not valid YAML or does not match its kind's schema or rules.
-    #[error("{path}: document {document} ({kind}): {message}")]
+    #[error("{}: {}: {message}", path.display(), document_label(*document, *item, kind))]
     Invalid {
         /// File.
         path: PathBuf,
         /// 1-based index of the document in the file.
         document: usize,
-        /// `Kind namespace/name`, as far as known.
+        /// 1-based index of the item, for a document that is a List (`kind: List`, `items`).
+        item: Option<usize>,
+        /// `Kind namespace/name`, as far as known; empty when nothing is.
         kind: String,
         /// The field and what is wrong with it.
         message: String,
     },
     /// Resources are individually valid but do not fit together (a missing reference).
-    #[error("{resource}: {field}: {message}")]
+    #[error("{}: {field}: {message}", match origin {
+        Some(o) => format!("{}: {}", o.path.display(), document_label(o.document, o.item, resource)),
+        None => resource.clone(),
+    })]
     Reference {
         /// `Kind namespace/name`.
         resource: String,
+        /// Where the resource was read: local mode's, from [`Resources::origins`]; `None` for
+        /// the API server's, which have no file.
+        origin: Option<Origin>,
         /// The referring field.
         field: String,
         /// What is missing.
         message: String,
     },
 }
+
+/// Where local mode read a resource: file, document and, in a List, item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// File (`<stdin>` for `-f -`).
+    pub path: PathBuf,
+    /// 1-based index of the document in the file.
+    pub document: usize,
+    /// 1-based index of the item, for a document that is a List.
+    pub item: Option<usize>,
+}
+
+/// `file document N` (`… item M`), as a sentence names the place.
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}",
+            self.path.display(),
+            document_label(self.document, self.item, "")
+        )
+    }
+}
+
+/// `document N`, `document N item M` of a List, then ` (Kind namespace/name)` when `kind` is
+/// known.
+fn document_label(document: usize, item: Option<usize>, kind: &str) -> String {
+    let mut out = format!("document {document}");
+    if let Some(item) = item {
+        out = format!("{out} item {item}");
+    }
+    if !kind.is_empty() {
+        out = format!("{out} ({kind})");
+    }
+    out
+}
+
+/// An MCPServer with its connection settings and `toolAllowlist`, or why it cannot be used.
+pub type ServerEntry<'a> = (
+    &'a MCPServer,
+    Result<(ServerConfig, Vec<String>), LoadError>,
+);
 
 /// A HandleClass left out of a store's target: its name, and why it cannot be used.
 pub type LeftOutClass = (String, LoadError);
@@ -81,6 +131,9 @@ pub struct Resources {
     /// file as it reads it), which the compile step takes instead of compiling them again.
     /// Empty for resources from the API server: the compile step validates those itself.
     pub compiled: Compiled,
+    /// Where each resource was read, by `Kind namespace/name`: local mode's, so that an error
+    /// about a reference names the file to fix. Empty for resources from the API server.
+    pub origins: BTreeMap<String, Origin>,
 }
 
 /// A HandleClass's rules as [`validate::handle_class`] compiles them: the probe template, the
@@ -107,7 +160,28 @@ impl Resources {
     /// # Errors
     /// [`LoadError::Reference`] for a missing Secret, key, MCPServer, or an invalid selector.
     pub fn targets(&self) -> Result<Vec<Target>, LoadError> {
-        self.stores.iter().map(|s| self.target(s, None)).collect()
+        self.stores
+            .iter()
+            .map(|s| self.target(s, None).map_err(|e| self.located(e)))
+            .collect()
+    }
+
+    /// `e`, with where its resource was read when [`Self::origins`] knows.
+    fn located(&self, e: LoadError) -> LoadError {
+        match e {
+            LoadError::Reference {
+                resource,
+                origin: None,
+                field,
+                message,
+            } => LoadError::Reference {
+                origin: self.origins.get(&resource).cloned(),
+                resource,
+                field,
+                message,
+            },
+            other => other,
+        }
     }
 
     /// As [`Self::targets`], but a HandleClass that cannot be used (its spec fails custody's
@@ -147,6 +221,7 @@ impl Resources {
             ),
             (None, None) => {
                 return Err(LoadError::Reference {
+                    origin: None,
                     resource: label(store),
                     field: "spec.dsn".into(),
                     message: "set exactly one of dsn and dsnFrom".into(),
@@ -159,6 +234,7 @@ impl Resources {
             in_namespace += 1;
             if !selects(store.spec.handle_class_selector.as_ref(), class.labels()).map_err(
                 |message| LoadError::Reference {
+                    origin: None,
                     resource: label(store),
                     field: "spec.handleClassSelector".into(),
                     message,
@@ -242,6 +318,7 @@ impl Resources {
                 Some(rules) => rules.clone(),
                 None => {
                     validate::reconciliation(&server.spec).map_err(|e| LoadError::Reference {
+                        origin: None,
                         resource: label(server),
                         field: e.field,
                         message: e.message,
@@ -263,12 +340,14 @@ impl Resources {
             .iter()
             .find(|s| namespace(*s) == ns && s.name_any() == class.spec.server_ref)
             .ok_or_else(|| LoadError::Reference {
+                origin: None,
                 resource: label(class),
                 field: "spec.serverRef".into(),
                 message: format!("no MCPServer {:?} in namespace {ns}", class.spec.server_ref),
             })?;
         if let Some((field, message)) = unusable_against_catalog(class) {
             return Err(LoadError::Reference {
+                origin: None,
                 resource: label(class),
                 field,
                 message,
@@ -278,6 +357,7 @@ impl Resources {
         let (template, gone, replay) = match self.compiled.classes.get(&compiled_key(class)) {
             Some(rules) => rules.clone(),
             None => validate::handle_class(&class.spec).map_err(|e| LoadError::Reference {
+                origin: None,
                 resource: label(class),
                 field: e.field,
                 message: e.message,
@@ -308,9 +388,25 @@ impl Resources {
     /// # Errors
     /// [`LoadError::Reference`] for a missing Secret or key.
     pub fn server_configs(&self) -> Result<Vec<(ServerConfig, Vec<String>)>, LoadError> {
+        self.each_server_config()
+            .into_iter()
+            .map(|(_, config)| config)
+            .collect()
+    }
+
+    /// Each MCPServer, in file order, with its Secrets resolved and its `toolAllowlist`, or why
+    /// it cannot be used: one server's missing Secret does not keep the others from being used
+    /// (`custody discover` reports it in the server's place, as an unreachable one).
+    pub fn each_server_config(&self) -> Vec<ServerEntry<'_>> {
         self.servers
             .iter()
-            .map(|s| Ok((self.server_config(s)?, s.spec.tool_allowlist.clone())))
+            .map(|s| {
+                let config = self
+                    .server_config(s)
+                    .map(|c| (c, s.spec.tool_allowlist.clone()))
+                    .map_err(|e| self.located(e));
+                (s, config)
+            })
             .collect()
     }
 
@@ -327,6 +423,7 @@ impl Resources {
             let value = self.secret(&label(server), &field, &ns, &h.secret_key_ref)?;
             let value = SecretString::from(without_final_newline(value.expose_secret()));
             validate::header_value(value.expose_secret()).map_err(|m| LoadError::Reference {
+                origin: None,
                 resource: label(server),
                 field: field.clone(),
                 message: format!(
@@ -354,6 +451,7 @@ impl Resources {
         r: &SecretKeyRef,
     ) -> Result<SecretString, LoadError> {
         let missing = |message: String| LoadError::Reference {
+            origin: None,
             resource: resource.to_owned(),
             field: field.to_owned(),
             message,
