@@ -191,15 +191,25 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The DSN is empty (a `spec.dsn: ""`, or a Secret key holding nothing).
+    #[error("the DSN is empty")]
+    EmptyDsn,
     /// Connecting failed.
-    #[error("cannot connect to {dsn}: {}", db_text(source))]
+    #[error("cannot connect to {dsn}{}: {}", address.as_deref().map(|a| format!(" at {a}")).unwrap_or_default(), db_text(source))]
     Connect {
         /// The DSN with any password replaced by `***`.
         dsn: String,
+        /// Where the driver connected, when the DSN does not spell it (PostgreSQL: a DSN without
+        /// a host or port, whose defaults the driver filled in).
+        address: Option<String>,
         /// The driver's error.
         #[source]
         source: sqlx::Error,
     },
+    /// custody may not write a SQLite database or the directory it is in (an acting sweep);
+    /// the text names the path and the operating system's cause.
+    #[error("{0}")]
+    NotWritable(String),
     /// A SQLite DSN names no SQLite database file (nothing there, a directory, another kind of
     /// file); the text names the absolute path and what is there.
     #[error("{0}")]
@@ -582,12 +592,16 @@ impl Store {
     }
 }
 
-/// What custody checks of a DSN before a driver reads it: its characters ([`check_characters`])
-/// and its scheme ([`check_scheme`]).
+/// What custody checks of a DSN before a driver reads it: that it is not empty (an empty SQLite
+/// path is the directory custody runs in, an empty PostgreSQL DSN has no scheme), its
+/// characters ([`check_characters`]) and its scheme ([`check_scheme`]).
 ///
 /// # Errors
-/// [`StoreError::Dsn`], saying what is wrong.
+/// [`StoreError::EmptyDsn`]; [`StoreError::Dsn`], saying what is wrong.
 pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    if dsn.is_empty() {
+        return Err(StoreError::EmptyDsn);
+    }
     check_characters(backend, dsn)?;
     check_scheme(backend, dsn)
 }
@@ -888,6 +902,41 @@ mod tests {
             sqlite("sqlite://c.sqlite?readonly=1"),
             "unknown parameter \"readonly\" (a SQLite DSN takes mode, cache, immutable and vfs)"
         );
+    }
+
+    /// An empty DSN is said to be empty: as a SQLite path it was the directory custody runs in
+    /// ("… is a directory, not a SQLite database file"); `sqlite://` names no file.
+    #[test]
+    fn an_empty_dsn_is_said_to_be_empty() {
+        for backend in [Backend::Sqlite, Backend::Postgres] {
+            assert!(matches!(check_dsn(backend, ""), Err(StoreError::EmptyDsn)));
+        }
+        for dsn in ["sqlite://", "sqlite:", "sqlite://?mode=ro"] {
+            assert_eq!(
+                sqlite::connect_options(dsn).unwrap_err().to_string(),
+                format!(
+                    "invalid sqlite DSN {dsn}: it names no file; write sqlite://PATH or a file path"
+                )
+            );
+        }
+    }
+
+    /// sqlx's statement logging (every statement slower than 1 s at WARN, with its whole SQL
+    /// text) is off on every pool custody opens: readers and writable pools of both backends
+    /// take their options from these two functions.
+    #[test]
+    fn statement_logging_is_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.sqlite");
+        std::fs::write(&file, b"").unwrap();
+        let pg = postgres::connect_options("postgres://u@db/lg").unwrap();
+        let sqlite = sqlite::connect_options(file.to_str().unwrap()).unwrap();
+        for settings in [format!("{pg:?}"), format!("{sqlite:?}")] {
+            assert!(
+                settings.contains("{ statements_level: Off, slow_statements_level: Off,"),
+                "{settings}"
+            );
+        }
     }
 
     /// `Connection refused`, not `Connection refused (os error 111)`: the number says nothing

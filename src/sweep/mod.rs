@@ -161,7 +161,7 @@ impl Default for RunOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     /// The checkpoint database could not be read.
-    #[error("store {store}: {}{source}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    #[error("store {store}: {}", store_text(field.as_deref(), source))]
     Store {
         /// `namespace/name`.
         store: String,
@@ -207,6 +207,16 @@ pub enum SweepError {
         #[source]
         source: audit::AuditError,
     },
+}
+
+/// A store error after where the DSN is written, when it is the DSN's: `spec.dsn: cannot
+/// connect to …`, and `spec.dsn is empty`.
+fn store_text(field: Option<&str>, source: &StoreError) -> String {
+    match (field, source) {
+        (Some(field), StoreError::EmptyDsn) => format!("{field} is empty"),
+        (Some(field), source) => format!("{field}: {source}"),
+        (None, source) => source.to_string(),
+    }
 }
 
 /// A probe to send, and the rows of its batch waiting for its answer.
@@ -314,6 +324,7 @@ pub async fn run_with(
         field: matches!(
             source,
             StoreError::Dsn { .. }
+                | StoreError::EmptyDsn
                 | StoreError::Connect { .. }
                 | StoreError::File(_)
                 | StoreError::Schema(_)

@@ -3,15 +3,14 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::PG_WRITE_MIGRATION;
-use crate::checkpoint::{Backend, Shard, StoreError, redact_dsn};
+use crate::checkpoint::{Backend, Shard, StoreError, postgres, redact_dsn};
 
 /// Session advisory lock key held while one custody process acts on a PostgreSQL store
 /// (`'custody'` as ASCII bytes). A lock, not `FOR UPDATE SKIP LOCKED` on ledger rows: ledger
@@ -80,20 +79,13 @@ impl WritePool {
         let shown = redact_dsn(dsn);
         match backend {
             Backend::Postgres => {
-                let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                    backend: "postgres",
-                    dsn: shown.clone(),
-                    reason: crate::checkpoint::config_text(&e).replace(dsn, &shown),
-                })?;
+                let options = postgres::connect_options(dsn)?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
                     .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options.application_name("custody"))
+                    .connect_with(options.clone())
                     .await
-                    .map_err(|source| StoreError::Connect {
-                        dsn: shown.clone(),
-                        source,
-                    })?;
+                    .map_err(|source| postgres::connect_error(dsn, &options, source))?;
                 let v: Option<i32> = sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
                     .fetch_one(&pool)
                     .await?;
@@ -114,6 +106,7 @@ impl WritePool {
                     .await
                     .map_err(|source| StoreError::Connect {
                         dsn: dsn.to_owned(),
+                        address: None,
                         source,
                     })?;
                 Ok(Self::Sqlite(pool, path))
