@@ -265,7 +265,7 @@ pub fn db_text(e: &sqlx::Error) -> String {
 /// The name of a SQLite result code, primary or extended (sqlite.org/rescode.html, as
 /// `sqlite3.h` of SQLite 3.51, the one sqlx builds, defines them); an extended code SQLite may add later is named by
 /// its primary code (the low byte) and its number. `None` for a code SQLite does not define.
-fn sqlite_code_name(code: i32) -> Option<String> {
+pub(crate) fn sqlite_code_name(code: i32) -> Option<String> {
     const PRIMARY: [&str; 29] = [
         "SQLITE_OK",
         "SQLITE_ERROR",
@@ -549,6 +549,17 @@ impl Store {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
             Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn, access).await?),
         })
+    }
+
+    /// Closes the connections and waits until they are closed: a SQLite connection left to close
+    /// on its own thread when the process exits never closes, and an acting sweep's writable
+    /// pool can fold the `-wal` back into the file only as the database's last connection
+    /// ([`writer::WritePool::close`]).
+    pub async fn close(self) {
+        match self {
+            Self::Postgres(r) => r.close().await,
+            Self::Sqlite(r) => r.close().await,
+        }
     }
 
     /// The statement a PostgreSQL scan runs, detected when connecting: [`ScanPlan::Indexed`]

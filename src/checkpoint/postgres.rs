@@ -478,6 +478,10 @@ impl Reader {
         self.plan
     }
 
+    pub(super) async fn close(self) {
+        self.pool.close().await;
+    }
+
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],

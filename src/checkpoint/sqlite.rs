@@ -330,6 +330,10 @@ impl Reader {
         Ok(Self { pool, quiescent })
     }
 
+    pub(super) async fn close(self) {
+        self.pool.close().await;
+    }
+
     pub(super) fn parked_threads<'a>(
         &'a self,
         channels: &'a [String],

@@ -359,29 +359,31 @@ pub async fn run_with(
     } else {
         None
     };
+    // An error return below closes the writable pool first (act::Actor::close says why).
     let settled = match &actor {
-        Some(a) => a
-            .settle(now)
-            .await
-            .map_err(|e| act_err(act::ActError::Ledger(e)))?,
+        Some(a) => match a.settle(now).await {
+            Ok(settled) => settled,
+            Err(e) => return Err(act::close_on_error(actor, act_err(e.into())).await),
+        },
         None => Vec::new(),
     };
     let audit = match &actor {
-        Some(a) => Some(
-            audit::reconcile(
-                a.pool(),
-                &sessions,
-                &target.store,
-                &target.audit,
-                now,
-                actions,
-            )
-            .await
-            .map_err(|source| SweepError::Audit {
-                store: target.store.clone(),
-                source,
-            })?,
-        ),
+        Some(a) => match audit::reconcile(
+            a.pool(),
+            &sessions,
+            &target.store,
+            &target.audit,
+            now,
+            actions,
+        )
+        .await
+        {
+            Ok(audit) => Some(audit),
+            Err(source) => {
+                let store = target.store.clone();
+                return Err(act::close_on_error(actor, SweepError::Audit { store, source }).await);
+            }
+        },
         None => None,
     };
     let access = if actor.is_some() {
@@ -389,9 +391,10 @@ pub async fn run_with(
     } else {
         crate::checkpoint::Access::Observe
     };
-    let store = Store::connect_for(target.backend, target.dsn.expose_secret(), access)
-        .await
-        .map_err(store_err)?;
+    let store = match Store::connect_for(target.backend, target.dsn.expose_secret(), access).await {
+        Ok(store) => store,
+        Err(e) => return Err(act::close_on_error(actor, store_err(e)).await),
+    };
     let channels: Vec<String> = target
         .classes
         .iter()
@@ -459,6 +462,9 @@ pub async fn run_with(
         }
     };
     drop(scan);
+    // Before the writable pool's close (act::Actor::close), which can fold SQLite's -wal back
+    // only as the last connection.
+    store.close().await;
     // The batch being read when the scan failed is counted in `parked_threads` but not judged.
     let acted_before = sweep.summary.parked_threads - batch.threads as u64;
     if scanned.is_ok() {
