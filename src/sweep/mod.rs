@@ -129,7 +129,9 @@ pub enum Acting {
     Acted,
     /// It was to act, but another custody process held the act lock of the store (of its
     /// shard) and is acting on it: this sweep took no action (each row's action `skipped`) and
-    /// settled no ledger entry; its verdicts and audit settlements stand.
+    /// settled no ledger entry; its verdicts and audit settlements stand, and it recorded its
+    /// observed handle lifetimes (observations, not actions: README "Observed handle
+    /// lifetimes").
     LockHeldElsewhere,
 }
 
@@ -521,11 +523,16 @@ pub async fn run_with(
     let mut warnings = input_warnings(target);
     if acting == Acting::LockHeldElsewhere {
         warnings.push(format!(
-            "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped); that process acts on it",
+            "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped){}; that process acts on it",
             if options.shard.is_all() {
                 String::new()
             } else {
                 format!(" (shard {})", options.shard)
+            },
+            if lifetimes.iter().any(|l| l.observed.across_sweeps) {
+                ", but recorded its observed handle lifetimes, observations every acting sweep adds to"
+            } else {
+                ""
             }
         ));
     }
