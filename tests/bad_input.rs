@@ -1597,6 +1597,209 @@ fn an_observing_sweep_writes_nothing_next_to_a_wal_database() {
     );
 }
 
+/// `custody ARGS…` with `dir` mounted read-only but its file `name` writable (a bind mount of
+/// `writable`, a hard link to it elsewhere), as [`custody_with_read_only`] does it.
+fn custody_with_read_only_dir(
+    dir: &Path,
+    name: &str,
+    writable: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    Command::new("unshare")
+        .args(["--map-root-user", "--mount", "sh", "-c"])
+        .arg(
+            r#"mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && mount --bind "$2" "$0/$1" && shift 3 && exec "$@""#,
+        )
+        .arg(dir)
+        .arg(name)
+        .arg(writable)
+        .arg("-")
+        .arg(env!("CARGO_BIN_EXE_custody"))
+        .args(args)
+        .output()
+        .expect("run unshare (util-linux)")
+}
+
+/// Tables custody created in the SQLite file at `db`.
+async fn custody_tables(db: &Path) -> i64 {
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'custody%'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    n
+}
+
+/// An acting sweep (`--apply`, `mode: act`) on SqliteSaver's WAL-mode file, closed by its writer:
+/// - mounted read-only, or in a read-only directory, or with another process's write
+///   transaction open: refused naming the file or directory and the cause, nothing written and
+///   nothing left beside it (it was `ledger migration: while executing migrations: error
+///   returned from database: (code: 8) attempt to write a readonly database`, or `(code: 14)
+///   unable to open database file`, or `(code: 5) database is locked` after sqlx's
+///   slow-statement dump, and a read-only file got a `-wal` and `-shm` it kept);
+/// - otherwise it acts and closes its connections, so SQLite folds the `-wal` back and removes it
+///   and the `-shm` (they stayed, holding custody's writes: the file alone lacked them); the
+///   lock file stays (README "Database privileges");
+/// - while a live SqliteSaver holds the file open, it acts beside it and leaves the writer's
+///   `-wal` and `-shm`, and the writer goes on writing, then folds them back when it closes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acting_sweep_leaves_a_wal_database_as_it_found_it() {
+    let basket = BasketServer::start(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().canonicalize().unwrap();
+    let db = dir.join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"], "the writer closed");
+    let res = tempfile::tempdir().unwrap();
+    support::act_resources(
+        res.path(),
+        &basket.url(),
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+        "escalate",
+    );
+    let r = res.path().to_str().unwrap();
+    let apply = ["sweep", "--apply", "-o", "json", "-f", r];
+    let refused = |out: &std::process::Output, why: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "error: store default/orders: the checkpoint database refuses writes ({why}): \
+                 custody cannot act on it and wrote nothing; an observing sweep still works"
+            )
+        );
+    };
+
+    refused(
+        &custody_with_read_only(&dir, &apply),
+        &format!("{} cannot be written: Read-only file system", db.display()),
+    );
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"]);
+
+    let elsewhere = tempfile::tempdir().unwrap();
+    let link = elsewhere.path().join("checkpoints.sqlite");
+    std::fs::hard_link(&db, &link).unwrap();
+    refused(
+        &custody_with_read_only_dir(&dir, "checkpoints.sqlite", &link, &apply),
+        &format!(
+            "{}, the directory SQLite creates the database's journal or -wal in, cannot be \
+             written: Read-only file system",
+            dir.display()
+        ),
+    );
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"]);
+
+    // Another process's write transaction, held past custody's 10 s wait.
+    let mut holder = sqlx::SqliteConnection::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let out = support::custody(&apply);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: store default/orders: the checkpoint database {} stayed locked by another \
+             process's write transaction for 10 s (SQLITE_BUSY): custody wrote nothing; run the \
+             sweep again once that process has committed",
+            db.display()
+        )
+    );
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"]);
+    assert_eq!(custody_tables(&db).await, 0, "custody wrote nothing");
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"]);
+
+    // Acting: the -wal is folded back when custody's connections close.
+    let out = support::custody(&apply);
+    let report = support::sweep_report(&out);
+    let expired = report["stores"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["thread_id"] == "t-expired")
+        .unwrap();
+    assert_eq!(
+        (&expired["verdict"], &expired["action"]["outcome"]),
+        (&json!("gone"), &json!("escalated")),
+        "{expired:#}"
+    );
+    assert_eq!(
+        listing(&dir),
+        ["checkpoints.sqlite", "checkpoints.sqlite-custody.lock"]
+    );
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(&db, copy.path().join("checkpoints.sqlite")).unwrap();
+    assert!(
+        custody_tables(&copy.path().join("checkpoints.sqlite")).await >= 3,
+        "custody's writes are in the file itself"
+    );
+
+    // Beside a live SqliteSaver: its -wal and -shm stay theirs, and it goes on writing.
+    let mut writer = Command::new(support::var("CUSTODY_TEST_PYTHON"))
+        .args([
+            "-c",
+            "import sys\n\
+             from langgraph.checkpoint.base import empty_checkpoint\n\
+             from langgraph.checkpoint.sqlite import SqliteSaver\n\
+             with SqliteSaver.from_conn_string(sys.argv[1]) as saver:\n\
+             \x20   saver.setup()\n\
+             \x20   list(saver.list(None, limit=1))\n\
+             \x20   print('open', flush=True)\n\
+             \x20   sys.stdin.readline()\n\
+             \x20   config = {'configurable': {'thread_id': 'after', 'checkpoint_ns': ''}}\n\
+             \x20   saver.put(config, empty_checkpoint(), {}, {})\n\
+             \x20   assert saver.get_tuple({'configurable': {'thread_id': 'after'}})\n\
+             \x20   print('wrote', flush=True)\n",
+        ])
+        .arg(&db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = [0u8; 5];
+    let stdout = writer.stdout.as_mut().unwrap();
+    stdout.read_exact(&mut said).unwrap();
+    assert_eq!(&said, b"open\n");
+    let open = [
+        "checkpoints.sqlite",
+        "checkpoints.sqlite-custody.lock",
+        "checkpoints.sqlite-shm",
+        "checkpoints.sqlite-wal",
+    ];
+    assert_eq!(listing(&dir), open);
+    let out = support::custody(&apply);
+    support::sweep_report(&out);
+    assert_eq!(listing(&dir), open, "the writer's files stay");
+    std::io::Write::write_all(writer.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let mut said = [0u8; 6];
+    writer
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut said)
+        .unwrap();
+    assert_eq!(&said, b"wrote\n");
+    drop(writer.stdin.take());
+    assert!(writer.wait().unwrap().success());
+    assert_eq!(
+        listing(&dir),
+        ["checkpoints.sqlite", "checkpoints.sqlite-custody.lock"]
+    );
+}
+
 /// A PostgreSQL database whose LangGraph migrations are missing or old is refused with the
 /// migration it holds in words, never Rust's `None`/`Some(1)`.
 #[tokio::test(flavor = "multi_thread")]

@@ -1166,6 +1166,137 @@ fn a_bad_sslmode_is_named_with_the_values_it_takes() {
     );
 }
 
+/// A PostgreSQL DSN parameter whose value libpq refuses is refused, named as the DSN spells it:
+/// `connect_timeout=abc` was taken silently (sqlx does not read it), while LangGraph's
+/// PostgresSaver, through libpq, cannot connect with it.
+#[test]
+fn a_bad_connect_timeout_is_refused_as_libpq_refuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(
+        dir.path(),
+        "postgres",
+        "postgres://custody:hunter2@127.0.0.1:1/lg?connect_timeout=abc",
+    );
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: spec.dsn: invalid postgres DSN postgres://custody:***@127.0.0.1:1/lg?connect_timeout=abc: \
+         connect_timeout is \"abc\", not a whole number, as libpq (through which LangGraph's PostgresSaver connects) requires",
+        "{err}"
+    );
+}
+
+/// A DSN without a host connects where libpq's defaults (or PGHOST and PGPORT) say, and a
+/// failure names that address: it said "cannot connect to postgres://: error communicating with
+/// database: Connection refused".
+#[test]
+fn a_dsn_without_a_host_names_the_address_it_tried() {
+    let dir = tempfile::tempdir().unwrap();
+    support::offline_basket_resources(dir.path(), "postgres", "postgres://");
+    let port = support::free_port();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--dry-run", "-f", dir.path().to_str().unwrap()])
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", port.to_string())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: store default/orders: spec.dsn: cannot connect to postgres:// at 127.0.0.1:{port} \
+             (the DSN names no host: PGHOST and PGPORT when set, else libpq's defaults): \
+             error communicating with database: Connection refused"
+        ),
+    );
+}
+
+/// An empty DSN is said to be empty where it is written: `spec.dsn: ""` read as a SQLite path
+/// was the directory custody runs in ("… is a directory, not a SQLite database file"), also from
+/// a Secret; `sqlite://` names no file.
+#[test]
+fn an_empty_dsn_is_said_to_be_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    for (dsn, says) in [
+        ("", "spec.dsn is empty".to_owned()),
+        (
+            "sqlite://",
+            "spec.dsn: invalid sqlite DSN sqlite://: it names no file; write sqlite://PATH or a file path"
+                .to_owned(),
+        ),
+    ] {
+        support::offline_basket_resources(dir.path(), "sqlite", dsn);
+        let err = sweep_fails(dir.path());
+        assert_eq!(
+            err.lines().last().unwrap_or_default(),
+            format!("error: store default/orders: {says}"),
+            "{dsn:?}: {err}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    store_with_dsn_secret(dir.path(), json!({"dsn": ""}));
+    let err = sweep_fails(dir.path());
+    assert_eq!(
+        err.lines().last().unwrap_or_default(),
+        "error: store default/orders: spec.dsnFrom (Secret \"orders-db\" key \"dsn\") is empty",
+        "{err}"
+    );
+}
+
+/// SqliteSaver's tables, empty, in a new file in rollback-journal mode (LangGraph's own file is
+/// in WAL mode, where a writer does not block readers).
+async fn empty_sqlite_saver(path: &Path) -> sqlx::SqlitePool {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(path)
+                .create_if_missing(true),
+        )
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE checkpoints (thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '', \
+         checkpoint_id TEXT NOT NULL, parent_checkpoint_id TEXT, type TEXT, checkpoint BLOB, \
+         metadata BLOB, PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id))",
+        "CREATE TABLE writes (thread_id TEXT NOT NULL, checkpoint_ns TEXT NOT NULL DEFAULT '', \
+         checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL, task_path TEXT NOT NULL DEFAULT '', \
+         idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT, value BLOB, \
+         PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id, task_id, idx))",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    pool
+}
+
+/// A statement that waits on another process's lock is waited out without a log line: sqlx
+/// logged every statement slower than 1 s as a WARN line of key=value fields holding the whole
+/// SQL text (`warning: slow statement: execution time exceeded alert threshold summary="SELECT
+/// count(*) FROM sqlite_master …" db.statement="…"`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_statement_waiting_on_a_lock_logs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    let pool = empty_sqlite_saver(&db).await;
+    support::offline_basket_resources(dir.path(), "sqlite", &format!("sqlite://{}", db.display()));
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let resources = dir.path().to_str().unwrap().to_owned();
+    let sweep = tokio::task::spawn_blocking(move || {
+        support::custody(&["sweep", "--dry-run", "-f", &resources])
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    let out = sweep.await.unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr, "", "nothing on stderr");
+}
+
 /// Resources in `dir` whose CheckpointStore `orders` takes its DSN from Secret `orders-db`, key
 /// `dsn`, whose `data` is `data` as given; the file that holds them both.
 fn store_with_dsn_secret(dir: &Path, data: serde_json::Value) -> std::path::PathBuf {

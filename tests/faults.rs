@@ -982,6 +982,19 @@ async fn two_sweeps_case(kind: Kind) {
         1,
         "{warnings}"
     );
+    // Its probes are observations, not actions: their lifetimes are recorded, and it says so.
+    assert!(
+        warnings.contains(
+            "this sweep took no action (each row's action says skipped), but recorded its observed \
+             handle lifetimes, observations every acting sweep adds to; that process acts on it"
+        ),
+        "{warnings}"
+    );
+    assert!(
+        db.count("SELECT count(*) FROM custody_handle_lifetimes")
+            .await
+            .is_some_and(|n| n > 0)
+    );
     assert!(stderr.trim().is_empty(), "{stderr}");
     assert!(second["settled"].as_array().unwrap().is_empty());
     assert_eq!(

@@ -191,15 +191,25 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The DSN is empty (a `spec.dsn: ""`, or a Secret key holding nothing).
+    #[error("the DSN is empty")]
+    EmptyDsn,
     /// Connecting failed.
-    #[error("cannot connect to {dsn}: {}", db_text(source))]
+    #[error("cannot connect to {dsn}{}: {}", address.as_deref().map(|a| format!(" at {a}")).unwrap_or_default(), db_text(source))]
     Connect {
         /// The DSN with any password replaced by `***`.
         dsn: String,
+        /// Where the driver connected, when the DSN does not spell it (PostgreSQL: a DSN without
+        /// a host or port, whose defaults the driver filled in).
+        address: Option<String>,
         /// The driver's error.
         #[source]
         source: sqlx::Error,
     },
+    /// custody may not write a SQLite database or the directory it is in (an acting sweep);
+    /// the text names the path and the operating system's cause.
+    #[error("{0}")]
+    NotWritable(String),
     /// A SQLite DSN names no SQLite database file (nothing there, a directory, another kind of
     /// file); the text names the absolute path and what is there.
     #[error("{0}")]
@@ -255,7 +265,7 @@ pub fn db_text(e: &sqlx::Error) -> String {
 /// The name of a SQLite result code, primary or extended (sqlite.org/rescode.html, as
 /// `sqlite3.h` of SQLite 3.51, the one sqlx builds, defines them); an extended code SQLite may add later is named by
 /// its primary code (the low byte) and its number. `None` for a code SQLite does not define.
-fn sqlite_code_name(code: i32) -> Option<String> {
+pub(crate) fn sqlite_code_name(code: i32) -> Option<String> {
     const PRIMARY: [&str; 29] = [
         "SQLITE_OK",
         "SQLITE_ERROR",
@@ -541,6 +551,17 @@ impl Store {
         })
     }
 
+    /// Closes the connections and waits until they are closed: a SQLite connection left to close
+    /// on its own thread when the process exits never closes, and an acting sweep's writable
+    /// pool can fold the `-wal` back into the file only as the database's last connection
+    /// ([`writer::WritePool::close`]).
+    pub async fn close(self) {
+        match self {
+            Self::Postgres(r) => r.close().await,
+            Self::Sqlite(r) => r.close().await,
+        }
+    }
+
     /// The statement a PostgreSQL scan runs, detected when connecting: [`ScanPlan::Indexed`]
     /// when the DBA added both [`PARKED_INDEXES`], else [`ScanPlan::Full`]. `None` for SQLite.
     pub fn scan_plan(&self) -> Option<ScanPlan> {
@@ -582,12 +603,16 @@ impl Store {
     }
 }
 
-/// What custody checks of a DSN before a driver reads it: its characters ([`check_characters`])
-/// and its scheme ([`check_scheme`]).
+/// What custody checks of a DSN before a driver reads it: that it is not empty (an empty SQLite
+/// path is the directory custody runs in, an empty PostgreSQL DSN has no scheme), its
+/// characters ([`check_characters`]) and its scheme ([`check_scheme`]).
 ///
 /// # Errors
-/// [`StoreError::Dsn`], saying what is wrong.
+/// [`StoreError::EmptyDsn`]; [`StoreError::Dsn`], saying what is wrong.
 pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+    if dsn.is_empty() {
+        return Err(StoreError::EmptyDsn);
+    }
     check_characters(backend, dsn)?;
     check_scheme(backend, dsn)
 }
@@ -888,6 +913,41 @@ mod tests {
             sqlite("sqlite://c.sqlite?readonly=1"),
             "unknown parameter \"readonly\" (a SQLite DSN takes mode, cache, immutable and vfs)"
         );
+    }
+
+    /// An empty DSN is said to be empty: as a SQLite path it was the directory custody runs in
+    /// ("… is a directory, not a SQLite database file"); `sqlite://` names no file.
+    #[test]
+    fn an_empty_dsn_is_said_to_be_empty() {
+        for backend in [Backend::Sqlite, Backend::Postgres] {
+            assert!(matches!(check_dsn(backend, ""), Err(StoreError::EmptyDsn)));
+        }
+        for dsn in ["sqlite://", "sqlite:", "sqlite://?mode=ro"] {
+            assert_eq!(
+                sqlite::connect_options(dsn).unwrap_err().to_string(),
+                format!(
+                    "invalid sqlite DSN {dsn}: it names no file; write sqlite://PATH or a file path"
+                )
+            );
+        }
+    }
+
+    /// sqlx's statement logging (every statement slower than 1 s at WARN, with its whole SQL
+    /// text) is off on every pool custody opens: readers and writable pools of both backends
+    /// take their options from these two functions.
+    #[test]
+    fn statement_logging_is_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.sqlite");
+        std::fs::write(&file, b"").unwrap();
+        let pg = postgres::connect_options("postgres://u@db/lg").unwrap();
+        let sqlite = sqlite::connect_options(file.to_str().unwrap()).unwrap();
+        for settings in [format!("{pg:?}"), format!("{sqlite:?}")] {
+            assert!(
+                settings.contains("{ statements_level: Off, slow_statements_level: Off,"),
+                "{settings}"
+            );
+        }
     }
 
     /// `Connection refused`, not `Connection refused (os error 111)`: the number says nothing

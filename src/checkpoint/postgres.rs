@@ -289,18 +289,133 @@ pub struct Reader {
     plan: ScanPlan,
 }
 
+/// The connect options of a PostgresSaver DSN, for the reader and for custody's writable pool:
+/// its parameters checked first ([`check_parameters`]), `application_name` custody, and sqlx's
+/// statement logging off: it logs each statement slower than 1 s at WARN with its whole SQL
+/// text, and a scan of a large store takes longer by design (BENCHMARKS.md), as does any
+/// statement waiting on a lock another session holds.
+///
+/// # Errors
+/// [`StoreError::Dsn`], saying what is wrong, never with the password.
+pub(crate) fn connect_options(dsn: &str) -> Result<PgConnectOptions, StoreError> {
+    let invalid = |reason: String| StoreError::Dsn {
+        backend: "postgres",
+        dsn: redact_dsn(dsn),
+        reason,
+    };
+    check_parameters(dsn).map_err(invalid)?;
+    let options =
+        PgConnectOptions::from_str(dsn).map_err(|e| invalid(strip_dsn(&config_text(&e), dsn)))?;
+    Ok(options
+        .application_name("custody")
+        .disable_statement_logging())
+}
+
+/// libpq's parameters that take a whole number. sqlx does not read them (custody's own timeouts
+/// apply), but libpq, through which LangGraph's PostgresSaver connects with the same DSN,
+/// refuses any other value (`invalid integer value "abc" for connection option
+/// "connect_timeout"`).
+const LIBPQ_INTEGERS: [&str; 6] = [
+    "connect_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+];
+
+/// A DSN parameter whose value libpq or sqlx refuses, said as the DSN spells it with what it
+/// takes: sqlx's own parse errors for `port`, `hostaddr` and `statement-cache-capacity` do not
+/// name the parameter (`invalid digit found in string`), and it ignores [`LIBPQ_INTEGERS`]
+/// whatever their value. `sslmode` is sqlx's to check ([`config_text`] names it). A DSN that is
+/// no URL is left to sqlx, which says why.
+fn check_parameters(dsn: &str) -> Result<(), String> {
+    let Ok(url) = url::Url::parse(dsn) else {
+        return Ok(());
+    };
+    for (key, value) in url.query_pairs() {
+        let wanted = match &*key {
+            // libpq's `parse_int_param`: whitespace around, a sign, digits, within an int.
+            k if LIBPQ_INTEGERS.contains(&k) => value
+                .trim_matches(|c: char| c.is_ascii_whitespace())
+                .parse::<i32>()
+                .is_err()
+                .then_some("a whole number, as libpq (through which LangGraph's PostgresSaver connects) requires"),
+            "port" => (value.parse::<u16>().unwrap_or(0) == 0).then_some("a port number, 1 to 65535"),
+            "hostaddr" => value
+                .parse::<std::net::IpAddr>()
+                .is_err()
+                .then_some("an IP address"),
+            "statement-cache-capacity" => value
+                .parse::<usize>()
+                .is_err()
+                .then_some("a whole number, at least 0"),
+            _ => None,
+        };
+        if let Some(wanted) = wanted {
+            return Err(format!("{key} is {value:?}, not {wanted}"));
+        }
+    }
+    Ok(())
+}
+
+/// Where sqlx connects with `options` (`host:port`, or the Unix socket), for a failed connect
+/// whose DSN does not spell it: sqlx, as libpq, fills in what the DSN leaves out from `PGHOST`
+/// and `PGPORT`, else a local socket directory that exists or `localhost`, and port 5432.
+/// `None` when the DSN's own text shows it.
+fn address(dsn: &str, options: &PgConnectOptions) -> Option<String> {
+    let (port, host) = (options.get_port(), options.get_host());
+    // A socket is always named: a DSN spells its directory, never the file in it.
+    let (at, shown) = match options.get_socket() {
+        Some(dir) => {
+            let path = format!("{}/.s.PGSQL.{port}", dir.display());
+            (format!("the socket {path}"), path)
+        }
+        None if host.starts_with('/') => {
+            let path = format!("{host}/.s.PGSQL.{port}");
+            (format!("the socket {path}"), path)
+        }
+        // An IPv6 address from the environment; a URL's keeps its brackets.
+        None if host.contains(':') && !host.starts_with('[') => {
+            (format!("[{host}]:{port}"), format!("[{host}]:{port}"))
+        }
+        None => (format!("{host}:{port}"), format!("{host}:{port}")),
+    };
+    let names_host = url::Url::parse(dsn).is_ok_and(|url| {
+        url.host_str().is_some_and(|h| !h.is_empty())
+            || url
+                .query_pairs()
+                .any(|(k, _)| k == "host" || k == "hostaddr")
+    });
+    if names_host && dsn.contains(&shown) {
+        return None;
+    }
+    Some(if names_host {
+        at
+    } else {
+        format!("{at} (the DSN names no host: PGHOST and PGPORT when set, else libpq's defaults)")
+    })
+}
+
+/// [`StoreError::Connect`] for a failed connect with `options`, naming where it connected when
+/// the DSN does not ([`address`]).
+pub(crate) fn connect_error(
+    dsn: &str,
+    options: &PgConnectOptions,
+    source: sqlx::Error,
+) -> StoreError {
+    StoreError::Connect {
+        dsn: redact_dsn(dsn),
+        address: address(dsn, options),
+        source,
+    }
+}
+
 impl Reader {
     pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
         let shown = redact_dsn(dsn);
-        let options = PgConnectOptions::from_str(dsn)
-            .map_err(|e| StoreError::Dsn {
-                backend: "postgres",
-                dsn: shown.clone(),
-                reason: strip_dsn(&config_text(&e), dsn),
-            })?
-            .application_name("custody")
-            // The reader must never write: the server enforces it for every statement.
-            .options([("default_transaction_read_only", "on")]);
+        // The reader must never write: the server enforces it for every statement.
+        let options = connect_options(dsn)?.options([("default_transaction_read_only", "on")]);
         // A pool retries a failed connect until its acquire timeout and then says only "pool
         // timed out"; one direct connection first says why (refused at host:port, an unknown
         // host, a rejected password) at once.
@@ -312,21 +427,15 @@ impl Reader {
                     format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
                 )))
             })
-            .map_err(|source| StoreError::Connect {
-                dsn: shown.clone(),
-                source,
-            })?;
+            .map_err(|source| connect_error(dsn, &options, source))?;
         // Only a check: the pool opens its own.
         let _ = first.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
-            .map_err(|source| StoreError::Connect {
-                dsn: shown.clone(),
-                source,
-            })?;
+            .map_err(|source| connect_error(dsn, &options, source))?;
         let version: Result<Option<i32>, sqlx::Error> =
             sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
                 .fetch_one(&pool)
@@ -367,6 +476,10 @@ impl Reader {
     /// The statement this reader's scans run.
     pub(super) fn plan(&self) -> ScanPlan {
         self.plan
+    }
+
+    pub(super) async fn close(self) {
+        self.pool.close().await;
     }
 
     pub(super) fn parked_threads<'a>(
@@ -541,4 +654,93 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
         next_nodes,
     };
     Ok(classify_head(thread_id, head, metadata, pending, channels).map(Scanned::Parked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value libpq or sqlx refuses is refused naming the parameter as the DSN spells it:
+    /// `connect_timeout=abc` was taken silently (sqlx does not read it), `port=abc` said only
+    /// "invalid digit found in string".
+    #[test]
+    fn parameter_values_libpq_refuses_are_named() {
+        let refused = |dsn: &str| connect_options(dsn).unwrap_err().to_string();
+        assert_eq!(
+            refused("postgres://u:secret@db/lg?connect_timeout=abc"),
+            "invalid postgres DSN postgres://u:***@db/lg?connect_timeout=abc: connect_timeout is \"abc\", \
+             not a whole number, as libpq (through which LangGraph's PostgresSaver connects) requires"
+        );
+        for (query, said) in [
+            (
+                "keepalives_idle=1.5",
+                "keepalives_idle is \"1.5\", not a whole number",
+            ),
+            (
+                "tcp_user_timeout=",
+                "tcp_user_timeout is \"\", not a whole number",
+            ),
+            ("port=abc", "port is \"abc\", not a port number, 1 to 65535"),
+            ("port=0", "port is \"0\", not a port number, 1 to 65535"),
+            ("hostaddr=db", "hostaddr is \"db\", not an IP address"),
+            (
+                "statement-cache-capacity=-1",
+                "statement-cache-capacity is \"-1\", not a whole number, at least 0",
+            ),
+        ] {
+            let text = refused(&format!("postgres://u@db/lg?{query}"));
+            assert!(text.contains(said), "{query}: {text}");
+        }
+        // libpq's own reading: whitespace around the number and a sign are taken.
+        for query in [
+            "connect_timeout=10",
+            "connect_timeout=%2010%20",
+            "connect_timeout=-1",
+            "keepalives=0",
+            "port=5433",
+            "hostaddr=::1",
+            "application_name=x",
+        ] {
+            assert!(
+                connect_options(&format!("postgres://u@db/lg?{query}")).is_ok(),
+                "{query}"
+            );
+        }
+    }
+
+    /// A failed connect names where it went when the DSN does not say it: `postgres://` said
+    /// only "cannot connect to postgres://: … Connection refused".
+    #[test]
+    fn a_connect_names_the_address_the_dsn_does_not_spell() {
+        let at = |dsn: &str| address(dsn, &connect_options(dsn).unwrap());
+        assert_eq!(at("postgres://u@127.0.0.1:1/lg"), None);
+        assert_eq!(at("postgres://u@[::1]:1/lg"), None);
+        assert_eq!(at("postgres://u@db/lg").as_deref(), Some("db:5432"));
+        assert_eq!(
+            at("postgres:///lg?host=/run/pg").as_deref(),
+            Some("the socket /run/pg/.s.PGSQL.5432")
+        );
+        // No host: the environment's or libpq's default, whichever sqlx took.
+        let options = connect_options("postgres://").unwrap();
+        let default = address("postgres://", &options).unwrap();
+        assert!(
+            default.contains(options.get_host())
+                && default.contains(&options.get_port().to_string())
+                && default.ends_with(
+                    "(the DSN names no host: PGHOST and PGPORT when set, else libpq's defaults)"
+                ),
+            "{default}"
+        );
+        let refused = connect_error(
+            "postgres://",
+            &options,
+            sqlx::Error::Io(std::io::Error::from_raw_os_error(111)),
+        );
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "cannot connect to postgres:// at {default}: error communicating with database: Connection refused"
+            )
+        );
+    }
 }

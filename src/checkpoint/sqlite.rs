@@ -5,8 +5,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
-use sqlx::Row;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions, SqliteRow};
+use sqlx::{ConnectOptions, Row};
 
 use super::{
     CheckpointDoc, DecodeError, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
@@ -53,10 +53,13 @@ ORDER BY t.thread_id
 
 /// The connect options of a SqliteSaver DSN, a `sqlite:` URL or a file path, for the reader and
 /// for custody's writable pool: the file must exist (a typo must not create an empty store).
+/// sqlx's statement logging is off: it logs each statement slower than 1 s at WARN with its
+/// whole SQL text, and a statement waits that long whenever another process holds the file's
+/// lock, which custody waits out or reports as its own error.
 ///
 /// # Errors
-/// [`StoreError::Dsn`] for a URL sqlx cannot parse; [`StoreError::File`] when the path names no
-/// SQLite database file ([`check_file`]).
+/// [`StoreError::Dsn`] for a URL sqlx cannot parse or one that names no file;
+/// [`StoreError::File`] when the path names no SQLite database file ([`check_file`]).
 pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreError> {
     let options = if dsn.starts_with("sqlite:") {
         SqliteConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
@@ -68,11 +71,18 @@ pub(super) fn connect_options(dsn: &str) -> Result<SqliteConnectOptions, StoreEr
         SqliteConnectOptions::new().filename(dsn)
     };
     let file = options.get_filename();
+    if file.as_os_str().is_empty() {
+        return Err(StoreError::Dsn {
+            backend: "sqlite",
+            dsn: dsn.to_owned(),
+            reason: "it names no file; write sqlite://PATH or a file path".to_owned(),
+        });
+    }
     let in_memory = file.as_os_str() == ":memory:" || dsn.contains("mode=memory");
     if !in_memory {
         check_file(file).map_err(StoreError::File)?;
     }
-    Ok(options.create_if_missing(false))
+    Ok(options.create_if_missing(false).disable_statement_logging())
 }
 
 /// What SQLite itself would find at `file`, said with the absolute path: SQLite's own words are
@@ -297,6 +307,7 @@ impl Reader {
             .await
             .map_err(|source| StoreError::Connect {
                 dsn: dsn.to_owned(),
+                address: None,
                 source,
             })?;
         // SQLite opens the file lazily: this first read is where a damaged file fails, so its
@@ -308,6 +319,7 @@ impl Reader {
         .await
         .map_err(|source| StoreError::Connect {
             dsn: dsn.to_owned(),
+            address: None,
             source,
         })?;
         if tables != 2 {
@@ -316,6 +328,10 @@ impl Reader {
             )));
         }
         Ok(Self { pool, quiescent })
+    }
+
+    pub(super) async fn close(self) {
+        self.pool.close().await;
     }
 
     pub(super) fn parked_threads<'a>(

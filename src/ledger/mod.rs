@@ -31,7 +31,7 @@ pub enum LedgerError {
     #[error("ledger: {}", crate::checkpoint::db_text(.0))]
     Query(#[from] sqlx::Error),
     /// Migrating custody's tables failed.
-    #[error("ledger migration: {0}")]
+    #[error("ledger migration: {}", migrate_text(.0))]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The entry filed under this key was deleted while an intent was being recorded.
     #[error("ledger entry {0} vanished while an intent was being recorded")]
@@ -44,6 +44,21 @@ pub enum LedgerError {
         /// What is wrong.
         reason: String,
     },
+}
+
+/// A failed migration for a person: the database's error in custody's words
+/// ([`crate::checkpoint::db_text`]: SQLite's result code by name, PostgreSQL's SQLSTATE), not
+/// sqlx's `while executing migrations: error returned from database: (code: 8) …`; a migration
+/// of custody's that failed is named by its version.
+fn migrate_text(e: &sqlx::migrate::MigrateError) -> String {
+    use sqlx::migrate::MigrateError;
+    match e {
+        MigrateError::Execute(e) => crate::checkpoint::db_text(e),
+        MigrateError::ExecuteMigration(e, version) => {
+            format!("migration {version}: {}", crate::checkpoint::db_text(e))
+        }
+        other => other.to_string(),
+    }
 }
 
 /// The action an entry is about.

@@ -129,7 +129,9 @@ pub enum Acting {
     Acted,
     /// It was to act, but another custody process held the act lock of the store (of its
     /// shard) and is acting on it: this sweep took no action (each row's action `skipped`) and
-    /// settled no ledger entry; its verdicts and audit settlements stand.
+    /// settled no ledger entry; its verdicts and audit settlements stand, and it recorded its
+    /// observed handle lifetimes (observations, not actions: README "Observed handle
+    /// lifetimes").
     LockHeldElsewhere,
 }
 
@@ -161,7 +163,7 @@ impl Default for RunOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     /// The checkpoint database could not be read.
-    #[error("store {store}: {}{source}", field.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    #[error("store {store}: {}", store_text(field.as_deref(), source))]
     Store {
         /// `namespace/name`.
         store: String,
@@ -207,6 +209,16 @@ pub enum SweepError {
         #[source]
         source: audit::AuditError,
     },
+}
+
+/// A store error after where the DSN is written, when it is the DSN's: `spec.dsn: cannot
+/// connect to …`, and `spec.dsn is empty`.
+fn store_text(field: Option<&str>, source: &StoreError) -> String {
+    match (field, source) {
+        (Some(field), StoreError::EmptyDsn) => format!("{field} is empty"),
+        (Some(field), source) => format!("{field}: {source}"),
+        (None, source) => source.to_string(),
+    }
 }
 
 /// A probe to send, and the rows of its batch waiting for its answer.
@@ -314,6 +326,7 @@ pub async fn run_with(
         field: matches!(
             source,
             StoreError::Dsn { .. }
+                | StoreError::EmptyDsn
                 | StoreError::Connect { .. }
                 | StoreError::File(_)
                 | StoreError::Schema(_)
@@ -348,29 +361,31 @@ pub async fn run_with(
     } else {
         None
     };
+    // An error return below closes the writable pool first (act::Actor::close says why).
     let settled = match &actor {
-        Some(a) => a
-            .settle(now)
-            .await
-            .map_err(|e| act_err(act::ActError::Ledger(e)))?,
+        Some(a) => match a.settle(now).await {
+            Ok(settled) => settled,
+            Err(e) => return Err(act::close_on_error(actor, act_err(e.into())).await),
+        },
         None => Vec::new(),
     };
     let audit = match &actor {
-        Some(a) => Some(
-            audit::reconcile(
-                a.pool(),
-                &sessions,
-                &target.store,
-                &target.audit,
-                now,
-                actions,
-            )
-            .await
-            .map_err(|source| SweepError::Audit {
-                store: target.store.clone(),
-                source,
-            })?,
-        ),
+        Some(a) => match audit::reconcile(
+            a.pool(),
+            &sessions,
+            &target.store,
+            &target.audit,
+            now,
+            actions,
+        )
+        .await
+        {
+            Ok(audit) => Some(audit),
+            Err(source) => {
+                let store = target.store.clone();
+                return Err(act::close_on_error(actor, SweepError::Audit { store, source }).await);
+            }
+        },
         None => None,
     };
     let access = if actor.is_some() {
@@ -378,9 +393,10 @@ pub async fn run_with(
     } else {
         crate::checkpoint::Access::Observe
     };
-    let store = Store::connect_for(target.backend, target.dsn.expose_secret(), access)
-        .await
-        .map_err(store_err)?;
+    let store = match Store::connect_for(target.backend, target.dsn.expose_secret(), access).await {
+        Ok(store) => store,
+        Err(e) => return Err(act::close_on_error(actor, store_err(e)).await),
+    };
     let channels: Vec<String> = target
         .classes
         .iter()
@@ -448,6 +464,9 @@ pub async fn run_with(
         }
     };
     drop(scan);
+    // Before the writable pool's close (act::Actor::close), which can fold SQLite's -wal back
+    // only as the last connection.
+    store.close().await;
     // The batch being read when the scan failed is counted in `parked_threads` but not judged.
     let acted_before = sweep.summary.parked_threads - batch.threads as u64;
     if scanned.is_ok() {
@@ -504,11 +523,16 @@ pub async fn run_with(
     let mut warnings = input_warnings(target);
     if acting == Acting::LockHeldElsewhere {
         warnings.push(format!(
-            "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped); that process acts on it",
+            "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped){}; that process acts on it",
             if options.shard.is_all() {
                 String::new()
             } else {
                 format!(" (shard {})", options.shard)
+            },
+            if lifetimes.iter().any(|l| l.observed.across_sweeps) {
+                ", but recorded its observed handle lifetimes, observations every acting sweep adds to"
+            } else {
+                ""
             }
         ));
     }

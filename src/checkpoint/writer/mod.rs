@@ -37,7 +37,7 @@ pub use ids::{interrupt_id, new_checkpoint_id, task_id};
 use ids::{next_version, python_iso};
 pub use msgpack::json_to_mp;
 use msgpack::{encode, map_get, map_get_mut, map_set};
-pub use pool::{ActLock, Tx, WritePool};
+pub use pool::{ActLock, SQLITE_BUSY_WAIT, Tx, WritePool};
 use postgres::Pg;
 use sqlite::Lite;
 

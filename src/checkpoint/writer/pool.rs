@@ -2,16 +2,15 @@
 //! keeps two custody processes from acting on one store (or shard) at once.
 
 use std::fs::File;
-use std::path::PathBuf;
-use std::str::FromStr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::PG_WRITE_MIGRATION;
-use crate::checkpoint::{Backend, Shard, StoreError, redact_dsn};
+use crate::checkpoint::{Backend, Shard, StoreError, postgres, redact_dsn};
 
 /// Session advisory lock key held while one custody process acts on a PostgreSQL store
 /// (`'custody'` as ASCII bytes). A lock, not `FOR UPDATE SKIP LOCKED` on ledger rows: ledger
@@ -26,6 +25,45 @@ const PG_SHARD_LOCK: i32 = 0x6375_7374;
 /// Second key of a shard's advisory lock: count and index, both at most `MAX_SHARDS`.
 fn shard_key(shard: Shard) -> i32 {
     i32::try_from(shard.count() << 16 | shard.index()).expect("shard count <= MAX_SHARDS")
+}
+
+/// How long a statement on custody's writable SQLite pool waits for another connection's write
+/// lock before it fails with `SQLITE_BUSY`.
+pub const SQLITE_BUSY_WAIT: Duration = Duration::from_secs(10);
+
+/// Refuses a SQLite database custody may not write, or whose directory it may not write (SQLite
+/// creates its rollback journal, or the `-wal` and `-shm`, there; custody its lock files),
+/// asking the operating system (`access(2)`, which also sees `chattr +i` and read-only mounts)
+/// before SQLite opens it. SQLite itself opens a file it may not write read-only without saying
+/// so, creates the `-wal` and `-shm` of a WAL-mode file that its read-only connection then
+/// cannot remove, and fails only at the first write (`attempt to write a readonly database`,
+/// `unable to open database file` for a read-only directory).
+///
+/// # Errors
+/// [`StoreError::NotWritable`] naming the file or directory and the cause.
+fn check_writable(path: &Path) -> Result<(), StoreError> {
+    use rustix::fs::{Access, access};
+    let absolute = std::env::current_dir().unwrap_or_default().join(path);
+    let cause = |e: rustix::io::Errno| {
+        crate::checkpoint::io_text(&std::io::Error::from_raw_os_error(e.raw_os_error()))
+    };
+    access(&absolute, Access::WRITE_OK).map_err(|e| {
+        StoreError::NotWritable(format!(
+            "{} cannot be written: {}",
+            absolute.display(),
+            cause(e)
+        ))
+    })?;
+    // SQLite creates its files beside the file a symbolic link leads to.
+    let real = std::fs::canonicalize(&absolute).unwrap_or(absolute);
+    let dir = real.parent().unwrap_or(Path::new("/"));
+    access(dir, Access::WRITE_OK).map_err(|e| {
+        StoreError::NotWritable(format!(
+            "{}, the directory SQLite creates the database's journal or -wal in, cannot be written: {}",
+            dir.display(),
+            cause(e)
+        ))
+    })
 }
 
 /// A writable pool on a checkpoint database, opened only when a sweep acts.
@@ -80,20 +118,13 @@ impl WritePool {
         let shown = redact_dsn(dsn);
         match backend {
             Backend::Postgres => {
-                let options = PgConnectOptions::from_str(dsn).map_err(|e| StoreError::Dsn {
-                    backend: "postgres",
-                    dsn: shown.clone(),
-                    reason: crate::checkpoint::config_text(&e).replace(dsn, &shown),
-                })?;
+                let options = postgres::connect_options(dsn)?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
                     .acquire_timeout(Duration::from_secs(10))
-                    .connect_with(options.application_name("custody"))
+                    .connect_with(options.clone())
                     .await
-                    .map_err(|source| StoreError::Connect {
-                        dsn: shown.clone(),
-                        source,
-                    })?;
+                    .map_err(|source| postgres::connect_error(dsn, &options, source))?;
                 let v: Option<i32> = sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
                     .fetch_one(&pool)
                     .await?;
@@ -105,19 +136,40 @@ impl WritePool {
                 Ok(Self::Postgres(pool))
             }
             Backend::Sqlite => {
-                let options = crate::checkpoint::sqlite::connect_options(dsn)?
-                    .busy_timeout(Duration::from_secs(10));
+                let options =
+                    crate::checkpoint::sqlite::connect_options(dsn)?.busy_timeout(SQLITE_BUSY_WAIT);
                 let path = options.get_filename().to_owned();
+                check_writable(&path)?;
                 let pool = SqlitePoolOptions::new()
                     .max_connections(1)
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect {
                         dsn: dsn.to_owned(),
+                        address: None,
                         source,
                     })?;
                 Ok(Self::Sqlite(pool, path))
             }
+        }
+    }
+
+    /// The SQLite database file, `None` for PostgreSQL.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match self {
+            Self::Postgres(_) => None,
+            Self::Sqlite(_, path) => Some(path),
+        }
+    }
+
+    /// Closes the pool's connections and waits until they are closed. On SQLite this is what
+    /// folds the `-wal` back into the file and removes it and the `-shm` when no other
+    /// connection has the database open: SQLite does that in the last connection's close, and a
+    /// pool merely dropped closes its connections on threads the process does not wait for.
+    pub async fn close(&self) {
+        match self {
+            Self::Postgres(pool) => pool.close().await,
+            Self::Sqlite(pool, _) => pool.close().await,
         }
     }
 

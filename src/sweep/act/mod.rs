@@ -70,11 +70,26 @@ pub enum ActError {
     #[error(transparent)]
     Ledger(#[from] LedgerError),
     /// The database refuses writes: `default_transaction_read_only`, a hot standby, or a role
-    /// without write privileges (SQLSTATE 25006 or 42501). Observing sweeps still work.
+    /// without write privileges (SQLSTATE 25006 or 42501); a SQLite file or directory custody
+    /// may not write ([`StoreError::NotWritable`], `SQLITE_READONLY`). Observing sweeps still
+    /// work.
     #[error(
         "the checkpoint database refuses writes ({0}): custody cannot act on it and wrote nothing; an observing sweep still works"
     )]
     ReadOnly(String),
+    /// Another connection held the SQLite database's write lock for longer than custody waits
+    /// ([`writer::SQLITE_BUSY_WAIT`]) before custody's first write.
+    #[error(
+        "the checkpoint database {} stayed locked by another process's write transaction for {} s ({code}): custody wrote nothing; run the sweep again once that process has committed",
+        path.display(),
+        writer::SQLITE_BUSY_WAIT.as_secs()
+    )]
+    Locked {
+        /// The SQLite database file.
+        path: std::path::PathBuf,
+        /// SQLite's result code by name (`SQLITE_BUSY`, or an extended code of it).
+        code: String,
+    },
 }
 
 /// Why replaying the recorded items onto a new handle stopped (the thread is then escalated
@@ -110,21 +125,57 @@ enum ReplayError {
     },
 }
 
-/// The database's message when `e` is a refused write (SQLSTATE 25006
-/// `read_only_sql_transaction`, 42501 `insufficient_privilege`), anywhere in its causes.
-fn refused_write(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+/// What a failed first write (the ledger's migration) on `pool` says about the database, from
+/// the database error anywhere in `e`'s causes: a refused write ([`ActError::ReadOnly`]: SQLSTATE
+/// 25006 `read_only_sql_transaction` or 42501 `insufficient_privilege`, SQLite's
+/// `SQLITE_READONLY` with the file's path), or a SQLite file another process kept locked
+/// ([`ActError::Locked`]: `SQLITE_BUSY`). `None` for any other failure.
+fn refused_write(e: &(dyn std::error::Error + 'static), pool: &WritePool) -> Option<ActError> {
     let mut cause = Some(e);
     while let Some(c) = cause {
         if let Some(db) = c
             .downcast_ref::<sqlx::Error>()
             .and_then(sqlx::Error::as_database_error)
-            && matches!(db.code().as_deref(), Some("25006" | "42501"))
         {
-            return Some(db.message().to_owned());
+            let code = db.code();
+            let sqlite = pool
+                .sqlite_path()
+                .zip(code.as_deref().and_then(|c| c.parse::<i32>().ok()));
+            return match (sqlite, code.as_deref()) {
+                // Primary result codes: 8 SQLITE_READONLY, 5 SQLITE_BUSY (any extended code).
+                (Some((path, n)), _) if n & 0xff == 8 => Some(ActError::ReadOnly(format!(
+                    "{}: {}",
+                    absolute(path).display(),
+                    crate::checkpoint::db_text(c.downcast_ref::<sqlx::Error>()?)
+                ))),
+                (Some((path, n)), _) if n & 0xff == 5 => Some(ActError::Locked {
+                    path: absolute(path),
+                    code: crate::checkpoint::sqlite_code_name(n)?,
+                }),
+                (None, Some("25006" | "42501")) => {
+                    Some(ActError::ReadOnly(db.message().to_owned()))
+                }
+                _ => None,
+            };
         }
         cause = c.source();
     }
     None
+}
+
+/// `path` as the user reads it: a relative SQLite path is relative to the directory custody
+/// runs in.
+fn absolute(path: &std::path::Path) -> std::path::PathBuf {
+    std::env::current_dir().unwrap_or_default().join(path)
+}
+
+/// Closes `actor` ([`Actor::close`]) and returns `error`: a sweep that stops with an error
+/// after opening its writable pool leaves the database as a finished one does.
+pub async fn close_on_error<E>(actor: Option<Actor<'_>>, error: E) -> E {
+    if let Some(actor) = actor {
+        actor.close().await;
+    }
+    error
 }
 
 impl<'a> Actor<'a> {
@@ -140,11 +191,27 @@ impl<'a> Actor<'a> {
         sessions: &'a Sessions<'a>,
         sink: &'a dyn ActionSink,
     ) -> Result<Self, ActError> {
-        let pool = WritePool::connect(target.backend, dsn).await?;
-        let ledger = Ledger::open(pool.clone())
+        let pool = WritePool::connect(target.backend, dsn)
             .await
-            .map_err(|e| refused_write(&e).map_or(ActError::Ledger(e), ActError::ReadOnly))?;
-        let lock = pool.try_lock(shard).await?;
+            .map_err(|e| match e {
+                StoreError::NotWritable(why) => ActError::ReadOnly(why),
+                e => ActError::Store(e),
+            })?;
+        // Closed before returning an error, so that SQLite folds a `-wal` it created back.
+        let ledger = match Ledger::open(pool.clone()).await {
+            Ok(ledger) => ledger,
+            Err(e) => {
+                pool.close().await;
+                return Err(refused_write(&e, &pool).unwrap_or(ActError::Ledger(e)));
+            }
+        };
+        let lock = match pool.try_lock(shard).await {
+            Ok(lock) => lock,
+            Err(e) => {
+                pool.close().await;
+                return Err(e.into());
+            }
+        };
         Ok(Self {
             target,
             sessions,
@@ -156,11 +223,13 @@ impl<'a> Actor<'a> {
         })
     }
 
-    /// Releases the act lock.
+    /// Releases the act lock and closes the writable pool ([`WritePool::close`]), last: on
+    /// SQLite, the sweep's reader must be closed first for this close to fold the `-wal` back.
     pub async fn close(self) {
         if let Some(lock) = self.lock {
             lock.into_inner().release().await;
         }
+        self.pool.close().await;
     }
 
     /// Before each side effect: an error outcome when the act lock was lost (PostgreSQL
@@ -911,5 +980,71 @@ mod tests {
             ),
             "skipped: thread moved (x)"
         );
+    }
+
+    /// A SQLite write custody's first statement could not make is said with the file, the
+    /// result code by name and the cause: was `ledger migration: while executing migrations:
+    /// error returned from database: (code: 8) attempt to write a readonly database` and
+    /// `(code: 5) database is locked`.
+    #[tokio::test]
+    async fn sqlite_refusals_name_the_file_and_the_cause() {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().canonicalize().unwrap().join("c.sqlite");
+        let open = |options: SqliteConnectOptions| {
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+        };
+        let base = SqliteConnectOptions::new().filename(&path);
+        let writer = open(base.clone().create_if_missing(true)).await.unwrap();
+        sqlx::query("CREATE TABLE t (x)")
+            .execute(&writer)
+            .await
+            .unwrap();
+        let refusal = |e: sqlx::Error, pool: &WritePool| {
+            refused_write(&LedgerError::Query(e), pool).map(|e| e.to_string())
+        };
+
+        let reader = open(base.clone().read_only(true)).await.unwrap();
+        let pool = WritePool::Sqlite(reader.clone(), path.clone());
+        let e = sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&reader)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal(e, &pool).as_deref(),
+            Some(&*format!(
+                "the checkpoint database refuses writes ({}: attempt to write a readonly database (SQLITE_READONLY)): custody cannot act on it and wrote nothing; an observing sweep still works",
+                path.display()
+            ))
+        );
+
+        let mut holder = writer.acquire().await.unwrap();
+        sqlx::query("BEGIN EXCLUSIVE")
+            .execute(&mut *holder)
+            .await
+            .unwrap();
+        let impatient = open(base.busy_timeout(Duration::ZERO)).await.unwrap();
+        let pool = WritePool::Sqlite(impatient.clone(), path.clone());
+        let e = sqlx::query("INSERT INTO t VALUES (1)")
+            .execute(&impatient)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refusal(e, &pool).as_deref(),
+            Some(&*format!(
+                "the checkpoint database {} stayed locked by another process's write transaction for 10 s (SQLITE_BUSY): custody wrote nothing; run the sweep again once that process has committed",
+                path.display()
+            ))
+        );
+        drop(holder);
+        // Any other failure is not a refusal.
+        let e = sqlx::query("INSERT INTO missing VALUES (1)")
+            .execute(&writer)
+            .await
+            .unwrap_err();
+        assert_eq!(refusal(e, &pool), None);
     }
 }
