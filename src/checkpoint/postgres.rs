@@ -38,8 +38,14 @@ const REQUIRED_MIGRATION: i32 = 3;
 /// edit left it parked) and for a document that is not of the current format with
 /// `channel_versions` and `channel_values` objects (the typed decoder then reads older formats
 /// and names what is wrong). Converting the ~1 KB JSONB document to text for every thread was a
-/// third of the database's work (BENCHMARKS.md, run 3). `@>` and `#>` walk the document in
-/// place; `->` on an object would copy it first.
+/// third of the database's work (BENCHMARKS.md, run 3). `@>` walks the document in place. A
+/// channel's version and inline value are read with `->` twice, not `#>` with a path array:
+/// the array is taken apart on every call, which costs more than copying the small
+/// `channel_versions`/`channel_values` object the first `->` returns (BENCHMARKS.md, run 6).
+/// The two differ only on an array (`#>` takes an index there), and neither result is used
+/// then: the columns only for a document of the plain shape, where both are objects; the blob
+/// only for a document the typed decoder accepts, which refuses a `channel_versions` that is
+/// not an object.
 ///
 /// With [`ScanPlan::Indexed`] only the `latest` step differs: the candidate threads are read
 /// from the two partial indexes of [`PARKED_INDEXES`] instead of from every thread's
@@ -52,7 +58,7 @@ pub(super) fn parked_sql(channels: usize, plan: ScanPlan) -> String {
         let name = format!("($1::text[])[{k}]");
         let _ = write!(
             columns,
-            ",\n       CASE WHEN c.fits THEN c.checkpoint #> ARRAY['channel_versions', {name}] END,\n       CASE WHEN c.fits THEN c.checkpoint #> ARRAY['channel_values', {name}] END,\n       b{k}.type, b{k}.blob, b{k}.size"
+            ",\n       CASE WHEN c.fits THEN c.checkpoint -> 'channel_versions' -> {name} END,\n       CASE WHEN c.fits THEN c.checkpoint -> 'channel_values' -> {name} END,\n       b{k}.type, b{k}.blob, b{k}.size"
         );
         let _ = write!(
             blobs,
@@ -62,7 +68,7 @@ LEFT JOIN LATERAL (
     SELECT b.type, CASE WHEN octet_length(b.blob) <= $4 THEN b.blob END AS blob, octet_length(b.blob) AS size
     FROM checkpoint_blobs b
     WHERE b.thread_id = l.thread_id AND b.checkpoint_ns = '' AND b.channel = {name}
-      AND b.version = c.checkpoint #>> ARRAY['channel_versions', {name}]
+      AND b.version = c.checkpoint -> 'channel_versions' ->> {name}
     OFFSET 0
 ) b{k} ON true"#
         );
