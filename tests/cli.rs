@@ -848,6 +848,15 @@ fn an_apply_says_its_actions_in_the_table_not_in_log_lines() {
             .all(|l| l.starts_with("debug: custody::sweep::sink: action ")),
         "{debug}"
     );
+    // Issue 15 (fresh review, item 15): a field that may be absent is logged as its value.
+    let connected = debug
+        .lines()
+        .find(|l| l.starts_with("debug: custody::mcp::sessions: connected "))
+        .unwrap_or_else(|| panic!("no connected line in {debug}"));
+    assert!(
+        connected.contains("protocol=2026-07-28") && !connected.contains("Some("),
+        "{connected}"
+    );
 }
 
 /// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the
