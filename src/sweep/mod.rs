@@ -890,8 +890,10 @@ impl ProbeCache {
 }
 
 /// The warnings about `target` that its resources alone show, before any thread is read: each
-/// HandleClass left out and why, or why no HandleClass applies ([`Target::no_class`]: none in
-/// the store's namespace, or a `spec.handleClassSelector` matching none there). The first of [`Report::warnings`], so the table
+/// HandleClass left out and why; on a `mode: act` store, each class without `spec.verdictPath`
+/// (every escalate and fail of it is skipped); or why no HandleClass applies
+/// ([`Target::no_class`]: none in the store's namespace, or a `spec.handleClassSelector`
+/// matching none there). The first of [`Report::warnings`], so the table
 /// can print them above its rows ([`crate::report::SweepWriter::begin_store`]).
 pub fn input_warnings(target: &Target) -> Vec<String> {
     let mut out: Vec<String> = target
@@ -899,6 +901,18 @@ pub fn input_warnings(target: &Target) -> Vec<String> {
         .iter()
         .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
         .collect();
+    if target.mode == StoreMode::Act {
+        for class in target
+            .classes
+            .iter()
+            .filter(|c| c.action.verdict_path.is_none())
+        {
+            out.push(format!(
+                "HandleClass {} has no spec.verdictPath, where custody writes its escalated and failed verdicts: this mode: act store skips every escalate and fail of the class; set spec.verdictPath to the state key the graph routes on (e.g. custody)",
+                class_ref(target, &class.name)
+            ));
+        }
+    }
     if let Some(why) = &target.no_class {
         out.push(why.clone());
     } else if target.classes.is_empty() {
