@@ -587,7 +587,20 @@ fn connect_failures_say_what_happened() {
     let pki = tempfile::tempdir().unwrap();
     let self_signed = SelfSignedServer::start(pki.path(), true);
     let ca_as_server = SelfSignedServer::start(pki.path(), false);
+    // A server that accepts the connection, reads the request and closes without an answer.
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closing_port = closing.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut conn in closing.incoming().flatten() {
+            let _ = std::io::Read::read(&mut conn, &mut [0; 4096]);
+        }
+    });
     for (url, category, says) in [
+        (
+            format!("http://127.0.0.1:{closing_port}/mcp"),
+            "connect",
+            format!("127.0.0.1:{closing_port} closed the connection before answering"),
+        ),
         (
             format!("http://127.0.0.1:{port}/mcp"),
             "refused",

@@ -61,7 +61,8 @@ pub const UNPARSED: &str = "could not parse JSON response as ServerJsonRpcMessag
 /// request for url (…)" whatever the cause): `connection refused to 127.0.0.1:9 (nothing
 /// listens there)`, `TLS handshake with host:443 failed: <why, in words>`, a name that does not
 /// resolve (with the resolver's reason), a name refused by `--deny-metadata-addresses`,
-/// `connecting to host:port timed out`, a refused credential as
+/// `connecting to host:port timed out`, `host:port closed the connection before answering` (it
+/// accepted the connection, then closed or reset it without a reply), a refused credential as
 /// `host:port refused custody's credentials: HTTP 401 Unauthorized (check spec.headers and
 /// spec.headersFrom)`, another HTTP error status as `host:port answered HTTP 500 Internal
 /// Server Error` (rmcp's text is `Send message error HTTP 500` for a 5xx, and `unexpected server
@@ -138,8 +139,21 @@ pub fn describe(e: &(dyn StdError + 'static), target: &str) -> Option<Said> {
                     "refused the connection",
                 )),
                 std::io::ErrorKind::TimedOut => Some(connect_timed_out(target)),
+                // An abrupt close (the server closed with the request unread).
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted => {
+                    Some(closed(target))
+                }
                 _ => None,
             }
+        })
+    })
+    .or_else(|| {
+        // The server closed the connection after reading the request, without a reply (hyper's
+        // "connection closed before message completed").
+        find(&|e| {
+            e.downcast_ref::<hyper::Error>()
+                .filter(|h| h.is_incomplete_message())
+                .map(|_| closed(target))
         })
     })
     .or_else(|| {
@@ -166,6 +180,15 @@ pub fn discover_rejection(message: &str, target: &str) -> Option<Said> {
         .split_once(": ")
         .is_some_and(|(_, b)| !b.trim().is_empty());
     Some(status(target, code, body))
+}
+
+/// A server that accepted the connection and closed it without an answer: reached, so not
+/// "refused"; rmcp's text is "error sending request for url (…)" and names no cause.
+fn closed(target: &str) -> Said {
+    Said::new(
+        format!("{target} closed the connection before answering"),
+        "closed the connection before answering",
+    )
 }
 
 fn connect_timed_out(target: &str) -> Said {
@@ -506,6 +529,40 @@ mod tests {
                 rustls::InvalidMessage::InvalidContentType
             )),
             "the server did not answer as a TLS server (an https URL to a plain HTTP server?)"
+        );
+    }
+
+    /// A server that accepts the connection and closes it without answering, after reading the
+    /// request (hyper's incomplete message) or with it unread (a reset): said as such, not as
+    /// rmcp's "error sending request for url (…)", which names no cause.
+    #[tokio::test]
+    async fn a_connection_closed_before_answering_is_said_as_such() {
+        use tokio::io::AsyncReadExt;
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            describe(&reset, "h:80"),
+            Some(Said::new(
+                "h:80 closed the connection before answering".into(),
+                "closed the connection before answering"
+            ))
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut request = [0; 4096];
+            let _ = conn.read(&mut request).await;
+        });
+        let e = reqwest::Client::new()
+            .post(format!("http://{target}/mcp"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            describe(&e, &target).map(|s| s.full),
+            Some(format!("{target} closed the connection before answering")),
+            "{e:?}"
         );
     }
 
