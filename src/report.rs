@@ -703,7 +703,7 @@ pub fn write_discovery(
                     name: d.name,
                     url: d.url,
                     catalog: d.catalog.as_ref().ok(),
-                    error: d.catalog.as_ref().err().map(DiscoveryError::explained),
+                    error: d.catalog.as_ref().err().map(ToString::to_string),
                     health: d.health,
                     next_discovery_seconds: d
                         .schedule
@@ -723,8 +723,9 @@ pub fn write_discovery(
         };
         match d.catalog {
             Err(e) => {
+                // The block is headed by the server: its lines do not name it again.
                 writeln!(out, "server {} ({})", d.name, d.url)?;
-                writeln!(out, "  discovery failed: {}", e.explained())?;
+                writeln!(out, "  discovery failed: {}", e.detail())?;
             }
             Ok(c) => {
                 writeln!(out, "server {} ({})", c.server, d.url)?;
@@ -798,9 +799,7 @@ pub fn write_discovery(
         }
         // A health check that failed as discovery did says so, not the cause a second time.
         let reason = match d.catalog {
-            Err(e) if !d.health.healthy && e.explained() == d.health.reason => {
-                "as discovery failed"
-            }
+            Err(e) if !d.health.healthy && e.detail() == d.health.reason => "as discovery failed",
             _ => &d.health.reason,
         };
         writeln!(

@@ -855,6 +855,59 @@ fn an_apply_says_its_actions_in_the_table_not_in_log_lines() {
             .all(|l| l.starts_with("debug: custody::sweep::sink: action ")),
         "{debug}"
     );
+    // Issue 15 (fresh review, item 15): a field that may be absent is logged as its value.
+    let connected = debug
+        .lines()
+        .find(|l| l.starts_with("debug: custody::mcp::sessions: connected "))
+        .unwrap_or_else(|| panic!("no connected line in {debug}"));
+    assert!(
+        connected.contains("protocol=2026-07-28") && !connected.contains("Some("),
+        "{connected}"
+    );
+}
+
+/// Issue 15 (fresh review, item 4): on a `mode: act` store, a HandleClass without
+/// `verdictPath` has every escalate and fail skipped (nowhere to write the verdict); one
+/// warning above the rows names the class and what to set, besides each row's ACTION.
+#[test]
+fn an_acting_class_without_verdict_path_is_one_warning() {
+    use support::fixtures::{acting_basket_class, object, write_resources};
+    let server = support::BasketServer::start(&[]);
+    let (dir, _) = support::sqlite_basket_dir(&server.url());
+    write_resources(
+        dir.path(),
+        "store.yaml",
+        &[basket_db_store(
+            dir.path(),
+            "orders",
+            json!({"mode": "act"}),
+        )],
+    );
+    let mut class = acting_basket_class("escalate");
+    class.as_object_mut().unwrap().remove("verdictPath");
+    write_resources(
+        dir.path(),
+        "class.yaml",
+        &[object("HandleClass", "basket", class)],
+    );
+    let out = support::custody(&["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    let warning = "warning: HandleClass default/basket has no spec.verdictPath, where custody \
+                   writes its escalated and failed verdicts: this mode: act store skips every \
+                   escalate and fail of the class; set spec.verdictPath to the state key the \
+                   graph routes on (e.g. custody)";
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[..2], ["store default/orders", warning], "{stdout}");
+    assert_eq!(
+        stdout.matches("spec.verdictPath").count(),
+        2,
+        "once: {stdout}"
+    );
+    assert!(
+        stdout.contains("skipped: the handle class has no verdictPath"),
+        "{stdout}"
+    );
 }
 
 /// Local mode checks a CheckpointStore against the bounds the CRD enforces in a cluster, from the

@@ -121,7 +121,7 @@ fn server_down_is_unknown_never_gone() {
     for probed in ["t-live", "t-expired", "t-updated"] {
         assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
         assert_eq!(
-            got[probed].1, "probe failed: server basket unreachable: connection refused",
+            got[probed].1, "probe failed: server basket refused the connection",
             "{probed}"
         );
     }
@@ -133,9 +133,10 @@ fn server_down_is_unknown_never_gone() {
         .collect();
     assert_eq!(said.len(), 1, "{warnings:?}");
     assert!(
-        said[0].starts_with(
-            "server basket could not be reached: connect failed: connection refused to 127.0.0.1:"
-        ),
+        said[0].starts_with("server basket: connection refused to 127.0.0.1:")
+            && said[0].ends_with(
+                "; every probe and call to it this sweep failed (its handles are unknown)"
+            ),
         "{said:?}"
     );
     // What needs no round trip is still decided.
@@ -144,6 +145,178 @@ fn server_down_is_unknown_never_gone() {
     assert_eq!(got["t-absent"].0, "absent");
     assert_eq!(expected(&manifest).len(), got.len());
     assert!(report["stores"][0]["servers"][0]["error"].is_string());
+}
+
+/// The store's warnings that name a HandleClass.
+fn class_warnings(report: &Value) -> Vec<String> {
+    report["stores"][0]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .filter(|w| w.starts_with("HandleClass "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Issue 15 (fresh review, item 3): a server a sweep cannot use is one warning, `server NAME:
+/// <its cause, with the endpoint>; …`, and each row that needed it a brief and true cause. A
+/// server that refused custody's credentials was reached (not "unreachable", not "connect
+/// failed"), one that accepted the connection and never answered did not time out connecting,
+/// a reply that is not JSON-RPC is not rmcp's text quoting the body, a 404 carries no JSON-RPC
+/// code the server never sent. `discover` of the same servers says each cause once in the
+/// server's block, without the server's name again.
+#[test]
+fn each_unusable_server_is_said_once_with_its_own_cause() {
+    use support::Peer;
+    let basket = BasketServer::start(&[]);
+    let locked = BasketServer::start(&[("BASKET_REQUIRE_BEARER", "s3cret")]);
+    let not_json_rpc = Peer::misbehaving("not_json_rpc");
+    let answering = Peer::misbehaving("ok");
+    let hang = Peer::misbehaving("hang");
+    let closed = support::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live"), "");
+    support::basket_resources(
+        dir.path(),
+        &basket.url(),
+        "auto",
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+    );
+    let at = |port: u16| format!("127.0.0.1:{port}");
+    // (server, URL, what a row says after `server NAME `, the cause the warning says)
+    let cases: [(&str, String, &str, String); 7] = [
+        (
+            "locked",
+            locked.url(),
+            "refused custody's credentials (HTTP 401)",
+            format!(
+                "{} refused custody's credentials: HTTP 401 Unauthorized with a WWW-Authenticate \
+                 challenge (check spec.headers and spec.headersFrom)",
+                at(locked.port)
+            ),
+        ),
+        (
+            "not-found",
+            format!("http://127.0.0.1:{}/not-mcp", answering.port),
+            "answered HTTP 404 Not Found",
+            format!(
+                "{} answered HTTP 404 Not Found (reply body not shown; check that spec.url is the \
+                 MCP endpoint)",
+                at(answering.port)
+            ),
+        ),
+        (
+            "not-json-rpc",
+            not_json_rpc.url(),
+            "answered with a reply that is not JSON-RPC",
+            format!(
+                "{} answered with JSON that is not a JSON-RPC message (reply body not shown)",
+                at(not_json_rpc.port)
+            ),
+        ),
+        (
+            "hang",
+            hang.url(),
+            "did not answer within 5s",
+            format!(
+                "{} accepted the connection but did not answer within 5s",
+                at(hang.port)
+            ),
+        ),
+        (
+            "plain",
+            format!("https://127.0.0.1:{}/mcp", basket.port),
+            "failed the TLS handshake",
+            format!(
+                "TLS handshake with {} failed: the server did not answer as a TLS server (an \
+                 https URL to a plain HTTP server?)",
+                at(basket.port)
+            ),
+        ),
+        (
+            "closed",
+            format!("http://127.0.0.1:{closed}/mcp"),
+            "refused the connection",
+            format!(
+                "connection refused to {} (nothing listens there)",
+                at(closed)
+            ),
+        ),
+        (
+            "metadata",
+            "http://169.254.169.254/mcp".to_owned(),
+            "cannot be used: url refused",
+            "url refused: 169.254.169.254 is link-local (169.254.0.0/16, where clouds serve \
+             instance metadata) (--deny-metadata-addresses)"
+                .to_owned(),
+        ),
+    ];
+    for (name, url, ..) in &cases {
+        support::basket_class_on(dir.path(), name, url);
+    }
+
+    let report = support::sweep_json(dir.path());
+    let rows = report["stores"][0]["rows"].as_array().unwrap();
+    let warnings: Vec<&str> = report["stores"][0]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect();
+    for (name, _, brief, cause) in &cases {
+        let row = rows
+            .iter()
+            .find(|r| r["thread_id"] == "t-live" && r["handle_class"] == *name)
+            .unwrap_or_else(|| panic!("no row of {name}"));
+        assert_eq!(row["verdict"], "unknown", "{name}");
+        assert_eq!(
+            row["reason"],
+            format!("probe failed: server {name} {brief}"),
+            "{name}"
+        );
+        let said: Vec<&&str> = warnings
+            .iter()
+            .filter(|w| w.contains(&format!("server {name}")))
+            .collect();
+        assert_eq!(
+            said,
+            [&format!(
+                "server {name}: {cause}; every probe and call to it this sweep failed (its \
+                 handles are unknown)"
+            )
+            .as_str()],
+            "{name}"
+        );
+    }
+    let text = report.to_string();
+    for wrong in [
+        "unreachable",
+        "connect failed",
+        "could not be reached",
+        "ServerJsonRpcMessage",
+        "hello",
+        "InvalidContentType",
+        "-32600",
+        "Not Found</",
+    ] {
+        assert!(!text.contains(wrong), "{wrong:?} in {text}");
+    }
+
+    let out = support::custody(&["discover", "-f", dir.path().to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for (name, url, _, cause) in &cases {
+        let block = format!(
+            "server {name} ({url})\n  discovery failed: {cause}\n  health: unhealthy (as \
+             discovery failed, "
+        );
+        assert!(
+            stdout.contains(&block),
+            "{name}: wants\n{block}\nin:\n{stdout}"
+        );
+    }
 }
 
 /// A probe tool the server does not list (a typo in `spec.probe.tool`) answers `isError`
@@ -162,40 +335,65 @@ fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
         &[object("HandleClass", "basket", typo)],
     );
 
-    let got = support::verdicts(&support::sweep_json(dir.path()));
+    let report = support::sweep_json(dir.path());
+    let got = support::verdicts(&report);
     for probed in ["t-live", "t-expired", "t-updated"] {
         assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
-        assert!(
-            got[probed]
-                .1
-                .contains("server basket does not list tool get_baskett in tools/list"),
-            "{:?}",
-            got[probed]
+        assert_eq!(
+            got[probed].1, "probe failed: server basket does not list tool get_baskett",
+            "{probed}"
         );
     }
+    // Issue 15 (fresh review, item 4): the class's problem is one warning naming the class and
+    // the field, not only each row's.
+    assert_eq!(
+        class_warnings(&report),
+        [
+            "HandleClass default/basket: spec.probe.tool: server basket does not list tool \
+          get_baskett in tools/list; its probes were not sent, so their handles are unknown"
+        ]
+    );
 
     // Arguments the tool cannot take (a misnamed key, a number for a string): the server's
     // validation error would read as gone just the same; custody checks the tool's inputSchema.
-    for arguments in [json!({"id": "{{handle}}"}), json!({"basket_id": 5})] {
+    for (arguments, why) in [
+        (
+            json!({"id": "{{handle}}"}),
+            "missing required property basket_id; id is not a property the tool declares (it \
+             declares basket_id)",
+        ),
+        (
+            json!({"basket_id": 5}),
+            "property basket_id is not of type string",
+        ),
+    ] {
         let mut misnamed = basket_class();
         misnamed["probe"]["arguments"] = arguments.clone();
         let misnamed = object("HandleClass", "basket", misnamed);
         write_resources(dir.path(), "class.yaml", &[misnamed]);
-        let got = support::verdicts(&support::sweep_json(dir.path()));
+        let report = support::sweep_json(dir.path());
+        let got = support::verdicts(&report);
         for probed in ["t-live", "t-expired", "t-updated"] {
             assert_eq!(
                 got[probed].0, "unknown",
                 "{arguments} {probed}: {:?}",
                 got[probed]
             );
-            assert!(
-                got[probed].1.contains(
-                    "server basket: tool get_basket: the arguments do not match the tool's inputSchema"
-                ),
-                "{:?}",
-                got[probed]
+            assert_eq!(
+                got[probed].1,
+                "probe failed: spec.probe.arguments do not match tool get_basket's inputSchema",
+                "{arguments} {probed}"
             );
         }
+        assert_eq!(
+            class_warnings(&report),
+            [format!(
+                "HandleClass default/basket: spec.probe.arguments do not match the inputSchema \
+                 of tool get_basket of server basket: {why}; its probes were not sent, so their \
+                 handles are unknown"
+            )],
+            "{arguments}"
+        );
     }
 
     // A probe tool that declares itself destructive is never called, not even by a plan-only
@@ -206,15 +404,21 @@ fn a_probe_tool_the_server_does_not_offer_is_unknown_never_gone() {
         "class.yaml",
         &[object("HandleClass", "basket", destructive)],
     );
-    let got = support::verdicts(&support::sweep_json(dir.path()));
+    let report = support::sweep_json(dir.path());
+    assert!(
+        class_warnings(&report)[0].starts_with(
+            "HandleClass default/basket: spec.probe.tool: tool delete_basket of server basket \
+             declares destructiveHint; custody never calls a destructive tool as a probe"
+        ),
+        "{report}"
+    );
+    let got = support::verdicts(&report);
     for probed in ["t-live", "t-expired", "t-updated"] {
         assert_eq!(got[probed].0, "unknown", "{probed}: {:?}", got[probed]);
-        assert!(
-            got[probed].1.contains(
-                "tool delete_basket declares destructiveHint; custody never calls a destructive tool as a probe"
-            ),
-            "{:?}",
-            got[probed]
+        assert_eq!(
+            got[probed].1,
+            "probe failed: tool delete_basket declares destructiveHint; never called as a probe",
+            "{probed}"
         );
     }
 

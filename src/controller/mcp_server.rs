@@ -158,7 +158,8 @@ pub(super) async fn reconcile(
                         reason: e.category(),
                     })
                     .inc();
-                let message = e.explained();
+                // The object is the server: its conditions say the cause without its name.
+                let message = e.detail();
                 observed.discovery_error = Some((e.category(), message));
             }
         }
@@ -352,7 +353,7 @@ fn status(
         Some(h) => Cond::no(
             conditions::HEALTHY,
             h.category.map_or(conditions::UNREACHABLE, reason_of),
-            health_message(h),
+            h.reason.clone(),
         ),
         None => Cond::unknown(conditions::HEALTHY, conditions::PENDING, "not checked yet"),
     };
@@ -572,11 +573,6 @@ fn left_out_event(current: &MCPServerStatus, c: &discovery::Catalog) -> Option<S
     (!said).then_some(note)
 }
 
-/// A failed health check's reason, explained as discovery errors are.
-fn health_message(h: &discovery::Health) -> String {
-    crate::mcp::cause::explained(h.category.unwrap_or_default(), &h.reason)
-}
-
 /// CamelCase condition reasons from discovery error categories.
 fn reason_of(category: &str) -> &'static str {
     match category {
@@ -724,7 +720,7 @@ fn failure_events(
                 out.push((
                     EventType::Warning,
                     reason,
-                    format!("health check failed: {}", health_message(h)),
+                    format!("health check failed: {}", h.reason),
                 ));
             }
         }

@@ -178,20 +178,102 @@ pub fn mismatch(
     })
 }
 
+/// The property names a tool's `inputSchema` declares at its top level, sorted: what names an
+/// argument key the tool does not take, which a schema without `additionalProperties: false`
+/// lets through (a misnamed key then fails only as the required one missing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declared(Vec<String>);
+
+impl Declared {
+    /// The names under the schema's `properties`; `None` when it has none to read.
+    pub fn of(schema: &serde_json::Value) -> Option<Self> {
+        let properties = schema.get("properties")?.as_object()?;
+        let mut names: Vec<String> = properties.keys().cloned().collect();
+        names.sort_unstable();
+        Some(Self(names))
+    }
+}
+
 /// Checks a call's arguments against the tool's compiled `inputSchema`; `None` when they
-/// conform, else why, as [`mismatch`] says it (paths and keywords, never a value). A server
-/// answers arguments it cannot take with an `isError` result that says nothing about a handle.
+/// conform, else why, in words where the keyword allows (`missing required property
+/// basket_id; basketid is not a property the tool declares (it declares basket_id)`), never a
+/// value. A server answers arguments it cannot take with an `isError` result that says nothing
+/// about a handle. `declared` names the keys the tool does not take when something failed.
 pub fn arguments_mismatch(
     schema: &jsonschema::Validator,
+    declared: Option<&Declared>,
     arguments: &serde_json::Value,
 ) -> Option<String> {
-    let errors = failures(schema, arguments);
-    (!errors.is_empty()).then(|| {
-        format!(
-            "the arguments do not match the tool's inputSchema: {}",
-            errors.join("; ")
-        )
-    })
+    use jsonschema::error::{TypeKind, ValidationErrorKind as K};
+    let mut said = Vec::new();
+    let mut named = Vec::new();
+    for e in schema.iter_errors(arguments).take(3) {
+        let at = e.instance_path().to_string();
+        let what = match at.strip_prefix('/') {
+            Some(key) if !key.is_empty() && !key.contains('/') => format!("property {key}"),
+            _ if at.is_empty() => "the arguments".to_owned(),
+            _ => format!("the value at {at}"),
+        };
+        said.push(match e.kind() {
+            K::Required { property } => format!(
+                "missing required property {}",
+                property
+                    .as_str()
+                    .map_or_else(|| property.to_string(), str::to_owned)
+            ),
+            K::AdditionalProperties { unexpected } => {
+                named.extend(unexpected.iter().cloned());
+                format!(
+                    "{} not allowed (additionalProperties: false)",
+                    plural_names(unexpected)
+                )
+            }
+            K::Type {
+                kind: TypeKind::Single(t),
+            } => format!("{what} is not of type {t}"),
+            other => format!(
+                "{what} fails `{}` (schema {})",
+                other.keyword(),
+                e.schema_path()
+            ),
+        });
+    }
+    if said.is_empty() {
+        return None;
+    }
+    if let (Some(Declared(names)), Some(given)) = (declared, arguments.as_object()) {
+        let unknown: Vec<String> = given
+            .keys()
+            .filter(|k| !names.contains(k) && !named.contains(k))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            let shown: Vec<&str> = names.iter().take(10).map(String::as_str).collect();
+            let more = if names.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            };
+            said.push(format!(
+                "{} not a property the tool declares (it declares {}{more})",
+                plural_names(&unknown),
+                if shown.is_empty() {
+                    "none".to_owned()
+                } else {
+                    shown.join(", ")
+                }
+            ));
+        }
+    }
+    Some(said.join("; "))
+}
+
+/// `basketid is` or `a, b are`.
+fn plural_names(names: &[String]) -> String {
+    match names {
+        [one] => format!("{one} is"),
+        many => format!("{} are", many.join(", ")),
+    }
 }
 
 /// At most three of `value`'s failures against `schema`: instance path, keyword, schema path.
@@ -228,6 +310,42 @@ mod tests {
         assert!(mismatch(&v, None).unwrap().contains("no structuredContent"));
         let bad = compile(&json!({"type": "no-such-type"})).unwrap_err();
         assert!(bad.contains("not a valid JSON Schema"), "{bad}");
+    }
+
+    /// Issue 15 (fresh review, item 4): a misnamed probe argument names the missing property
+    /// and the key the tool does not take, not only "fails `required`".
+    #[test]
+    fn mismatched_arguments_name_the_missing_and_the_unknown_keys() {
+        let schema = json!({
+            "type": "object",
+            "properties": {"basket_id": {"type": "string"}},
+            "required": ["basket_id"],
+        });
+        let v = compile(&schema).unwrap();
+        let declared = Declared::of(&schema);
+        let why =
+            |arguments: serde_json::Value| arguments_mismatch(&v, declared.as_ref(), &arguments);
+        assert_eq!(why(json!({"basket_id": "bsk_1"})), None);
+        assert_eq!(
+            why(json!({"basketid": "bsk_1"})).unwrap(),
+            "missing required property basket_id; basketid is not a property the tool \
+             declares (it declares basket_id)"
+        );
+        let typed = why(json!({"basket_id": 5})).unwrap();
+        assert_eq!(typed, "property basket_id is not of type string");
+        assert!(!typed.contains('5'), "never a value: {typed}");
+        // An extra key the schema lets through is no mismatch by itself.
+        assert_eq!(why(json!({"basket_id": "b", "extra": 1})), None);
+        let closed = json!({
+            "type": "object",
+            "properties": {"basket_id": {"type": "string"}},
+            "additionalProperties": false,
+        });
+        let v = compile(&closed).unwrap();
+        assert_eq!(
+            arguments_mismatch(&v, Declared::of(&closed).as_ref(), &json!({"id": "b"})).unwrap(),
+            "id is not allowed (additionalProperties: false)"
+        );
     }
 
     #[test]

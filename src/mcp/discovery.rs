@@ -107,14 +107,12 @@ pub struct LeftOut {
     pub reason: String,
 }
 
-/// Why discovery failed.
-#[derive(Debug, thiserror::Error)]
+/// Why discovery failed. Messages are `server NAME: ` and [`DiscoveryError::detail`].
+#[derive(Debug)]
 pub enum DiscoveryError {
     /// Talking to the server failed.
-    #[error(transparent)]
-    Mcp(#[from] McpError),
-    /// The whole discovery exceeded the server's timeout.
-    #[error("server {server}: discovery timed out after {after:?}")]
+    Mcp(McpError),
+    /// Listing did not finish within what the server's timeout left after connecting.
     Timeout {
         /// Server name.
         server: String,
@@ -122,7 +120,6 @@ pub enum DiscoveryError {
         after: Duration,
     },
     /// More pages than the cap.
-    #[error("server {server}: tools/list has more than {cap} pages; stopping")]
     TooManyPages {
         /// Server name.
         server: String,
@@ -130,7 +127,6 @@ pub enum DiscoveryError {
         cap: usize,
     },
     /// The allowlist names a tool the server does not offer.
-    #[error("server {server}: toolAllowlist names {tool:?}, which the server does not offer")]
     NotOffered {
         /// Server name.
         server: String,
@@ -139,11 +135,64 @@ pub enum DiscoveryError {
     },
 }
 
+impl From<McpError> for DiscoveryError {
+    fn from(e: McpError) -> Self {
+        Self::Mcp(e)
+    }
+}
+
+impl std::fmt::Display for DiscoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "server {}: {}", self.server(), self.detail())
+    }
+}
+
+impl std::error::Error for DiscoveryError {}
+
 impl DiscoveryError {
-    /// The message for a person: the error's text, led by what its category means when the text
-    /// alone may not say it ([`super::cause::explained`]: an answered 401 names only the status).
-    pub fn explained(&self) -> String {
-        super::cause::explained(self.category(), &self.to_string())
+    /// The MCPServer's name.
+    pub fn server(&self) -> &str {
+        match self {
+            Self::Mcp(e) => e.server(),
+            Self::Timeout { server, .. }
+            | Self::TooManyPages { server, .. }
+            | Self::NotOffered { server, .. } => server,
+        }
+    }
+
+    /// The message without the server's name ([`McpError::detail`]), for a place that names the
+    /// server already: a block of `custody discover`, a condition of the MCPServer.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Mcp(e) => e.detail(),
+            Self::Timeout { after, .. } => format!(
+                "tools/list did not finish within {after:?} (spec.timeoutSeconds bounds \
+                 connecting and every page together)"
+            ),
+            Self::TooManyPages { cap, .. } => {
+                format!("tools/list has more than {cap} pages; stopping")
+            }
+            Self::NotOffered { tool, .. } => {
+                format!("toolAllowlist names {tool:?}, which the server does not offer")
+            }
+        }
+    }
+
+    /// The failure in a few words, naming the server ([`McpError::brief`]).
+    pub fn brief(&self) -> String {
+        let server = self.server();
+        match self {
+            Self::Mcp(e) => e.brief(),
+            Self::Timeout { after, .. } => {
+                format!("server {server} did not finish tools/list within {after:?}")
+            }
+            Self::TooManyPages { cap, .. } => {
+                format!("server {server}'s tools/list has more than {cap} pages")
+            }
+            Self::NotOffered { tool, .. } => {
+                format!("server {server} does not offer {tool:?} of its toolAllowlist")
+            }
+        }
     }
 
     /// A bounded category for metric labels and Event reasons.
@@ -178,17 +227,16 @@ pub async fn discover(
     page_cap: usize,
 ) -> Result<Catalog, DiscoveryError> {
     let started = Instant::now();
-    let timeout = || DiscoveryError::Timeout {
-        server: cfg.name.clone(),
-        after: cfg.timeout,
-    };
-    let (conn, listed) = tokio::time::timeout(cfg.timeout, async {
-        let conn = Connection::connect(cfg).await?;
-        let listed = list_all(&conn, cfg, page_cap).await?;
-        Ok::<_, DiscoveryError>((conn, listed))
-    })
-    .await
-    .map_err(|_| timeout())??;
+    // Connecting keeps to the timeout itself and says how it ran out (a server that accepted
+    // the connection and did not answer); listing gets what is left.
+    let conn = Connection::connect(cfg).await?;
+    let left = cfg.timeout.saturating_sub(started.elapsed());
+    let listed = tokio::time::timeout(left, list_all(&conn, cfg, page_cap))
+        .await
+        .map_err(|_| DiscoveryError::Timeout {
+            server: cfg.name.clone(),
+            after: cfg.timeout,
+        })??;
     let latency_ms = started.elapsed().as_millis() as u64;
     let protocol_version = conn.protocol_version();
     let info = conn.server_info();
@@ -215,11 +263,7 @@ pub async fn tool_inputs(
     cfg: &ServerConfig,
 ) -> Result<HashMap<String, Offered>, super::Unreachable> {
     let failed = |e: DiscoveryError| {
-        super::Unreachable::of(
-            &format!("server {}'s tools/list failed", cfg.name),
-            e.probe_category(),
-            e.to_string(),
-        )
+        super::Unreachable::of_server(e.to_string(), e.brief(), e.probe_category())
     };
     let listed = tokio::time::timeout(cfg.timeout, list_all(conn, cfg, DEFAULT_PAGE_CAP))
         .await
@@ -231,10 +275,10 @@ pub async fn tool_inputs(
         })?
         .map_err(failed)?;
     if let Some(why) = listed.incomplete {
-        return Err(super::Unreachable::of(
-            &format!("server {}'s tools/list failed", cfg.name),
-            "protocol",
+        return Err(super::Unreachable::of_server(
             format!("server {}: {why}", cfg.name),
+            format!("server {}'s tools/list is incomplete", cfg.name),
+            "protocol",
         ));
     }
     // The same listing gives the connection its tools' output schemas, so checking results
@@ -247,6 +291,7 @@ pub async fn tool_inputs(
             let schema = Value::Object((*t.input_schema).clone());
             let offered = Offered {
                 input: super::conformance::compile(&schema).ok(),
+                declared: super::conformance::Declared::of(&schema),
                 declared_destructive: declares_destructive(t),
             };
             (t.name.to_string(), offered)
@@ -258,6 +303,9 @@ pub async fn tool_inputs(
 pub struct Offered {
     /// Its `inputSchema`, compiled; `None` when it does not compile (arguments go unchecked).
     pub input: Option<jsonschema::Validator>,
+    /// The properties its `inputSchema` declares, when it declares them: what names a misnamed
+    /// argument that the schema would let through.
+    pub declared: Option<super::conformance::Declared>,
     /// [`declares_destructive`]: a sweep never calls it as a probe.
     pub declared_destructive: bool,
 }
@@ -508,7 +556,8 @@ pub struct Health {
     pub server: String,
     /// Whether the server answered.
     pub healthy: bool,
-    /// `server/discover answered`, `ping answered`, or the failure.
+    /// `server/discover answered`, `ping answered`, or the failure ([`McpError::detail`]: the
+    /// server is [`Health::server`]).
     pub reason: String,
     /// The failure's [`McpError::category`] (`timeout` for the whole check's deadline); `None`
     /// when healthy.
@@ -523,28 +572,29 @@ pub struct Health {
 /// All within `cfg.timeout`.
 pub async fn check_health(cfg: &ServerConfig) -> Health {
     let started = Instant::now();
-    let result = tokio::time::timeout(cfg.timeout, async {
+    let result = async {
+        // Connecting keeps to the timeout itself ([`discover`]); the ping gets what is left.
         let conn = Connection::connect(cfg).await?;
         let reason = if conn.is_handshake_era() {
-            conn.ping().await?;
+            let left = cfg.timeout.saturating_sub(started.elapsed());
+            tokio::time::timeout(left, conn.ping())
+                .await
+                .map_err(|_| McpError::Timeout {
+                    server: cfg.name.clone(),
+                    step: "ping".into(),
+                    after: cfg.timeout,
+                })??;
             "ping answered"
         } else {
             "server/discover answered"
         };
         conn.close().await;
         Ok::<_, McpError>(reason)
-    })
+    }
     .await;
     let (reason, category) = match result {
-        Ok(Ok(reason)) => (reason.to_owned(), None),
-        Ok(Err(e)) => (e.to_string(), Some(e.category())),
-        Err(_) => (
-            format!(
-                "server {}: health check timed out after {:?}",
-                cfg.name, cfg.timeout
-            ),
-            Some("timeout"),
-        ),
+        Ok(reason) => (reason.to_owned(), None),
+        Err(e) => (e.detail(), Some(e.category())),
     };
     Health {
         server: cfg.name.clone(),

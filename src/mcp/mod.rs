@@ -81,6 +81,12 @@ pub const SSE_RETRIES: usize = 2;
 /// (`tools/call get_basket timed out after 3s`), not as reqwest's opaque "error sending request".
 const READ_IDLE_SLACK: Duration = Duration::from_secs(1);
 
+/// The HTTP client's connect timeout (DNS, TCP and TLS) for a server whose deadline is
+/// `timeout`: three quarters of it, so it passes first ([`Connection::connect`]).
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout * 3 / 4
+}
+
 /// Everything needed to reach one MCP server.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -98,11 +104,12 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
 }
 
-/// Why talking to a server failed. Messages name the server and the step, never a header value.
-#[derive(Debug, thiserror::Error)]
+/// Why talking to a server failed. Messages name the server and the step or endpoint, never a
+/// header value: `server NAME: ` and [`McpError::detail`]. [`McpError::brief`] says it in a few
+/// words, for a row whose server a fuller message describes elsewhere.
+#[derive(Debug)]
 pub enum McpError {
     /// The configuration cannot be used (bad header name or value, a URL [`egress`] refuses).
-    #[error("server {server}: {reason}")]
     Config {
         /// Server name.
         server: String,
@@ -110,38 +117,56 @@ pub enum McpError {
         reason: String,
     },
     /// A step did not finish within the server's timeout.
-    #[error("server {server}: {step} timed out after {after:?}")]
     Timeout {
         /// Server name.
         server: String,
-        /// `connect` or the request method.
+        /// The request method, or `resolving its host name`.
         step: String,
         /// The deadline that passed.
         after: Duration,
     },
+    /// Connecting and negotiating did not finish within the server's timeout, after the
+    /// connection was made (the HTTP client's own connect timeout is shorter, so a connection
+    /// that cannot be made fails as [`McpError::Connect`] first).
+    Unanswered {
+        /// Server name.
+        server: String,
+        /// The URL's `host:port`.
+        target: String,
+        /// The deadline that passed.
+        after: Duration,
+    },
     /// Connecting or negotiating failed.
-    #[error("server {server}: connect failed: {reason}")]
     Connect {
         /// Server name.
         server: String,
-        /// rmcp's error text.
+        /// The cause in custody's words, with the endpoint ([`cause::Said::full`]).
         reason: String,
+        /// What follows `server NAME ` in a row ([`cause::Said::brief`]).
+        brief: String,
         /// Why, from [`cause::CONNECT_CAUSES`].
         cause: &'static str,
     },
     /// A request failed: transport error, JSON-RPC error, or an unusable reply.
-    #[error("server {server}: {method} failed: {reason}")]
     Request {
         /// Server name.
         server: String,
         /// The JSON-RPC method.
         method: String,
-        /// rmcp's error text.
+        /// What went wrong, in custody's words where rmcp's say too little.
         reason: String,
         /// What kind of failure, from [`REQUEST_CATEGORIES`].
         category: &'static str,
     },
 }
+
+impl std::fmt::Display for McpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "server {}: {}", self.server(), self.detail())
+    }
+}
+
+impl std::error::Error for McpError {}
 
 /// The bounded categories of [`McpError::Request`], as [`McpError::category`] names them:
 /// `transport` (the connection failed, an HTTP error status, or the reply stream ended without
@@ -177,10 +202,72 @@ impl McpError {
     pub fn category(&self) -> &'static str {
         match self {
             Self::Config { .. } => "config",
-            Self::Timeout { .. } => "timeout",
+            Self::Timeout { .. } | Self::Unanswered { .. } => "timeout",
             Self::Connect { cause, .. } => cause,
             Self::Request { category, .. } => category,
         }
+    }
+
+    /// The MCPServer's name.
+    pub fn server(&self) -> &str {
+        match self {
+            Self::Config { server, .. }
+            | Self::Timeout { server, .. }
+            | Self::Unanswered { server, .. }
+            | Self::Connect { server, .. }
+            | Self::Request { server, .. } => server,
+        }
+    }
+
+    /// The message without the server's name, for a place that names the server already (a
+    /// block of `custody discover` headed by it, a condition of the MCPServer).
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Config { reason, .. } | Self::Connect { reason, .. } => reason.clone(),
+            Self::Timeout { step, after, .. } => format!("{step} timed out after {after:?}"),
+            Self::Unanswered { target, after, .. } => {
+                format!("{target} accepted the connection but did not answer within {after:?}")
+            }
+            Self::Request { method, reason, .. } => format!("{method} failed: {reason}"),
+        }
+    }
+
+    /// The failure in a few words, naming the server: `server basket refused custody's
+    /// credentials (HTTP 401)`, `server basket did not answer within 5s`. For the rows of a
+    /// sweep, whose warnings say the whole ([`McpError`]'s display) once.
+    pub fn brief(&self) -> String {
+        let server = self.server();
+        match self {
+            // `url refused: …` says `url refused`; the whole names the address and the flag.
+            Self::Config { reason, .. } => format!(
+                "server {server} cannot be used: {}",
+                reason.split(": ").next().unwrap_or(reason)
+            ),
+            Self::Timeout { step, after, .. } => {
+                format!("server {server} did not finish {step} within {after:?}")
+            }
+            Self::Unanswered { after, .. } => {
+                format!("server {server} did not answer within {after:?}")
+            }
+            Self::Connect { brief, .. } => format!("server {server} {brief}"),
+            Self::Request {
+                method, category, ..
+            } => format!("server {server}'s {method} failed ({})", in_brief(category)),
+        }
+    }
+}
+
+/// A request's failure category in a few words, for [`McpError::brief`].
+fn in_brief(category: &str) -> &'static str {
+    match category {
+        cause::AUTH => "credentials refused",
+        cause::REFUSED => "connection refused",
+        cause::TLS => "TLS handshake failed",
+        cause::TIMEOUT => "timed out",
+        "protocol" => "a reply that is not the MCP reply expected",
+        "too_large" => "a reply over the size limit",
+        "rpc_error" => "a JSON-RPC error",
+        _ => "the connection or the HTTP exchange failed",
     }
 }
 
@@ -192,9 +279,9 @@ fn request_reason(e: &rmcp::ServiceError, target: &str) -> String {
     match e {
         rmcp::ServiceError::McpError(e) if strict::marked(e).is_some() => e.message.to_string(),
         rmcp::ServiceError::TransportSend(t)
-            if let Some(reason) = cause::describe(t.error.as_ref(), target) =>
+            if let Some(said) = cause::describe(t.error.as_ref(), target) =>
         {
-            reason
+            said.full
         }
         rmcp::ServiceError::TransportSend(t)
             if matches!(
@@ -270,12 +357,14 @@ impl Connection {
     /// or [`McpError::Connect`] (also for a name that resolves to a refused address).
     pub async fn connect(cfg: &ServerConfig) -> Result<Self, McpError> {
         let started = Instant::now();
+        // One deadline for every step, so connecting never takes longer than `timeoutSeconds`.
+        let deadline = tokio::time::Instant::from_std(started) + cfg.timeout;
         let policy = egress::policy();
-        tokio::time::timeout(cfg.timeout, egress::check_target(&cfg.url, policy))
+        tokio::time::timeout_at(deadline, egress::check_target(&cfg.url, policy))
             .await
             .map_err(|_| McpError::Timeout {
                 server: cfg.name.clone(),
-                step: "connect".into(),
+                step: "resolving its host name".into(),
                 after: cfg.timeout,
             })?
             .map_err(|reason| McpError::Config {
@@ -283,7 +372,10 @@ impl Connection {
                 reason,
             })?;
         let mut http = reqwest::Client::builder()
-            .connect_timeout(cfg.timeout)
+            // Shorter than the deadline: a connection that cannot be made (no answer to the
+            // TCP or TLS handshake) fails as such, so the deadline, when it passes, means the
+            // server accepted the connection and did not answer (`McpError::Unanswered`).
+            .connect_timeout(connect_timeout(cfg.timeout))
             // An idle-read bound, not a total one: a total timeout would cut long SSE streams.
             .read_timeout(cfg.timeout + READ_IDLE_SLACK)
             .redirect(egress::redirect_policy());
@@ -328,21 +420,20 @@ impl Connection {
                 ClientLifecycleMode::Initialize,
             ),
         };
-        let service = tokio::time::timeout(
-            cfg.timeout,
-            client.serve_with_lifecycle(transport, lifecycle),
-        )
-        .await
-        .map_err(|_| McpError::Timeout {
-            server: cfg.name.clone(),
-            step: "connect".into(),
-            after: cfg.timeout,
-        })?
-        .map_err(|e| connect_error(&cfg.name, &cause::target(&cfg.url), &e))?;
+        let target = cause::target(&cfg.url);
+        let service =
+            tokio::time::timeout_at(deadline, client.serve_with_lifecycle(transport, lifecycle))
+                .await
+                .map_err(|_| McpError::Unanswered {
+                    server: cfg.name.clone(),
+                    target: target.clone(),
+                    after: cfg.timeout,
+                })?
+                .map_err(|e| connect_error(&cfg.name, &target, cfg.mode, &e))?;
         Ok(Self {
             service,
             server: cfg.name.clone(),
-            target: cause::target(&cfg.url),
+            target,
             timeout: cfg.timeout,
             connect_latency: started.elapsed(),
             conformance: recorder,
@@ -605,8 +696,14 @@ impl From<Result<ToolResult, McpError>> for ProbeOutcome {
 /// A failed connect or negotiation. A reply refused by [`strict`] is a request error of its
 /// category (`protocol` for a look-alike id, `transport` for a stream that ended without an
 /// answer) naming the step; in `mode: auto`, when both eras failed, the reason keeps each
-/// attempt's cause (rmcp's own message says only that both failed).
-fn connect_error(server: &str, target: &str, e: &rmcp::service::ClientInitializeError) -> McpError {
+/// attempt's cause (rmcp's own message says only that both failed), or says it once when both
+/// failed alike.
+fn connect_error(
+    server: &str,
+    target: &str,
+    mode: ProtocolMode,
+    e: &rmcp::service::ClientInitializeError,
+) -> McpError {
     use rmcp::service::ClientInitializeError as I;
     // In `mode: auto` the handshake's failure is the fallback of a refused server/discover.
     let last = match e {
@@ -623,53 +720,112 @@ fn connect_error(server: &str, target: &str, e: &rmcp::service::ClientInitialize
             category,
         };
     }
-    let reason = match e {
-        // The same connection failure twice (nothing listens, say) is said once.
+    let said = match e {
         I::LegacyFallbackFailed { discover, fallback } => {
-            match (init_reason(discover, target), init_reason(fallback, target)) {
-                (d, f) if d == f && init_describe(fallback, target).is_some() => f,
-                (d, f) => format!("server/discover failed: {d}; initialize failed: {f}"),
+            match (init_said(discover, target), init_said(fallback, target)) {
+                // The same failure twice (nothing listens, a 404 to both) is said once.
+                ((d, true), (f, true)) if d == f => f,
+                ((d, _), (f, _)) => cause::Said {
+                    full: format!(
+                        "server/discover failed: {}; initialize failed: {}",
+                        d.full, f.full
+                    ),
+                    brief: f.brief,
+                },
             }
         }
-        other => init_reason(other, target),
+        other => match init_said(other, target) {
+            (said, true) => said,
+            (said, false) => {
+                // Without a fallback, `mode: auto` failed at its first step.
+                let step = match mode {
+                    ProtocolMode::Auto => "server/discover",
+                    ProtocolMode::Legacy => "initialize",
+                };
+                cause::Said {
+                    full: format!("{step} failed: {}", said.full),
+                    ..said
+                }
+            }
+        },
     };
     McpError::Connect {
         server: server.to_owned(),
-        reason,
+        reason: said.full,
+        brief: said.brief,
         cause: cause::of_connect(e),
     }
 }
 
-/// [`cause::describe`] of a connect step's transport error (rmcp does not make it the
-/// `source()` of its error).
-fn init_describe(e: &rmcp::service::ClientInitializeError, target: &str) -> Option<String> {
-    match e {
-        rmcp::service::ClientInitializeError::TransportError { error, .. } => {
-            cause::describe(error, target)
-        }
+/// One connect step's failure in custody's words, and whether it names its endpoint and stands
+/// alone ([`cause::describe`] of its transport error, rmcp's made-up rejection of
+/// `server/discover`), or needs the step's name before it (a JSON-RPC error, a reply of the
+/// wrong kind). rmcp's own texts for the latter are `Debug` dumps (`expect initialized
+/// response, but received: Some(…)`).
+fn init_said(e: &rmcp::service::ClientInitializeError, target: &str) -> (cause::Said, bool) {
+    use rmcp::service::ClientInitializeError as I;
+    let described = match e {
+        // rmcp does not make the transport error the `source()` of its own.
+        I::TransportError { error, .. } => cause::describe(error, target),
+        I::JsonRpcError(data) => cause::discover_rejection(&data.message, target),
         _ => None,
+    };
+    if let Some(said) = described {
+        return (said, true);
     }
+    let unfinished = "did not complete the MCP handshake";
+    let (full, brief) = match e {
+        I::JsonRpcError(data) if strict::marked(data).is_some() => {
+            (data.message.to_string(), unfinished.to_owned())
+        }
+        I::JsonRpcError(data) => (
+            format!("JSON-RPC error {}: {}", data.code.0, data.message),
+            format!("refused the MCP handshake (JSON-RPC error {})", data.code.0),
+        ),
+        I::ExpectedInitResponse(_) | I::ExpectedInitResult(_) => (
+            "the reply is not the handshake's result".to_owned(),
+            unfinished.to_owned(),
+        ),
+        I::ConflictInitResponseId(expected, got)
+        | I::UncorrelatedErrorResponse {
+            expected,
+            received: got,
+        } => (
+            format!("the reply carried JSON-RPC id {got}, not the request's id {expected}"),
+            unfinished.to_owned(),
+        ),
+        I::ConnectionClosed(_) => (
+            "the connection closed before the handshake finished".to_owned(),
+            unfinished.to_owned(),
+        ),
+        I::NoCompatibleProtocolVersion {
+            client_supported,
+            server_supported,
+        } => {
+            let list = |versions: &[ProtocolVersion]| {
+                versions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            (
+                format!(
+                    "no protocol version in common: custody speaks {}, the server {}",
+                    list(client_supported),
+                    list(server_supported)
+                ),
+                "speaks no protocol version custody does".to_owned(),
+            )
+        }
+        I::TransportError { error, .. } => (root_cause(error), unfinished.to_owned()),
+        other => (root_cause(other), unfinished.to_owned()),
+    };
+    (cause::Said { full, brief }, false)
 }
 
-fn init_reason(e: &rmcp::service::ClientInitializeError, target: &str) -> String {
-    if let Some(reason) = init_describe(e, target) {
-        return reason;
-    }
-    match e {
-        rmcp::service::ClientInitializeError::JsonRpcError(data)
-            if strict::marked(data).is_some() =>
-        {
-            data.message.to_string()
-        }
-        rmcp::service::ClientInitializeError::JsonRpcError(data) => {
-            format!("{}: {}", data.code.0, data.message)
-        }
-        other => root_cause(other),
-    }
-}
-
-/// The innermost cause of an error (`Connection refused (os error 111)`), which is what a person
-/// needs; rmcp's outer layers only say which step failed.
+/// The innermost cause of an error (`Connection reset by peer`), which is what a person needs;
+/// rmcp's outer layers only say which step failed.
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(next) = cause.source() {
@@ -689,25 +845,36 @@ fn plain(e: &dyn std::fmt::Display) -> String {
         }
         _ => text,
     };
-    without_body_preview(text)
+    without_os_error(&without_body_preview(text))
+}
+
+/// The text without the standard library's ` (os error 104)`, a number for programs.
+fn without_os_error(text: &str) -> String {
+    static OS_ERROR: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r" \(os error \d+\)").expect("a valid regex")
+    });
+    OS_ERROR.replace_all(text, "").into_owned()
 }
 
 /// rmcp appends a preview of an unparsable reply body to its parse error
 /// (`could not parse JSON response as ServerJsonRpcMessage: {serde error}: {body}`). The body is
 /// the server's data (possibly a user's, hundreds of bytes, invalid UTF-8 shown as U+FFFD) and
-/// would end up in reports and logs; keep serde's message, which names the cause and ends with
-/// its position (`… at line L column C`).
+/// would end up in reports and logs; keep serde's message when it ends with its position (`… at
+/// line L column C`), and nothing of it otherwise. [`cause::describe`] says such a reply in
+/// custody's words; this guards a text that reaches a message another way.
 fn without_body_preview(text: String) -> String {
-    const PARSE: &str = "could not parse JSON response as ServerJsonRpcMessage: ";
     static POSITION: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
         regex::Regex::new(r"at line \d+ column \d+").expect("a valid regex")
     });
-    let Some(start) = text.find(PARSE).map(|i| i + PARSE.len()) else {
+    let Some(start) = text
+        .find(cause::UNPARSED)
+        .map(|i| i + cause::UNPARSED.len())
+    else {
         return text;
     };
     match POSITION.find(&text[start..]) {
         Some(m) => format!("{} (reply body not shown)", &text[..start + m.end()]),
-        None => text,
+        None => format!("{} (reply body not shown)", text[..start].trim_end()),
     }
 }
 
@@ -742,6 +909,55 @@ mod tests {
         assert_eq!(
             super::without_body_preview("HTTP 500".to_owned()),
             "HTTP 500"
+        );
+        let without_position = "could not parse JSON response as ServerJsonRpcMessage: \
+                                unrecognized JSON-RPC message: {\"hello\": \"world\"}";
+        assert!(
+            !super::without_body_preview(without_position.to_owned()).contains("hello"),
+            "the body is dropped"
+        );
+    }
+
+    #[test]
+    fn os_error_numbers_are_left_out() {
+        assert_eq!(
+            super::without_os_error("Connection reset by peer (os error 104)"),
+            "Connection reset by peer"
+        );
+    }
+
+    /// Issue 15 (fresh review, item 3): each connect failure says its own cause, not
+    /// "connect failed" (a server that answered 401 was reached), and says the server once.
+    #[test]
+    fn connect_failures_say_their_cause_and_the_server_once() {
+        use super::McpError;
+        use std::time::Duration;
+        let unanswered = McpError::Unanswered {
+            server: "basket".into(),
+            target: "127.0.0.1:9".into(),
+            after: Duration::from_secs(5),
+        };
+        assert_eq!(
+            unanswered.to_string(),
+            "server basket: 127.0.0.1:9 accepted the connection but did not answer within 5s"
+        );
+        assert_eq!(unanswered.brief(), "server basket did not answer within 5s");
+        assert_eq!(unanswered.category(), "timeout");
+        let config = McpError::Config {
+            server: "basket".into(),
+            reason: "url refused: 169.254.169.254 is link-local (…) (--deny-metadata-addresses)"
+                .into(),
+        };
+        assert_eq!(config.brief(), "server basket cannot be used: url refused");
+        let listing = McpError::Request {
+            server: "basket".into(),
+            method: "tools/list".into(),
+            reason: "h:1 answered HTTP 500 Internal Server Error".into(),
+            category: "transport",
+        };
+        assert_eq!(
+            listing.detail(),
+            "tools/list failed: h:1 answered HTTP 500 Internal Server Error"
         );
     }
 }

@@ -15,38 +15,46 @@ use tokio::sync::OnceCell;
 
 use super::{Connection, PROBES_PER_SERVER, SERVERS_IN_PARALLEL, ServerConfig};
 
-/// Why a server has no session in this sweep.
+/// Why a probe or call cannot go to a server this sweep: the server could not be used
+/// (connecting failed, its `tools/list` failed), or the probe is one the HandleClass should not
+/// make (a tool the server does not list, arguments its `inputSchema` refuses).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unreachable {
-    /// The connect error's text ([`super::McpError`]'s display: names the server, never a
-    /// header value).
+    /// The whole cause, said once in a sweep's warnings: [`super::McpError`]'s display for a
+    /// server (names it, never a header value), the field and the problem for a class
+    /// (`spec.probe.tool: server basket does not list tool get_baskett in tools/list`).
     pub reason: String,
-    /// [`super::McpError::category`] of the connect error, for metric labels.
+    /// [`super::McpError::category`] of the failure (`config` for a class's own), for metric
+    /// labels.
     pub category: &'static str,
-    /// What a row says of it: the server and the category in a few words (`server basket could
-    /// unreachable: connection refused`), since every probe of the server fails alike and
-    /// the sweep says [`Self::reason`] once, in its warnings ([`ServerContact::warning`]). A
-    /// `config` failure, which is the class's own (a tool not offered), is its reason whole.
+    /// What a row says of it after `probe failed: ` ([`super::McpError::brief`]: `server basket
+    /// refused custody's credentials (HTTP 401)`), since every probe of the server (or class)
+    /// fails alike and the sweep says [`Self::reason`] once, in its warnings
+    /// ([`ServerContact::warning`] for a server; the sweep's own for a class).
     pub short: String,
+    /// Whether the cause is the HandleClass's probe, not the server: the sweep names the class
+    /// in its warning.
+    pub of_class: bool,
 }
 
 impl Unreachable {
-    /// A failure of a class's own configuration: `short` is `reason`.
-    fn config(reason: String) -> Self {
+    /// A probe the class should not make: `reason` names the field.
+    fn of_class(reason: String, short: String) -> Self {
         Self {
-            short: reason.clone(),
             reason,
             category: "config",
+            short,
+            of_class: true,
         }
     }
 
-    /// Contacting a server failed: `what` names the server and the step (`server basket
-    /// unreachable`, `server basket's tools/list failed`).
-    pub(super) fn of(what: &str, category: &'static str, reason: String) -> Self {
+    /// A server that cannot be used this sweep.
+    pub(super) fn of_server(reason: String, short: String, category: &'static str) -> Self {
         Self {
-            short: format!("{what}: {}", super::cause::in_brief(category)),
             reason,
             category,
+            short,
+            of_class: false,
         }
     }
 }
@@ -79,23 +87,17 @@ pub struct ServerContact {
 
 impl ServerContact {
     /// What the sweep's report says of a server it could not use, once (its rows say it in
-    /// brief, [`Unreachable::short`]): `server basket could not be reached: <the cause>; …`.
+    /// brief, [`Unreachable::short`]): `server basket: <the cause, with the endpoint>; …`.
     /// `None` when contacting it went well.
     pub fn warning(&self) -> Option<String> {
-        let server = &self.server;
-        // The errors' own text leads with `server NAME: `, which this sentence already says.
-        let prefix = format!("server {server}: ");
-        let cause = |e: &'_ String| e.strip_prefix(&prefix).unwrap_or(e).to_owned();
         if let Some(e) = &self.error {
             return Some(format!(
-                "server {server} could not be reached: {}; every probe and call to it this sweep failed (its handles are unknown)",
-                cause(e)
+                "{e}; every probe and call to it this sweep failed (its handles are unknown)"
             ));
         }
         self.tools_error.as_ref().map(|e| {
             format!(
-                "server {server}'s tools/list failed: {}; its probes this sweep could not be checked against it, so its handles are unknown",
-                cause(e)
+                "{e}; its probes this sweep could not be checked against its tools, so their handles are unknown"
             )
         })
     }
@@ -137,7 +139,8 @@ impl<'c> Sessions<'c> {
     /// not one of the servers given to [`Sessions::new`] (category `config`).
     pub async fn get(&self, server: &str) -> Result<&Connection, &Unreachable> {
         static UNKNOWN: std::sync::LazyLock<Unreachable> = std::sync::LazyLock::new(|| {
-            Unreachable::config("not one of this sweep's servers".into())
+            let reason = "not one of this sweep's servers".to_owned();
+            Unreachable::of_server(reason.clone(), reason, "config")
         });
         let Some(slot) = self.by_name.get(server) else {
             return Err(&UNKNOWN);
@@ -156,9 +159,10 @@ impl<'c> Sessions<'c> {
     /// itself destructive is never called as a probe.
     ///
     /// # Errors
-    /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_inputs`]); or category `config`
-    /// when the list does not name `tool` or the arguments do not match. The reason names the
-    /// server and the tool, never an argument's value.
+    /// [`Sessions::get`]'s; listing's ([`super::discovery::tool_inputs`]); or one of the class
+    /// ([`Unreachable::of_class`], category `config`) when the list does not name `tool`, the
+    /// tool declares itself destructive, or the arguments do not match. The reason names the
+    /// field, the server and the tool, never an argument's value.
     pub async fn offering(
         &self,
         server: &str,
@@ -171,22 +175,37 @@ impl<'c> Sessions<'c> {
             .tools
             .get_or_init(|| super::discovery::tool_inputs(conn, slot.config))
             .await;
-        let config = Unreachable::config;
+        let refused = Unreachable::of_class;
         match listed {
             Ok(tools) => match tools.get(tool) {
-                None => Err(config(format!(
-                    "server {server} does not list tool {tool} in tools/list (check the HandleClass's spec.probe.tool)"
-                ))),
-                Some(offered) if offered.declared_destructive => Err(config(format!(
-                    "server {server}: tool {tool} declares destructiveHint; custody never calls a destructive tool as a probe, not even in a dry run (check the HandleClass's spec.probe.tool)"
-                ))),
+                None => Err(refused(
+                    format!(
+                        "spec.probe.tool: server {server} does not list tool {tool} in tools/list"
+                    ),
+                    format!("server {server} does not list tool {tool}"),
+                )),
+                Some(offered) if offered.declared_destructive => Err(refused(
+                    format!(
+                        "spec.probe.tool: tool {tool} of server {server} declares destructiveHint; custody never calls a destructive tool as a probe, not even in a dry run"
+                    ),
+                    format!("tool {tool} declares destructiveHint; never called as a probe"),
+                )),
                 Some(offered) => match &offered.input {
                     Some(schema) => {
                         let arguments = serde_json::Value::Object(arguments.clone());
-                        match super::conformance::arguments_mismatch(schema, &arguments) {
-                            Some(why) => Err(config(format!(
-                                "server {server}: tool {tool}: {why} (check the HandleClass's spec.probe.arguments)"
-                            ))),
+                        match super::conformance::arguments_mismatch(
+                            schema,
+                            offered.declared.as_ref(),
+                            &arguments,
+                        ) {
+                            Some(why) => Err(refused(
+                                format!(
+                                    "spec.probe.arguments do not match the inputSchema of tool {tool} of server {server}: {why}"
+                                ),
+                                format!(
+                                    "spec.probe.arguments do not match tool {tool}'s inputSchema"
+                                ),
+                            )),
                             None => Ok(conn),
                         }
                     }
@@ -250,13 +269,14 @@ async fn connect(server: &ServerConfig) -> Result<Connection, Unreachable> {
     match Connection::connect(server).await {
         // Not logged: the sweep's report says it once, in its warnings (ServerContact::warning),
         // and each row that needed the server says it in brief.
-        Err(e) => Err(Unreachable::of(
-            &format!("server {} unreachable", server.name),
+        Err(e) => Err(Unreachable::of_server(
+            e.to_string(),
+            e.brief(),
             e.category(),
-            super::cause::explained(e.category(), &e.to_string()),
         )),
         Ok(conn) => {
-            tracing::debug!(server = %server.name, protocol = ?conn.protocol_version(), "connected");
+            let protocol = conn.protocol_version();
+            tracing::debug!(server = %server.name, protocol = %protocol.as_deref().unwrap_or("unknown"), "connected");
             Ok(conn)
         }
     }

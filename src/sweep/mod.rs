@@ -430,6 +430,7 @@ pub async fn run_with(
         classes_seen: vec![0; target.classes.len()],
         sampled: vec![0; target.classes.len()],
         observed: target.classes.iter().map(|_| Default::default()).collect(),
+        refused_probes: vec![None; target.classes.len()],
         batches: 0,
     };
     let batch_threads = options.batch_threads.max(1);
@@ -478,6 +479,7 @@ pub async fn run_with(
         principals_seen,
         classes_seen,
         observed,
+        refused_probes,
         ..
     } = sweep;
     let mut lifetime_warnings = Vec::new();
@@ -546,6 +548,7 @@ pub async fn run_with(
     // `warnings`), and a log line would say each one twice.
     warnings.append(&mut lifetime_warnings);
     warnings.extend(servers.iter().filter_map(ServerContact::warning));
+    warnings.extend(refused_probe_warnings(target, &refused_probes));
     Ok(Report {
         store: target.store.clone(),
         rows: Vec::new(),
@@ -579,6 +582,10 @@ struct Sweep<'t> {
     sampled: Vec<usize>,
     /// Per class (parallel to [`Target::classes`]): the probe answers by handle.
     observed: Vec<lifetime::ClassObservations>,
+    /// Per class: why its probes were not sent when the cause is its own `spec.probe` (a tool
+    /// the server does not list, arguments its `inputSchema` refuses; the first cause), for one
+    /// warning naming the class ([`refused_probe_warnings`]).
+    refused_probes: Vec<Option<String>>,
     /// Batches finished.
     batches: u64,
 }
@@ -760,8 +767,13 @@ impl Sweep<'_> {
         if threads == 0 {
             return;
         }
-        for (pending, outcome, failure, sent) in
-            probe(target, self.sessions, probes.into_values()).await
+        for Probed {
+            pending,
+            outcome,
+            failure,
+            sent,
+            class_cause,
+        } in probe(target, self.sessions, probes.into_values()).await
         {
             let sent_after = sent.saturating_duration_since(self.started);
             self.summary.probes += 1;
@@ -771,6 +783,9 @@ impl Sweep<'_> {
                     .probe_errors
                     .entry(category.to_owned())
                     .or_insert(0) += 1;
+            }
+            if let Some(why) = class_cause {
+                self.refused_probes[pending.class].get_or_insert(why);
             }
             let decision = verdict::judge(&outcome, &target.classes[pending.class].gone);
             for &i in &pending.rows {
@@ -899,8 +914,10 @@ impl ProbeCache {
 }
 
 /// The warnings about `target` that its resources alone show, before any thread is read: each
-/// HandleClass left out and why, or why no HandleClass applies ([`Target::no_class`]: none in
-/// the store's namespace, or a `spec.handleClassSelector` matching none there). The first of [`Report::warnings`], so the table
+/// HandleClass left out and why; on a `mode: act` store, each class without `spec.verdictPath`
+/// (every escalate and fail of it is skipped); or why no HandleClass applies
+/// ([`Target::no_class`]: none in the store's namespace, or a `spec.handleClassSelector`
+/// matching none there). The first of [`Report::warnings`], so the table
 /// can print them above its rows ([`crate::report::SweepWriter::begin_store`]).
 pub fn input_warnings(target: &Target) -> Vec<String> {
     let mut out: Vec<String> = target
@@ -908,6 +925,18 @@ pub fn input_warnings(target: &Target) -> Vec<String> {
         .iter()
         .map(|(class, why)| format!("HandleClass {class} left out: {why}"))
         .collect();
+    if target.mode == StoreMode::Act {
+        for class in target
+            .classes
+            .iter()
+            .filter(|c| c.action.verdict_path.is_none())
+        {
+            out.push(format!(
+                "HandleClass {} has no spec.verdictPath, where custody writes its escalated and failed verdicts: this mode: act store skips every escalate and fail of the class; set spec.verdictPath to the state key the graph routes on (e.g. custody)",
+                class_ref(target, &class.name)
+            ));
+        }
+    }
     if let Some(why) = &target.no_class {
         out.push(why.clone());
     } else if target.classes.is_empty() {
@@ -923,6 +952,31 @@ pub fn input_warnings(target: &Target) -> Vec<String> {
         ));
     }
     out
+}
+
+/// `namespace/name` of a HandleClass of `target` (classes live in the store's namespace).
+fn class_ref(target: &Target, class: &str) -> String {
+    match target.store.split_once('/') {
+        Some((namespace, _)) => format!("{namespace}/{class}"),
+        None => class.to_owned(),
+    }
+}
+
+/// One warning per class whose probes were not sent because of its own `spec.probe`: the
+/// class, the field and the cause, once (each row says it in brief).
+fn refused_probe_warnings(target: &Target, refused: &[Option<String>]) -> Vec<String> {
+    target
+        .classes
+        .iter()
+        .zip(refused)
+        .filter_map(|(class, why)| {
+            Some(format!(
+                "HandleClass {}: {}; its probes were not sent, so their handles are unknown",
+                class_ref(target, &class.name),
+                why.as_ref()?
+            ))
+        })
+        .collect()
 }
 
 /// A typo in `statePath` or `principalKey` silently sweeps nothing or turns a check off; say so
@@ -962,9 +1016,19 @@ fn set(row: &mut Row, facts: &mut act::Facts, d: Decision) {
     facts.gone_by = d.gone_by;
 }
 
-/// A probe, its outcome, the category of its failure when it could not be completed, and when
-/// it was sent (its `tools/call`; for a server that could not be reached, when that was known).
-type Probed = (PendingProbe, ProbeOutcome, Option<&'static str>, Instant);
+/// A probe and how it went.
+struct Probed {
+    pending: PendingProbe,
+    outcome: ProbeOutcome,
+    /// The category of its failure when it could not be completed.
+    failure: Option<&'static str>,
+    /// When it was sent (its `tools/call`; for a server that could not be reached, when that
+    /// was known).
+    sent: Instant,
+    /// Why it was not sent, when the cause is its class's `spec.probe`
+    /// ([`crate::mcp::Unreachable::of_class`]): said once, in the class's warning.
+    class_cause: Option<String>,
+}
 
 /// Sends a batch's probes through the sweep's sessions ([`crate::mcp::fan_out`]: servers in
 /// parallel, a bounded number of calls in flight per server). A server that cannot be reached,
@@ -984,17 +1048,24 @@ async fn probe(
                 .offering(&class.server.name, &class.probe_tool, &p.arguments)
                 .await
             {
-                Err(u) => (
-                    p,
-                    ProbeOutcome::Failed(u.short),
-                    Some(u.category),
-                    Instant::now(),
-                ),
+                Err(u) => Probed {
+                    pending: p,
+                    outcome: ProbeOutcome::Failed(u.short),
+                    failure: Some(u.category),
+                    sent: Instant::now(),
+                    class_cause: u.of_class.then_some(u.reason),
+                },
                 Ok(conn) => {
                     let sent = Instant::now();
                     let result = conn.call_tool(&class.probe_tool, p.arguments.clone()).await;
                     let failure = result.as_ref().err().map(crate::mcp::McpError::category);
-                    (p, ProbeOutcome::from(result), failure, sent)
+                    Probed {
+                        pending: p,
+                        outcome: ProbeOutcome::from(result),
+                        failure,
+                        sent,
+                        class_cause: None,
+                    }
                 }
             }
         },

@@ -40,6 +40,7 @@ MISBEHAVE_CASE (one per process):
   http_500             after initialize, every request -> 500 with an HTML body
   init_500             every POST, the first included -> 500 with an HTML body
   unauthorized         every POST -> 401 text/plain without a WWW-Authenticate challenge
+  not_json_rpc         every POST -> 200 application/json {"hello": "world"}: JSON, not JSON-RPC
   forbidden            every POST -> 403 text/plain without a WWW-Authenticate challenge
   drop_mid_stream      tools/list -> SSE priming event with an id, then the connection closes
                        (a GET resume with Last-Event-ID gets the same treatment)
@@ -148,6 +149,7 @@ CASES = (
     "init_500",
     "unauthorized",
     "forbidden",
+    "not_json_rpc",
 )
 
 # Handshake-era versions, newest first (what the TS SDK v1 supports, minus 2024-10-07).
@@ -753,6 +755,11 @@ async def handle_post(conn: Conn, req: Request, sid: str | None) -> None:
         await send_json_error(conn, 406, {"jsonrpc": "2.0", "id": None, "error": {
             "code": -32600,
             "message": "Not Acceptable: Client must accept both application/json and text/event-stream"}})
+        return
+
+    if CASE == "not_json_rpc":
+        log(f"{what} -> 200 JSON that is not JSON-RPC (every POST)")
+        await conn.send(200, [("content-type", "application/json")], b'{"hello": "world"}')
         return
 
     every_post = {"init_500": 500, "unauthorized": 401, "forbidden": 403}.get(CASE)
