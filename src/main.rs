@@ -307,7 +307,7 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
                 let health = Health {
                     server: name,
                     healthy: false,
-                    reason: error.explained(),
+                    reason: error.detail(),
                     category: Some(error.category()),
                     latency_ms: 0,
                 };

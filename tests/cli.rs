@@ -1621,7 +1621,7 @@ fn discover_reports_an_unusable_server_in_its_place() {
     assert!(stdout.contains("server down ("), "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "server hf ({})\n  discovery failed: server hf: {}: document 1 (MCPServer default/hf): spec.headersFrom[0].secretKeyRef: no Secret \"hf-token\" in namespace default (for its key \"token\")\n  health: unhealthy (as discovery failed, 0 ms)\n",
+            "server hf ({})\n  discovery failed: {}: document 1 (MCPServer default/hf): spec.headersFrom[0].secretKeyRef: no Secret \"hf-token\" in namespace default (for its key \"token\")\n  health: unhealthy (as discovery failed, 0 ms)\n",
             basket.url(),
             hf.display()
         )),
