@@ -108,6 +108,11 @@ pub struct Report {
     /// The servers this sweep called (probes, audit lookups, mints, replays), with the
     /// protocol version each negotiated or why it could not be reached.
     pub servers: Vec<ServerContact>,
+    /// The probes that failed, by server and cause (the categories of
+    /// [`SweepSummary::probe_errors`]): which servers the store's `ProbesFailed` Events name.
+    /// Not in the JSON report, whose rows say it per handle.
+    #[serde(skip)]
+    pub failed_probes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
     /// Counts by verdict, accumulated batch by batch.
     pub summary: SweepSummary,
     /// Per HandleClass whose handles a probe answered for: the observed lifetime
@@ -415,6 +420,7 @@ pub async fn run_with(
         sampled: vec![0; target.classes.len()],
         observed: target.classes.iter().map(|_| Default::default()).collect(),
         batches: 0,
+        failed_probes: Default::default(),
     };
     let batch_threads = options.batch_threads.max(1);
     let mut batch = Batch::default();
@@ -459,6 +465,7 @@ pub async fn run_with(
         principals_seen,
         classes_seen,
         observed,
+        failed_probes,
         ..
     } = sweep;
     let mut lifetime_warnings = Vec::new();
@@ -531,6 +538,7 @@ pub async fn run_with(
         too_recent,
         warnings,
         servers,
+        failed_probes,
         summary,
         lifetimes,
         acting,
@@ -557,6 +565,8 @@ struct Sweep<'t> {
     observed: Vec<lifetime::ClassObservations>,
     /// Batches finished.
     batches: u64,
+    /// [`Report::failed_probes`], counted batch by batch.
+    failed_probes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
 }
 
 impl Sweep<'_> {
@@ -745,6 +755,12 @@ impl Sweep<'_> {
                 *self
                     .summary
                     .probe_errors
+                    .entry(category.to_owned())
+                    .or_insert(0) += 1;
+                *self
+                    .failed_probes
+                    .entry(target.classes[pending.class].server.name.clone())
+                    .or_default()
                     .entry(category.to_owned())
                     .or_insert(0) += 1;
             }
