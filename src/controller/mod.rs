@@ -164,6 +164,9 @@ pub struct Context {
     /// The CheckpointStore controller's cache of the sweep CronJobs, set when the controllers
     /// start: a store's recheck compares its CronJob with it and applies only a difference.
     pub cron_jobs: std::sync::Mutex<Option<Store<CronJob>>>,
+    /// The MCPServer controller's cache, set when the controllers start: a discovery or health
+    /// check in flight is cancelled once it holds another generation of its server.
+    pub servers: std::sync::Mutex<Option<Store<Guard<MCPServer>>>>,
     /// When each object's last `StatusRefused` Event was published ([`StatusRefusals`]).
     pub status_refusals: StatusRefusals,
     /// How long each object's status writes wait after a refusal ([`StatusBackoff`]).
@@ -598,6 +601,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         readiness: Arc::default(),
         assignments: std::sync::Mutex::default(),
         cron_jobs: std::sync::Mutex::default(),
+        servers: std::sync::Mutex::default(),
         status_refusals: StatusRefusals::default(),
         status_backoff: StatusBackoff::default(),
     });
@@ -899,6 +903,9 @@ async fn controllers(ctx: Arc<Context>) {
     let servers = Controller::new(Api::<Guard<MCPServer>>::all(client.clone()), wc.clone())
         .with_config(bounded.clone());
     let server_store = servers.store();
+    *ctx.servers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server_store.clone());
     let servers = servers
         .watches(
             Api::<Secret>::all(client.clone()),
@@ -1534,6 +1541,7 @@ pub(crate) mod fixtures {
             readiness: Arc::default(),
             assignments: std::sync::Mutex::default(),
             cron_jobs: std::sync::Mutex::default(),
+            servers: std::sync::Mutex::default(),
             status_refusals: StatusRefusals::default(),
             status_backoff: StatusBackoff::default(),
         };
