@@ -929,8 +929,8 @@ pub async fn publish_event(
 /// A sweep is a new process each run, so kube's Recorder, whose cache lives in the process,
 /// cannot fold one run's Events into the last run's: every run repeated each `HandlesGone`,
 /// `HandleClassSkipped` and `ProbesFailed`. The Event's name is derived from what it says
-/// ([`folded_event_name`]), so a sweep finds an earlier one by a `get`, and a changed message
-/// is a new Event. The API server keeps an Event for its `--event-ttl` (1 h by default) after
+/// ([`folded_event_name`]), so a sweep's create of one that exists is refused (409) and it is
+/// counted instead, and a changed message is a new Event. The API server keeps an Event for its `--event-ttl` (1 h by default) after
 /// its last write, so a cause repeating more often than that stays one Event.
 ///
 /// # Errors
@@ -947,46 +947,56 @@ pub async fn publish_folded(
     let api: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
     let name = folded_event_name(reporter, event, regarding);
     let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-    // Twice at most: another shard may create the Event between this one's read and create.
-    for _ in 0..2 {
-        if let Some(found) = api.get_opt(&name).await? {
-            let count = found.series.map_or(2, |s| s.count.saturating_add(1));
-            let patch = json!({"series": {"count": count, "lastObservedTime": now}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            return Ok(());
-        }
-        let new = K8sEvent {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns.to_owned()),
-                ..Default::default()
-            },
-            action: Some(event.action.clone()),
-            reason: Some(event.reason.clone()),
-            note: event.note.clone(),
-            event_time: Some(now.clone()),
-            regarding: Some(regarding.clone()),
-            related: event.secondary.clone(),
-            reporting_controller: Some(reporter.controller.clone()),
-            reporting_instance: Some(
-                reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| reporter.controller.clone()),
-            ),
-            type_: Some(
-                match event.type_ {
-                    kube::runtime::events::EventType::Normal => "Normal",
-                    kube::runtime::events::EventType::Warning => "Warning",
-                }
-                .to_owned(),
-            ),
+    let new = K8sEvent {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.to_owned()),
             ..Default::default()
-        };
-        match api.create(&PostParams::default(), &new).await {
+        },
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(now.clone()),
+        regarding: Some(regarding.clone()),
+        related: event.secondary.clone(),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(
+            match event.type_ {
+                kube::runtime::events::EventType::Normal => "Normal",
+                kube::runtime::events::EventType::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &new).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        created => return created.map(drop),
+    }
+    // It exists: counted in its series. The sweep's role may create and patch Events, not get
+    // them, so an empty merge patch reads it; the count is written for the resourceVersion it
+    // was read at, and read again once when another shard counted meanwhile.
+    for _ in 0..2 {
+        let found = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&json!({})))
+            .await?;
+        let count = found.series.map_or(2, |s| s.count.saturating_add(1));
+        let patch = json!({
+            "metadata": {"resourceVersion": found.metadata.resource_version},
+            "series": {"count": count, "lastObservedTime": now},
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            created => return created.map(drop),
+            counted => return counted.map(drop),
         }
     }
     Ok(())
