@@ -2,9 +2,10 @@
 //! [`crate::local`]. Objects are gathered into a [`Resources`] so both modes resolve references,
 //! Secrets and validation the same way.
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
-use kube::{Client, ResourceExt};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::checkpoint::Shard;
@@ -184,20 +185,20 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError 
     move |source| ClusterError::Api { what, source }
 }
 
-/// The error of a sweep's status write to CheckpointStore `ns/name`. A 422 or 500 is how the API
-/// server refuses a field its installed CRD does not have or types otherwise (an older CRD than
-/// this binary's), so the message says what to apply, as the controller's `StatusRefused` does.
-fn status_err(ns: &str, name: &str) -> impl FnOnce(kube::Error) -> ClusterError {
-    let what = format!("patch CheckpointStore {ns}/{name} status");
-    move |source| {
-        let what = match &source {
-            kube::Error::Api(s) if s.code == 422 || s.code == 500 => format!(
-                "{what} (refused by the installed CRD? apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml)",
-                env!("CARGO_PKG_VERSION")
-            ),
-            _ => what,
-        };
-        ClusterError::Api { what, source }
+/// What to do about a status write the API server refused with `code`: a 422 or 500 is how it
+/// refuses a field its installed CRD does not have or types otherwise (an older CRD than this
+/// binary's), a 403 is RBAC's. Said after the API server's answer, in the sweep's error and in
+/// its `StatusRefused` Event.
+fn refusal_remedy(code: u16) -> Option<String> {
+    match code {
+        422 | 500 => Some(format!(
+            "refused by the installed CRD? {}",
+            crate::crd::crd_remedy()
+        )),
+        401 | 403 => Some(
+            "the sweep's ServiceAccount may not write it: its RoleBinding to the chart's sweep ClusterRole (the chart's sweep.namespaces) grants patch on checkpointstores/status, handleclasses/status and mcpservers/status".to_owned(),
+        ),
+        _ => None,
     }
 }
 
@@ -253,16 +254,23 @@ pub async fn server_config(
     Ok(configs.remove(0))
 }
 
-/// The sweep target of one CheckpointStore, and the HandleClasses left out of it.
-pub struct StoreTarget {
-    /// What the sweep takes.
-    pub target: Target,
+/// One CheckpointStore of the cluster as its sweep (`custody sweep --store`) read it: where the
+/// sweep reports once it has swept ([`InCluster::report`]).
+pub struct InCluster {
+    client: Client,
+    ns: String,
+    name: String,
+    /// `spec.mode`: why an observing sweep did not act on gone handles.
+    mode: crate::crd::StoreMode,
     /// Classes of the namespace that cannot be used, by name, with why (the field and the
     /// problem): the sweep goes on without them and reports them.
     pub left_out: Vec<LeftOutClass>,
     /// Each MCPServer's `status.sweepConformance` entries of this store, by server name, as
-    /// read at the start: what [`write_conformance`] merges this sweep's evidence into.
+    /// read at the start: what [`InCluster::report`] merges this sweep's evidence into.
     pub conformance: BTreeMap<String, Vec<SweepDeviation>>,
+    /// The store, and each HandleClass and MCPServer of its namespace, by kind and name: what
+    /// the sweep's Events are about (with the uid `kubectl describe` looks for).
+    references: BTreeMap<(&'static str, String), ObjectReference>,
 }
 
 /// Builds the sweep target of one CheckpointStore from the API: the store, every HandleClass and
@@ -275,7 +283,7 @@ pub async fn store_target(
     client: &Client,
     ns: &str,
     name: &str,
-) -> Result<StoreTarget, ClusterError> {
+) -> Result<(Target, InCluster), ClusterError> {
     let store: CheckpointStore = Api::namespaced(client.clone(), ns)
         .get(name)
         .await
@@ -309,6 +317,15 @@ pub async fn store_target(
             (s.name_any(), entries)
         })
         .collect();
+    let mut references = BTreeMap::new();
+    references.insert(("CheckpointStore", name.to_owned()), store.object_ref(&()));
+    for c in &classes {
+        references.insert(("HandleClass", c.name_any()), c.object_ref(&()));
+    }
+    for s in &servers {
+        references.insert(("MCPServer", s.name_any()), s.object_ref(&()));
+    }
+    let mode = store.spec.mode;
     let resources = Resources {
         servers,
         classes,
@@ -317,11 +334,18 @@ pub async fn store_target(
         ..Resources::default()
     };
     let (target, left_out) = resources.targets_without_bad_classes()?.remove(0);
-    Ok(StoreTarget {
+    Ok((
         target,
-        left_out,
-        conformance,
-    })
+        InCluster {
+            client: client.clone(),
+            ns: ns.to_owned(),
+            name: name.to_owned(),
+            mode,
+            left_out,
+            conformance,
+            references,
+        },
+    ))
 }
 
 /// Field manager of one store's entries in an MCPServer's `status.sweepConformance`: one per
@@ -411,90 +435,6 @@ fn bounded(text: &str, max: usize) -> String {
     out
 }
 
-/// Writes each server's entries of this store in `status.sweepConformance` where this sweep
-/// changed them ([`merge_deviations`]; server-side apply under [`conformance_field_manager`]).
-/// A server deleted since the sweep began is skipped.
-///
-/// # Errors
-/// An API call failed.
-pub async fn write_conformance(
-    client: &Client,
-    ns: &str,
-    store: &str,
-    previous: &BTreeMap<String, Vec<SweepDeviation>>,
-    contacts: &[ServerContact],
-    now: &str,
-) -> Result<(), ClusterError> {
-    let api: Api<MCPServer> = Api::namespaced(client.clone(), ns);
-    let manager = conformance_field_manager(store);
-    for contact in contacts {
-        let before = previous
-            .get(&contact.server)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let next = merge_deviations(store, before, Some(contact), now);
-        if next == before {
-            continue;
-        }
-        // An apply without the field releases this manager's entries; one with an empty list
-        // would make it own the list itself.
-        let status = if next.is_empty() {
-            json!({})
-        } else {
-            json!({"sweepConformance": next})
-        };
-        let patch = json!({
-            "apiVersion": "custody.dev/v1alpha1",
-            "kind": "MCPServer",
-            "status": status,
-        });
-        match api
-            .patch_status(
-                &contact.server,
-                &PatchParams::apply(&manager).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            r => {
-                r.map_err(api_err(format!(
-                    "patch MCPServer {ns}/{} status",
-                    contact.server
-                )))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Writes a sweep's summary to the CheckpointStore's `status.lastSweep` (server-side apply under
-/// [`SWEEP_FIELD_MANAGER`]).
-///
-/// # Errors
-/// The API call failed.
-pub async fn write_sweep_status(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    summary: &SweepSummary,
-) -> Result<(), ClusterError> {
-    let api: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
-    let patch = json!({
-        "apiVersion": "custody.dev/v1alpha1",
-        "kind": "CheckpointStore",
-        "status": {"lastSweep": summary},
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(SWEEP_FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(status_err(ns, name))?;
-    Ok(())
-}
-
 /// Field manager of one store's entry in a HandleClass's `status.observedLifetime`: one per
 /// store, so server-side apply keeps every store's entry (an apply drops the list entries its
 /// manager wrote before and leaves out now). Field managers are at most 128 characters; a
@@ -509,92 +449,267 @@ pub fn lifetime_field_manager(store: &str) -> String {
     format!("custody-lifetime-{}", hex::encode(&digest[..16]))
 }
 
-/// Writes each class's observed lifetime to its HandleClass's `status.observedLifetime` entry
-/// for this store (server-side apply under [`lifetime_field_manager`]). A class deleted since
-/// the sweep began is skipped.
-///
-/// # Errors
-/// An API call failed.
-pub async fn write_lifetimes(
-    client: &Client,
-    ns: &str,
-    lifetimes: &[crate::sweep::lifetime::ClassLifetime],
-) -> Result<(), ClusterError> {
-    let api: Api<HandleClass> = Api::namespaced(client.clone(), ns);
-    for l in lifetimes {
-        let patch = json!({
-            "apiVersion": "custody.dev/v1alpha1",
-            "kind": "HandleClass",
-            "status": {"observedLifetime": [l.observed]},
-        });
-        match api
-            .patch_status(
-                &l.handle_class,
-                &PatchParams::apply(&lifetime_field_manager(&l.observed.store)).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            r => {
-                r.map_err(api_err(format!(
-                    "patch HandleClass {ns}/{} status",
-                    l.handle_class
-                )))?;
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Field manager of one shard's entry in `status.shards`: one manager per index, so server-side
 /// apply merges the entries of shards that finish at the same time instead of replacing them.
 pub fn shard_field_manager(index: u32) -> String {
     format!("{SWEEP_FIELD_MANAGER}-shard-{index}")
 }
 
-/// Writes one shard's summary to `status.shards[index]`, then, when every shard of the same run
-/// has reported, their merged totals to `status.lastSweep`.
-///
-/// Each shard applies its own list-map entry under [`shard_field_manager`] and only then reads
-/// the status back, so of shards finishing at once at least the last one sees all entries;
-/// shards that both see all of them write the same totals.
-///
-/// # Errors
-/// An API call failed.
-pub async fn write_shard_status(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    shard: Shard,
-    run: Option<&str>,
-    summary: &SweepSummary,
-) -> Result<(), ClusterError> {
-    let api: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
-    let entry = ShardSweep {
-        index: shard.index(),
-        count: shard.count(),
-        run: run.map(str::to_owned),
-        summary: summary.clone(),
-    };
-    let patch = json!({
-        "apiVersion": "custody.dev/v1alpha1",
-        "kind": "CheckpointStore",
-        "status": {"shards": [entry]},
-    });
-    let updated = api
-        .patch_status(
-            name,
-            &PatchParams::apply(&shard_field_manager(shard.index())).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(status_err(ns, name))?;
-    let shards = updated.status.map(|s| s.shards).unwrap_or_default();
-    if let Some(total) = merge_shards(&shards, shard.count(), run) {
-        write_sweep_status(client, ns, name, &total).await?;
+impl InCluster {
+    /// What a sweep of this store reports once it has swept (`report`, whose summary is this
+    /// shard's when `shard` is one): its summary in `status.lastSweep` (per shard in
+    /// `status.shards`, merged into `lastSweep` by the shard that completes the run,
+    /// [`Self::write_shard_status`]), its Events on the store ([`CollectingSink::publish`]: the
+    /// actions `events` collected, a `ProbesFailed` per server whose probes failed, and, once per
+    /// run, a `HandleClassSkipped` per class left out and one `HandlesGone` for gone handles not
+    /// acted on), then each class's observed lifetime and each server's results off schema. A
+    /// status write the API server refuses is also a `StatusRefused` Event on that object.
+    ///
+    /// # Errors
+    /// A status write failed (the store's Events are published first: a refused status must not
+    /// cost the store the Events of a sweep that happened).
+    pub async fn report(
+        &self,
+        report: &crate::sweep::Report,
+        events: &CollectingSink,
+        shard: Shard,
+        run: Option<&str>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ClusterError> {
+        let written = if shard.is_all() {
+            self.write_sweep_status(&report.summary)
+                .await
+                .map(|()| Some(report.summary.clone()))
+        } else {
+            self.write_shard_status(shard, run, &report.summary).await
+        };
+        // The run's totals: known to an unsharded sweep, and to the shard that completed a run.
+        let total = match &written {
+            Ok(total) => total.clone(),
+            Err(_) => shard.is_all().then(|| report.summary.clone()),
+        };
+        if let Some(total) = &total {
+            for (class, why) in &self.left_out {
+                events.class_skipped(class, why);
+            }
+            if report.acting == crate::sweep::Acting::Planned {
+                events.gone_not_acted_on(
+                    total,
+                    if self.mode == crate::crd::StoreMode::Observe {
+                        "spec.mode is observe"
+                    } else {
+                        "a dry run"
+                    },
+                );
+            }
+        }
+        events.probes_failed(&format!("{}/{}", self.ns, self.name), report);
+        if let Some(store) = self.reference("CheckpointStore", &self.name) {
+            events.publish(&self.client, store).await;
+        }
+        written?;
+        self.write_lifetimes(&report.lifetimes).await?;
+        let seen = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        self.write_conformance(&report.servers, &seen).await
     }
-    Ok(())
+
+    /// The reference of the `kind` named `name` that the sweep read at its start.
+    fn reference(&self, kind: &'static str, name: &str) -> Option<&ObjectReference> {
+        self.references.get(&(kind, name.to_owned()))
+    }
+
+    /// The error of a status write of the `kind` `name` that failed with `source`; when the API
+    /// server refused it, also a Warning Event `StatusRefused` on that object saying so (a
+    /// sweep's log is gone with its Pod, and the object whose status is wrong is where
+    /// `kubectl describe` looks), published as the sweep's other Events are, so a refusal every
+    /// run is one Event's count.
+    async fn refused(&self, kind: &'static str, name: &str, source: kube::Error) -> ClusterError {
+        let mut what = format!("patch {kind} {}/{name} status", self.ns);
+        if let kube::Error::Api(s) = &source {
+            let remedy = refusal_remedy(s.code);
+            if let Some(remedy) = &remedy {
+                what = format!("{what} ({remedy})");
+            }
+            if let Some(regarding) = self.reference(kind, name) {
+                let note = format!(
+                    "the sweep of CheckpointStore {}/{} could not write this {kind}'s status: {}{}",
+                    self.ns,
+                    self.name,
+                    status_text(s),
+                    remedy.map(|r| format!("; {r}")).unwrap_or_default()
+                );
+                let event = kube::runtime::events::Event {
+                    type_: kube::runtime::events::EventType::Warning,
+                    reason: "StatusRefused".into(),
+                    note: Some(note),
+                    action: "Sweep".into(),
+                    secondary: None,
+                };
+                if let Err(e) =
+                    publish_folded(&self.client, &sweep_reporter(), &event, regarding).await
+                {
+                    tracing::warn!(error = %kube_text(&e), "cannot publish Event");
+                }
+            }
+        }
+        ClusterError::Api { what, source }
+    }
+
+    /// Writes each server's entries of this store in `status.sweepConformance` where this sweep
+    /// changed them ([`merge_deviations`]; server-side apply under
+    /// [`conformance_field_manager`]). A server deleted since the sweep began is skipped.
+    ///
+    /// # Errors
+    /// An API call failed.
+    async fn write_conformance(
+        &self,
+        contacts: &[ServerContact],
+        now: &str,
+    ) -> Result<(), ClusterError> {
+        let api: Api<MCPServer> = Api::namespaced(self.client.clone(), &self.ns);
+        let manager = conformance_field_manager(&self.name);
+        for contact in contacts {
+            let before = self
+                .conformance
+                .get(&contact.server)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let next = merge_deviations(&self.name, before, Some(contact), now);
+            if next == before {
+                continue;
+            }
+            // An apply without the field releases this manager's entries; one with an empty
+            // list would make it own the list itself.
+            let status = if next.is_empty() {
+                json!({})
+            } else {
+                json!({"sweepConformance": next})
+            };
+            let patch = json!({
+                "apiVersion": "custody.dev/v1alpha1",
+                "kind": "MCPServer",
+                "status": status,
+            });
+            match api
+                .patch_status(
+                    &contact.server,
+                    &PatchParams::apply(&manager).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(self.refused("MCPServer", &contact.server, e).await),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a sweep's summary to the CheckpointStore's `status.lastSweep` (server-side apply
+    /// under [`SWEEP_FIELD_MANAGER`]).
+    ///
+    /// # Errors
+    /// The API call failed.
+    async fn write_sweep_status(&self, summary: &SweepSummary) -> Result<(), ClusterError> {
+        let api: Api<CheckpointStore> = Api::namespaced(self.client.clone(), &self.ns);
+        let patch = json!({
+            "apiVersion": "custody.dev/v1alpha1",
+            "kind": "CheckpointStore",
+            "status": {"lastSweep": summary},
+        });
+        match api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(SWEEP_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.refused("CheckpointStore", &self.name, e).await),
+        }
+    }
+
+    /// Writes each class's observed lifetime to its HandleClass's `status.observedLifetime`
+    /// entry for this store (server-side apply under [`lifetime_field_manager`]). A class
+    /// deleted since the sweep began is skipped.
+    ///
+    /// # Errors
+    /// An API call failed.
+    async fn write_lifetimes(
+        &self,
+        lifetimes: &[crate::sweep::lifetime::ClassLifetime],
+    ) -> Result<(), ClusterError> {
+        let api: Api<HandleClass> = Api::namespaced(self.client.clone(), &self.ns);
+        for l in lifetimes {
+            let patch = json!({
+                "apiVersion": "custody.dev/v1alpha1",
+                "kind": "HandleClass",
+                "status": {"observedLifetime": [l.observed]},
+            });
+            match api
+                .patch_status(
+                    &l.handle_class,
+                    &PatchParams::apply(&lifetime_field_manager(&l.observed.store)).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(self.refused("HandleClass", &l.handle_class, e).await),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one shard's summary to `status.shards[index]`, then, when every shard of the same
+    /// run has reported, their merged totals to `status.lastSweep`, and returns them (`None`
+    /// while a shard is missing).
+    ///
+    /// Each shard applies its own list-map entry under [`shard_field_manager`] and only then
+    /// reads the status back, so of shards finishing at once at least the last one sees all
+    /// entries; shards that both see all of them write the same totals.
+    ///
+    /// # Errors
+    /// An API call failed.
+    async fn write_shard_status(
+        &self,
+        shard: Shard,
+        run: Option<&str>,
+        summary: &SweepSummary,
+    ) -> Result<Option<SweepSummary>, ClusterError> {
+        let api: Api<CheckpointStore> = Api::namespaced(self.client.clone(), &self.ns);
+        let entry = ShardSweep {
+            index: shard.index(),
+            count: shard.count(),
+            run: run.map(str::to_owned),
+            summary: summary.clone(),
+        };
+        let patch = json!({
+            "apiVersion": "custody.dev/v1alpha1",
+            "kind": "CheckpointStore",
+            "status": {"shards": [entry]},
+        });
+        let updated = match api
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(&shard_field_manager(shard.index())).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(updated) => updated,
+            Err(e) => return Err(self.refused("CheckpointStore", &self.name, e).await),
+        };
+        let shards = updated.status.map(|s| s.shards).unwrap_or_default();
+        let Some(total) = merge_shards(&shards, shard.count(), run) else {
+            return Ok(None);
+        };
+        self.write_sweep_status(&total).await?;
+        Ok(Some(total))
+    }
 }
 
 /// The totals of a run once all `count` shards of it have reported: counts summed, the slowest
@@ -657,7 +772,10 @@ pub struct CollectingSink {
 
 #[derive(Default)]
 struct Collected {
-    /// (warning, reason, note), at most [`MAX_SWEEP_EVENTS`].
+    /// (warning, reason, note) of the Events about the run as a whole (classes left out,
+    /// servers whose probes failed, gone handles not acted on): a few, never left out.
+    run: Vec<(bool, &'static str, String)>,
+    /// (warning, reason, note) of the actions, at most [`MAX_SWEEP_EVENTS`].
     kept: Vec<(bool, &'static str, String)>,
     /// Events left out, by reason.
     left_out: BTreeMap<&'static str, u64>,
@@ -729,58 +847,80 @@ impl CollectingSink {
     /// naming the field); the sweep goes on with the other classes. Not logged: the sweep's
     /// report says it once, in its warnings.
     pub fn class_skipped(&self, class: &str, why: &LoadError) {
-        self.events
-            .lock()
-            .expect("sink lock")
-            .push(true, "HandleClassSkipped", || {
-                format!("HandleClass {class} left out of this sweep: {why}")
-            });
+        self.run_level(
+            true,
+            "HandleClassSkipped",
+            format!("HandleClass {class} left out of this sweep: {why}"),
+        );
     }
 
-    /// Notes the gone handles of a sweep that did not act on them (`spec.mode: observe`, or a dry
-    /// run): a Warning `HandlesGone` Event on the store, so `kubectl describe` shows that threads
-    /// hold dead handles even when nothing acts. An acting sweep's Events name each action.
+    /// Notes the gone handles of a sweep that did not act on them (`spec.mode: observe`, or a
+    /// dry run), `summary` being the run's: a Warning `HandlesGone` Event on the store, so
+    /// `kubectl describe` shows that threads hold dead handles even when nothing acts. An acting
+    /// sweep's Events name each action.
     pub fn gone_not_acted_on(&self, summary: &SweepSummary, why: &str) {
         if summary.gone == 0 {
             return;
         }
-        let gone = summary.gone;
+        self.run_level(
+            true,
+            "HandlesGone",
+            format!(
+                "{} handle(s) held by parked threads are gone and were not acted on ({why}); \
+                 `custody sweep --store` lists them",
+                summary.gone
+            ),
+        );
+    }
+
+    /// Notes each server whose probes failed in `report`, the sweep of store `store`: a Warning
+    /// `ProbesFailed` Event on the store per server, saying why (the server could not be
+    /// reached, its `tools/list` failed: the report's warning about it) or, for a server that
+    /// answered others, how many probes failed by cause. Their handles are `unknown`, and the
+    /// store's `ProbesAnswered` condition counts them.
+    pub fn probes_failed(&self, store: &str, report: &crate::sweep::Report) {
+        for (server, causes) in &report.failed_probes {
+            let warning = report
+                .servers
+                .iter()
+                .find(|c| &c.server == server)
+                .and_then(ServerContact::warning);
+            let note = warning.unwrap_or_else(|| {
+                let failed: u64 = causes.values().sum();
+                let each: Vec<String> = causes.iter().map(|(c, n)| format!("{n} {c}")).collect();
+                format!(
+                    "{failed} probe(s) of server {server} failed this sweep ({}): their handles are unknown; `custody sweep --store {store}` gives each row's reason",
+                    each.join(", ")
+                )
+            });
+            self.run_level(true, "ProbesFailed", note);
+        }
+    }
+
+    fn run_level(&self, warning: bool, reason: &'static str, note: String) {
         self.events
             .lock()
             .expect("sink lock")
-            .push(true, "HandlesGone", || {
-                format!(
-                    "{gone} handle(s) held by parked threads are gone and were not acted on ({why}); \
-                     `custody sweep --store` lists them"
-                )
-            });
+            .run
+            .push((warning, reason, note));
     }
 
-    /// Publishes the collected actions as Events on the CheckpointStore (at most
-    /// [`MAX_SWEEP_EVENTS`]; how many more there were is logged); failures are logged, never
+    /// Publishes the collected Events about the store `regarding` (the run's first, then at
+    /// most [`MAX_SWEEP_EVENTS`] actions; how many more there were is logged), each folded into
+    /// an earlier Event that said the same ([`publish_folded`]); failures are logged, never
     /// fatal.
-    pub async fn publish(&self, client: &Client, ns: &str, name: &str) {
-        use kube::runtime::events::{Event, EventType, Reporter};
+    pub async fn publish(&self, client: &Client, regarding: &ObjectReference) {
+        use kube::runtime::events::{Event, EventType};
         let Collected {
-            kept: events,
+            run,
+            kept,
             left_out,
         } = std::mem::take(&mut *self.events.lock().expect("sink lock"));
         if !left_out.is_empty() {
-            tracing::info!(store = %format!("{ns}/{name}"), left_out = ?left_out, "more actions than Events published; the counts are in status.lastSweep");
+            tracing::info!(store = %format!("{}/{}", regarding.namespace.as_deref().unwrap_or_default(), regarding.name.as_deref().unwrap_or_default()), left_out = ?left_out, "more actions than Events published; the counts are in status.lastSweep");
         }
-        if events.is_empty() {
-            return;
-        }
-        let store: Api<CheckpointStore> = Api::namespaced(client.clone(), ns);
-        let Ok(store) = store.get(name).await else {
-            return;
-        };
-        let reporter = Reporter {
-            controller: SWEEP_FIELD_MANAGER.into(),
-            instance: std::env::var("HOSTNAME").ok(),
-        };
-        let reference = kube::Resource::object_ref(&store, &());
-        for (warning, reason, note) in events {
+        let reporter = sweep_reporter();
+        for (warning, reason, note) in run.into_iter().chain(kept) {
             let event = Event {
                 type_: if warning {
                     EventType::Warning
@@ -792,22 +932,29 @@ impl CollectingSink {
                 action: "Sweep".into(),
                 secondary: None,
             };
-            if let Err(e) = publish_event(client, &reporter, &event, &reference).await {
-                tracing::warn!(error = %e, "cannot publish Event");
+            if let Err(e) = publish_folded(client, &reporter, &event, regarding).await {
+                tracing::warn!(error = %kube_text(&e), "cannot publish Event");
             }
         }
     }
 }
 
-/// Publishes `event` about `regarding` as an Event object of its own.
+/// Who publishes a sweep's Events: [`SWEEP_FIELD_MANAGER`], from its Pod.
+fn sweep_reporter() -> kube::runtime::events::Reporter {
+    kube::runtime::events::Reporter {
+        controller: SWEEP_FIELD_MANAGER.into(),
+        instance: std::env::var("HOSTNAME").ok(),
+    }
+}
+
+/// Publishes `event` about `regarding` as the controller does: an Event object of its own.
 ///
 /// kube's [`Recorder`](kube::runtime::events::Recorder) folds Events of the same type, reason
 /// and action about the same object into one series and keeps the first Event's note
 /// (kube-runtime 5.0 `Recorder::publish` clones its cached Event and changes only the series), so
-/// a later cause would show under an earlier message, and one sweep's Events about 50 threads as
-/// the first thread's. custody publishes an Event only when something changed (the controller
-/// compares with the persisted status; a sweep's notes name each thread), so it needs no
-/// folding: each Event gets a recorder, and so a cache, of its own.
+/// a later cause would show under an earlier message. The controller publishes an Event only
+/// when something changed (it compares with the persisted status), so it needs no folding: each
+/// Event gets a recorder, and so a cache, of its own.
 ///
 /// # Errors
 /// The API server refused the Event.
@@ -815,11 +962,169 @@ pub async fn publish_event(
     client: &Client,
     reporter: &kube::runtime::events::Reporter,
     event: &kube::runtime::events::Event,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    regarding: &ObjectReference,
 ) -> Result<(), kube::Error> {
     kube::runtime::events::Recorder::new(client.clone(), reporter.clone())
         .publish(event, regarding)
         .await
+}
+
+/// Publishes `event` about `regarding` as a sweep does: an Event saying what an earlier one
+/// still kept by the API server said (same reporter, type, reason, action, object and note)
+/// is counted in that Event's series (`kubectl describe`: `(x13 over 3h)`) instead of being
+/// published again.
+///
+/// A sweep is a new process each run, so kube's Recorder, whose cache lives in the process,
+/// cannot fold one run's Events into the last run's: every run repeated each `HandlesGone`,
+/// `HandleClassSkipped` and `ProbesFailed`. The Event's name is derived from what it says
+/// ([`folded_event_name`]), so a sweep's create of one that exists is refused (409) and it is
+/// counted instead, and a changed message is a new Event. The API server keeps an Event for its `--event-ttl` (1 h by default) after
+/// its last write, so a cause repeating more often than that stays one Event.
+///
+/// # Errors
+/// The API server refused the read or write.
+pub async fn publish_folded(
+    client: &Client,
+    reporter: &kube::runtime::events::Reporter,
+    event: &kube::runtime::events::Event,
+    regarding: &ObjectReference,
+) -> Result<(), kube::Error> {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let ns = regarding.namespace.as_deref().unwrap_or("default");
+    let api: Api<K8sEvent> = Api::namespaced(client.clone(), ns);
+    let name = folded_event_name(reporter, event, regarding);
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let new = K8sEvent {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.to_owned()),
+            ..Default::default()
+        },
+        action: Some(event.action.clone()),
+        reason: Some(event.reason.clone()),
+        note: event.note.clone(),
+        event_time: Some(now.clone()),
+        regarding: Some(regarding.clone()),
+        related: event.secondary.clone(),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(
+            reporter
+                .instance
+                .clone()
+                .unwrap_or_else(|| reporter.controller.clone()),
+        ),
+        type_: Some(
+            match event.type_ {
+                kube::runtime::events::EventType::Normal => "Normal",
+                kube::runtime::events::EventType::Warning => "Warning",
+            }
+            .to_owned(),
+        ),
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &new).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        created => return created.map(drop),
+    }
+    // It exists: counted in its series. The sweep's role may create and patch Events, not get
+    // them, so an empty merge patch reads it; the count is written for the resourceVersion it
+    // was read at, and read again once when another shard counted meanwhile.
+    for _ in 0..2 {
+        let found = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&json!({})))
+            .await?;
+        let count = found.series.map_or(2, |s| s.count.saturating_add(1));
+        let patch = json!({
+            "metadata": {"resourceVersion": found.metadata.resource_version},
+            "series": {"count": count, "lastObservedTime": now},
+        });
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            counted => return counted.map(drop),
+        }
+    }
+    Ok(())
+}
+
+/// The name of the Event [`publish_folded`] publishes: `<object>.<16 hex digits>`, a digest of
+/// the reporter, type, reason, action, the object (kind and uid: a store deleted and created
+/// again starts afresh) and the note, so one message about one object is one name.
+fn folded_event_name(
+    reporter: &kube::runtime::events::Reporter,
+    event: &kube::runtime::events::Event,
+    regarding: &ObjectReference,
+) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let kind = match event.type_ {
+        kube::runtime::events::EventType::Normal => "Normal",
+        kube::runtime::events::EventType::Warning => "Warning",
+    };
+    for part in [
+        reporter.controller.as_str(),
+        kind,
+        &event.reason,
+        &event.action,
+        regarding.kind.as_deref().unwrap_or_default(),
+        regarding
+            .uid
+            .as_deref()
+            .or(regarding.name.as_deref())
+            .unwrap_or_default(),
+        event.note.as_deref().unwrap_or_default(),
+    ] {
+        // Length-prefixed, so no two messages can shift bytes between parts.
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = hex::encode(&h.finalize()[..8]);
+    // A name is at most 253 characters; its part before the dot must not end in `-` or `.`.
+    let object: String = regarding
+        .name
+        .as_deref()
+        .unwrap_or("custody")
+        .chars()
+        .take(253 - 1 - digest.len())
+        .collect();
+    format!("{}.{digest}", object.trim_end_matches(['-', '.']))
+}
+
+/// Where the kubelet reads a container's termination message (the container's default
+/// `terminationMessagePath`).
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Writes `text`, one line, as the sweep container's termination message: the Pod's status keeps
+/// it after the container ends, and the controller copies it into the store's
+/// `LastSweepSucceeded` (the log may be gone, and nobody reads it at 3 a.m.). Only into a file
+/// that exists (the kubelet creates it in a container): outside a Pod nothing is written.
+pub fn termination_message(text: &str) {
+    write_termination_message(std::path::Path::new(TERMINATION_LOG), text);
+}
+
+/// [`termination_message`] into `path`: the first 4 KiB of `text` on one line (the kubelet keeps
+/// at most 4096 bytes).
+fn write_termination_message(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    let mut line = text.replace(['\n', '\r'], " ");
+    if line.len() > 4096 {
+        let mut end = 4096;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+    }
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        tracing::debug!(path = %path.display(), error = %e, "no termination message written");
+    }
 }
 
 /// Splits `namespace/name`.
@@ -843,31 +1148,167 @@ pub fn object_key<K: ResourceExt>(obj: &K) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sweep::act::RowAction;
 
     #[test]
     fn a_status_write_the_crd_refuses_says_what_to_apply() {
-        let refused = |code| {
-            kube::Error::Api(Box::new(
-                kube::core::Status::failure("status.lastSweep.skippedClasses: unknown field", "")
-                    .with_code(code),
-            ))
+        for code in [422, 500] {
+            let remedy = refusal_remedy(code).unwrap();
+            assert!(
+                remedy
+                    .starts_with("refused by the installed CRD? apply the CRDs of this custody ("),
+                "{remedy}"
+            );
+            assert!(remedy.contains(
+                "-f crds/crds.yaml from its source tree, or -f charts/custody/crds/ from its chart"
+            ));
+        }
+        assert!(
+            refusal_remedy(403)
+                .unwrap()
+                .contains("grants patch on checkpointstores/status")
+        );
+        assert_eq!(refusal_remedy(409), None);
+    }
+
+    /// A sweep is a new process each run: the Event it publishes is found again by its name,
+    /// which only what it says decides.
+    #[test]
+    fn an_event_is_named_after_what_it_says() {
+        use kube::runtime::events::{Event, EventType};
+        let reporter = sweep_reporter();
+        let event = |note: &str| Event {
+            type_: EventType::Warning,
+            reason: "HandlesGone".into(),
+            note: Some(note.into()),
+            action: "Sweep".into(),
+            secondary: None,
         };
-        let text = status_err("agents", "orders")(refused(500)).to_string();
-        assert!(
-            text.starts_with("patch CheckpointStore agents/orders status (refused by the installed CRD? apply the CRDs of custody "),
-            "{text}"
+        let store = |name: &str, uid: &str| ObjectReference {
+            kind: Some("CheckpointStore".into()),
+            name: Some(name.into()),
+            namespace: Some("agents".into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        };
+        let two = folded_event_name(&reporter, &event("2 handle(s)"), &store("orders", "u1"));
+        assert_eq!(
+            two,
+            folded_event_name(&reporter, &event("2 handle(s)"), &store("orders", "u1"))
         );
-        assert!(text.contains("kubectl apply --server-side --force-conflicts -f crds/crds.yaml"));
-        let text = status_err("agents", "orders")(refused(403)).to_string();
         assert!(
-            text.starts_with("patch CheckpointStore agents/orders status: "),
-            "{text}"
+            two.starts_with("orders.") && two.len() == "orders.".len() + 16,
+            "{two}"
         );
+        assert_ne!(
+            two,
+            folded_event_name(&reporter, &event("3 handle(s)"), &store("orders", "u1"))
+        );
+        assert_ne!(
+            two,
+            folded_event_name(&reporter, &event("2 handle(s)"), &store("orders", "u2")),
+            "a store created again starts afresh"
+        );
+        let long = folded_event_name(
+            &reporter,
+            &event("x"),
+            &store(&format!("{}-{}", "a".repeat(235), "b".repeat(30)), "u1"),
+        );
+        assert!(long.len() <= 253, "{}", long.len());
+        assert!(!long.contains("-."), "{long}");
+    }
+
+    #[test]
+    fn a_termination_message_is_one_line_and_only_where_the_kubelet_made_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("termination-log");
+        std::fs::write(&log, "").unwrap();
+        write_termination_message(&log, "get CheckpointStore a/b: forbidden\n(HTTP 403)");
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "get CheckpointStore a/b: forbidden (HTTP 403)"
+        );
+        write_termination_message(&log, &"é".repeat(3000));
+        assert!(std::fs::read_to_string(&log).unwrap().len() <= 4096);
+        let absent = dir.path().join("absent");
+        write_termination_message(&absent, "x");
+        assert!(!absent.exists());
+    }
+
+    /// A server that could not be reached is named with the sweep's warning about it; one that
+    /// answered other calls, with its failed probes counted by cause. The run's Events are
+    /// never left out for the actions' bound.
+    #[test]
+    fn failed_probes_are_one_event_per_server() {
+        let sink = CollectingSink::default();
+        let mut unreachable = contact(&[], &[]);
+        unreachable.server = "hangsrv".into();
+        unreachable.error = Some("server hangsrv: timed out after 3s".into());
+        let report = crate::sweep::Report {
+            store: "agents/orders".into(),
+            rows: Vec::new(),
+            skipped: Vec::new(),
+            settled: Vec::new(),
+            audit: None,
+            too_recent: 0,
+            warnings: Vec::new(),
+            servers: vec![unreachable, contact(&[], &[])],
+            failed_probes: [
+                ("hangsrv".to_owned(), [("timeout".to_owned(), 8)].into()),
+                (
+                    "basket".to_owned(),
+                    [("timeout".to_owned(), 2), ("refused".to_owned(), 1)].into(),
+                ),
+            ]
+            .into(),
+            summary: SweepSummary::default(),
+            lifetimes: Vec::new(),
+            acting: crate::sweep::Acting::Planned,
+        };
+        let many = RowAction {
+            plan: crate::sweep::act::Plan::Escalate,
+            outcome: crate::sweep::act::Outcome::Escalated {
+                instead_of_remint: None,
+            },
+        };
+        for i in 0..MAX_SWEEP_EVENTS + 1 {
+            crate::sweep::act::ActionSink::record(
+                &sink,
+                &crate::sweep::act::ActionEvent {
+                    store: "agents/orders",
+                    thread_id: &format!("t{i}"),
+                    handle_class: "basket",
+                    action: &many,
+                    reason: "gone",
+                },
+            );
+        }
+        sink.probes_failed("agents/orders", &report);
+        let collected = sink.events.lock().unwrap();
+        let notes: Vec<(&str, &str)> = collected
+            .run
+            .iter()
+            .map(|(_, reason, note)| (*reason, note.as_str()))
+            .collect();
+        assert_eq!(
+            notes,
+            [
+                (
+                    "ProbesFailed",
+                    "3 probe(s) of server basket failed this sweep (1 refused, 2 timeout): their handles are unknown; `custody sweep --store agents/orders` gives each row's reason"
+                ),
+                (
+                    "ProbesFailed",
+                    "server hangsrv could not be reached: timed out after 3s; every probe and call to it this sweep failed (its handles are unknown)"
+                ),
+            ]
+        );
+        assert_eq!(collected.kept.len(), MAX_SWEEP_EVENTS);
     }
 
     #[test]
     fn the_event_sink_keeps_a_bounded_number_and_counts_the_rest() {
-        use crate::sweep::act::{ActionEvent, ActionSink, Outcome, Plan, RowAction};
+        use crate::sweep::act::{ActionEvent, ActionSink, Outcome, Plan};
         let sink = CollectingSink::default();
         let action = RowAction {
             plan: Plan::Escalate,

@@ -220,6 +220,12 @@ async fn main() -> ExitCode {
     // Test builds only: FAILPOINTS=act::<step>=return stops the sweeper at that step.
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
+    // A sweep of the cluster's store says why it failed in its container's termination message,
+    // which the controller copies into the store's LastSweepSucceeded.
+    let in_pod = matches!(&cli.command, Command::Sweep(a) if a.store.is_some());
+    if let Command::Sweep(a) = &cli.command {
+        stop_at_sigterm(a.store.as_deref(), in_pod);
+    }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         // `custody discover | head`: the reader is gone, which is not custody's failure. Only a
@@ -233,9 +239,43 @@ async fn main() -> ExitCode {
         Err(e) => {
             // custody's errors already carry their causes in their message.
             eprintln!("error: {e}");
+            if in_pod {
+                custody::cluster::termination_message(&e.to_string());
+            }
             ExitCode::FAILURE
         }
     }
+}
+
+/// Ends the sweep at SIGTERM, saying so in one line (and in the termination message when
+/// `in_pod`), exit status 143. In its container the sweep is PID 1, which the kernel gives no
+/// default action for SIGTERM: without a handler a Job stopped at its deadline ran on through the
+/// kubelet's 30 s grace period, and under `concurrencyPolicy: Forbid` blocked the next run
+/// meanwhile. Stopping at any point leaves the store as a crash would, which the ledger is made
+/// for: an acting sweep's action in flight is settled by the next one (README "Crash safety").
+/// A task of its own, so a sweep that is busy still stops.
+fn stop_at_sigterm(store: Option<&str>, in_pod: bool) {
+    let started = std::time::Instant::now();
+    let what = store.map_or_else(
+        || "the sweep".to_owned(),
+        |s| format!("the sweep of CheckpointStore {s}"),
+    );
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        term.recv().await;
+        let message = format!(
+            "stopped by SIGTERM after {} s, before {what} finished; an action it was taking is settled by the next sweep",
+            started.elapsed().as_secs()
+        );
+        eprintln!("error: {message}");
+        if in_pod {
+            custody::cluster::termination_message(&message);
+        }
+        std::process::exit(143);
+    });
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -350,17 +390,12 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         None => None,
     };
     let events = custody::cluster::CollectingSink::default();
-    let mut conformance = std::collections::BTreeMap::new();
+    let mut in_cluster = None;
     let targets = match &cluster {
         Some((client, ns, name)) => {
-            let t = custody::cluster::store_target(client, ns, name).await?;
-            // HandleClasses of the store's namespace that cannot be used: left out, an Event
-            // each (the sweep names them in its warnings and `status.lastSweep.skippedClasses`).
-            for (class, why) in &t.left_out {
-                events.class_skipped(class, why);
-            }
-            conformance = t.conformance;
-            vec![t.target]
+            let (target, store) = custody::cluster::store_target(client, ns, name).await?;
+            in_cluster = Some(store);
+            vec![target]
         }
         None => {
             let targets = Resources::load_all(&args.paths)?.targets()?;
@@ -395,15 +430,9 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         } else {
             &custody::sweep::act::LogSink
         };
-        let applies = options.apply;
         out.begin_store(&target.store, custody::sweep::input_warnings(target));
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(f) => {
-                if cluster.is_some() && target.mode == custody::crd::StoreMode::Observe {
-                    events.gone_not_acted_on(&f.summary, "spec.mode is observe");
-                } else if cluster.is_some() && !applies {
-                    events.gone_not_acted_on(&f.summary, "a dry run");
-                }
                 out.end_store(Ok(&f));
                 finished.push(f);
             }
@@ -414,28 +443,13 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if let Some((client, ns, name)) = &cluster
+    // Its status, Events (HandleClasses left out, gone handles not acted on, servers whose
+    // probes failed, the actions), the classes' lifetimes and the servers' results off schema.
+    if let Some(store) = &in_cluster
         && let Some(r) = finished.first()
     {
-        if args.shard.is_all() {
-            custody::cluster::write_sweep_status(client, ns, name, &r.summary).await?;
-        } else {
-            custody::cluster::write_shard_status(
-                client,
-                ns,
-                name,
-                args.shard,
-                args.run.as_deref(),
-                &r.summary,
-            )
-            .await?;
-        }
-        // The Events first: a HandleClass status the API server refuses must not cost the
-        // store's Events of a sweep that happened.
-        events.publish(client, ns, name).await;
-        custody::cluster::write_lifetimes(client, ns, &r.lifetimes).await?;
-        let seen = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        custody::cluster::write_conformance(client, ns, name, &conformance, &r.servers, &seen)
+        store
+            .report(r, &events, args.shard, args.run.as_deref(), now)
             .await?;
     }
     out.finish(&failures)?;

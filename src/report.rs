@@ -864,6 +864,7 @@ mod tests {
             too_recent: 0,
             warnings: vec!["a warning".into()],
             servers: Vec::new(),
+            failed_probes: Default::default(),
             summary: crate::crd::SweepSummary {
                 parked_threads: 3,
                 ok: 3,

@@ -180,6 +180,49 @@ fn an_unreachable_api_server_is_said_once_with_its_cause() {
     );
 }
 
+/// Issue 15, item 5: SIGTERM (Kubernetes stopping a Job at its deadline) ends a sweep at once,
+/// saying so, exit status 143; before, a sweep in its container (PID 1, which the kernel gives
+/// no default action for SIGTERM) ran on through the 30 s grace period. Here the sweep waits on
+/// an API server that accepts the connection and never answers.
+#[test]
+fn sigterm_stops_a_sweep_at_once_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}\nusers:\n- name: u\n  user: {{token: not-a-real-one}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--store", "agents/orders"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(out.status.code(), Some(143), "{:?}", out.status);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("error: stopped by SIGTERM after "), "{err}");
+    assert!(
+        err.ends_with(" s, before the sweep of CheckpointStore agents/orders finished; an action it was taking is settled by the next sweep\n"),
+        "{err}"
+    );
+    drop(silent);
+}
+
 /// `custody sweep` takes its resources from files (`-f`) or from one store of the cluster
 /// (`--store`): its usage line names both, and neither or both is refused saying so.
 #[test]

@@ -1057,14 +1057,16 @@ fn bad_input_rows(url: &str) -> Vec<Row> {
             kind: "CheckpointStore",
             what: "schedule of cron form with a field out of range",
             spec: merged(store_spec(), json!({"schedule": "61 * * * *"})),
-            want: Condition("Scheduled", "CronJobRefused", "spec.schedule"),
+            // Named by the controller, once: no CronJob is sent for the API server to refuse.
+            want: Condition("Scheduled", "InvalidSpec", "spec.schedule"),
         },
         Row {
             id: "B52",
             kind: "CheckpointStore",
             what: "empty principalKey",
             spec: merged(store_spec(), json!({"principalKey": ""})),
-            want: Condition("Reachable", "InvalidSpec", "spec.principalKey"),
+            // What the sweeps read is named under Scheduled: the database is reachable.
+            want: Condition("Scheduled", "InvalidSpec", "spec.principalKey"),
         },
     ]
 }
@@ -1442,8 +1444,8 @@ async fn crds_of_another_release_are_named_and_their_refusals_reach_the_objects(
     );
     assert!(
         body.contains(&format!(
-            "apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml",
-            env!("CARGO_PKG_VERSION")
+            "apply the CRDs of this custody ({}): kubectl apply --server-side --force-conflicts -f crds/crds.yaml",
+            custody::VERSION
         )),
         "{body}"
     );

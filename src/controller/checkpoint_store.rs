@@ -59,12 +59,8 @@ pub(super) async fn reconcile(
     let in_cluster = supported_in_cluster(store);
     let (reachable, schema) = match &in_cluster {
         Ok(()) => check(store, &ctx).await?,
-        Err(message) => (
-            Cond::no(
-                conditions::REACHABLE,
-                conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
-                message.clone(),
-            ),
+        Err((reason, message)) => (
+            Cond::no(conditions::REACHABLE, reason, message.clone()),
             Cond::unknown(
                 conditions::SCHEMA_COMPATIBLE,
                 conditions::NOT_CHECKED,
@@ -88,12 +84,21 @@ pub(super) async fn reconcile(
         .list(&ListParams::default().labels(&format!("{STORE_LABEL}={}", store.name_any())))
         .await?
         .items;
-    let scheduled = match in_cluster.map(|()| ensure_cron_job(store, &ctx)) {
-        Err(message) => Cond::no(
-            conditions::SCHEDULED,
-            conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
-            message,
-        ),
+    // A spec its sweeps would refuse (a schedule field out of range, `61 * * * *`) is named here,
+    // once, and no CronJob is sent for the API server to refuse again.
+    let sweepable = in_cluster.and_then(|()| {
+        validate::checkpoint_store_sweep(&store.spec).map_err(|invalid| {
+            (
+                conditions::INVALID_SPEC,
+                format!(
+                    "{invalid}; CronJob {}-sweep is not created or changed until it is fixed",
+                    store.name_any()
+                ),
+            )
+        })
+    });
+    let scheduled = match sweepable.map(|()| ensure_cron_job(store, &ctx)) {
+        Err((reason, message)) => Cond::no(conditions::SCHEDULED, reason, message),
         Ok(applied) => match applied.await {
             Ok(Sweep::Applied(_)) if schedule::never_fires(&store.spec.schedule, Utc::now()) => {
                 Cond::no(
@@ -193,10 +198,16 @@ pub(super) async fn reconcile(
     }
     let last_run = match pending_pod(store, &ctx, &running).await? {
         Some(pending) => pending,
-        None => last_sweep(&jobs),
+        None => match failed_job(&jobs) {
+            Some(job) => with_pod_cause(store, &ctx, &current, last_sweep(&jobs), job).await?,
+            None => last_sweep(&jobs),
+        },
     };
     let classes = classes_swept(current.last_sweep.as_ref());
-    let ready = ready(&[&reachable, &schema, &scheduled, &last_run, &classes]);
+    let probes = probes_answered(current.last_sweep.as_ref());
+    let ready = ready(&[
+        &reachable, &schema, &scheduled, &last_run, &classes, &probes,
+    ]);
     // 4. metrics from the last sweep the CronJob wrote, its schedule and Jobs (pure). Only a
     //    CronJob that exists has an interval (one that skipped a run exists).
     match (&current.last_sweep, &store.metadata.creation_timestamp) {
@@ -228,18 +239,20 @@ pub(super) async fn reconcile(
         &api,
         &store.name_any(),
         current,
-        |s| !warnings(s, &news).is_empty(),
+        |s| !events(s, &news).is_empty(),
         |fresh| fresh.status,
     )
     .await?;
-    let events: Vec<Cond> = warnings(&current, &news).into_iter().cloned().collect();
+    let events = events(&current, &news);
     // 6. status (pure), applied when changed (API), then its Events (API): a status write that
     //    fails is retried with its Events, never after them. lastSweep and shards belong to the
     //    sweeps' field managers.
     let status = CheckpointStoreStatus {
         conditions: merge(
             &current.conditions,
-            vec![ready, reachable, schema, scheduled, last_run, classes],
+            vec![
+                ready, reachable, schema, scheduled, last_run, classes, probes,
+            ],
             store.metadata.generation,
             &time(Utc::now()),
         ),
@@ -258,16 +271,46 @@ pub(super) async fn reconcile(
         serde_json::to_value(status)?,
     )
     .await?;
-    for c in events {
-        ctx.event(store, EventType::Warning, c.reason, c.message)
-            .await;
+    for (type_, reason, note) in events {
+        ctx.event(store, type_, reason, note).await;
     }
     Ok(Action::requeue(requeue))
 }
 
+/// The Events `news` call for against the persisted status `current`: a Warning for each of
+/// [`warnings`], and a Normal `Reachable` when the database answers again after
+/// `Reachable=False`, saying what it was.
+fn events(
+    current: &CheckpointStoreStatus,
+    news: &[&Cond],
+) -> Vec<(EventType, &'static str, String)> {
+    let mut out: Vec<_> = warnings(current, news)
+        .into_iter()
+        .map(|c| (EventType::Warning, c.reason, c.message.clone()))
+        .collect();
+    let was = conditions::find(&current.conditions, conditions::REACHABLE)
+        .filter(|c| c.status == conditions::FALSE);
+    if let (Some(was), Some(now)) = (
+        was,
+        news.iter()
+            .find(|c| c.type_ == conditions::REACHABLE && c.status == conditions::TRUE),
+    ) {
+        out.push((
+            EventType::Normal,
+            conditions::REACHABLE_AGAIN,
+            format!(
+                "{} again (it was Reachable=False {})",
+                now.message, was.reason
+            ),
+        ));
+    }
+    out
+}
+
 /// The `Scheduled=False` reasons that are counted in `custody_reconcile_failures_total` and
 /// published as a Warning Event ([`warnings`]).
-const WARNED_SCHEDULED: [&str; 5] = [
+const WARNED_SCHEDULED: [&str; 6] = [
+    conditions::INVALID_SPEC,
     conditions::MISSED_SCHEDULE,
     conditions::SCHEDULE_NEVER_FIRES,
     conditions::SWEEP_SERVICE_ACCOUNT_MISSING,
@@ -449,14 +492,18 @@ fn runs(store: &CheckpointStore, cron: &CronJob, jobs: &[Job], now: chrono::Date
 }
 
 /// `Ready`: `True` when every other condition is, else `False` with the first one that is not
-/// (`LastSweepSucceeded=Unknown` and `ClassesSwept=Unknown`, no sweep finished yet, do not count
-/// against it).
+/// (`LastSweepSucceeded`, `ClassesSwept` and `ProbesAnswered` `Unknown`, no sweep finished yet,
+/// do not count against it).
 fn ready(others: &[&Cond]) -> Cond {
     match others.iter().find(|c| {
         c.status == conditions::FALSE
             || (c.status == conditions::UNKNOWN
-                && c.type_ != conditions::LAST_SWEEP_SUCCEEDED
-                && c.type_ != conditions::CLASSES_SWEPT)
+                && ![
+                    conditions::LAST_SWEEP_SUCCEEDED,
+                    conditions::CLASSES_SWEPT,
+                    conditions::PROBES_ANSWERED,
+                ]
+                .contains(&c.type_))
     }) {
         Some(c) => Cond::no(
             conditions::READY,
@@ -471,14 +518,15 @@ fn ready(others: &[&Cond]) -> Cond {
     }
 }
 
-/// `Err(message)` for a store a sweep Job cannot reach: a SQLite file lives on a disk the Job
-/// has no volume for (custody supports no volume reference; local mode reads the file).
-fn supported_in_cluster(store: &CheckpointStore) -> Result<(), String> {
+/// `Err((reason, message))` for a store a sweep Job cannot reach: a SQLite file lives on a disk
+/// the Job has no volume for (custody supports no volume reference; local mode reads the file).
+fn supported_in_cluster(store: &CheckpointStore) -> Result<(), (&'static str, String)> {
     match store.spec.backend {
         Backend::Postgres => Ok(()),
-        Backend::Sqlite => Err(
+        Backend::Sqlite => Err((
+            conditions::SQLITE_NOT_SUPPORTED_IN_CLUSTER,
             "spec.backend: sqlite is for local mode (custody sweep -f DIR reads the file); a sweep Job in a cluster has no volume with the database file, so no CronJob is created; use backend: postgres in a cluster".to_owned(),
-        ),
+        )),
     }
 }
 
@@ -513,22 +561,56 @@ fn classes_swept(last: Option<&SweepSummary>) -> Cond {
     )
 }
 
+/// `ProbesAnswered` from the most recent sweep's summary: `False` (`ProbesFailed`) when any of
+/// its probes failed (a server that could not be reached or did not answer in time, a
+/// `tools/list` that failed), naming how many and why by category and how many handles are
+/// therefore `unknown`; the sweep's `ProbesFailed` Events on the store name the servers. Like
+/// `ClassesSwept`, it changes when the next sweep reports.
+fn probes_answered(last: Option<&SweepSummary>) -> Cond {
+    let Some(last) = last else {
+        return Cond::unknown(
+            conditions::PROBES_ANSWERED,
+            conditions::NO_SWEEP_FINISHED,
+            "no sweep has reported yet",
+        );
+    };
+    let failed: u64 = last.probe_errors.values().sum();
+    if failed == 0 {
+        return Cond::yes(
+            conditions::PROBES_ANSWERED,
+            conditions::ALL_PROBES_ANSWERED,
+            format!(
+                "the sweep finished at {} got an answer to each of its {} probe(s)",
+                last.finished_at, last.probes
+            ),
+        );
+    }
+    let causes: Vec<String> = last
+        .probe_errors
+        .iter()
+        .map(|(category, n)| format!("{n} {category}"))
+        .collect();
+    Cond::no(
+        conditions::PROBES_ANSWERED,
+        conditions::PROBES_FAILED,
+        format!(
+            "{failed} of the {} probe(s) of the sweep finished at {} failed ({}), so it could not judge {} handle(s) (unknown); the store's ProbesFailed Events name the servers and why",
+            last.probes,
+            last.finished_at,
+            causes.join(", "),
+            last.unknown
+        ),
+    )
+}
+
 /// `LastSweepSucceeded` from a store's sweep Jobs: how the most recently created Job that
 /// finished ended. A failed Job's reason is kept when Kubernetes names one custody knows
-/// (`DeadlineExceeded`: `spec.sweepTimeoutSeconds` passed; `BackoffLimitExceeded`: the pod
-/// failed; `PodFailurePolicy`, `MaxFailedIndexesExceeded`, `FailedIndexes`: an Indexed Job's
+/// (`DeadlineExceeded`: `spec.sweepTimeoutSeconds` passed, which the message names with the
+/// Job's deadline; `BackoffLimitExceeded`: the pod failed, and [`failed_sweep_cause`] adds what
+/// it said; `PodFailurePolicy`, `MaxFailedIndexesExceeded`, `FailedIndexes`: an Indexed Job's
 /// shards), else `JobFailed`.
 fn last_sweep(jobs: &[Job]) -> Cond {
-    let latest = jobs
-        .iter()
-        .filter_map(|j| finished(j).map(|c| (j, c)))
-        .max_by_key(|(j, _)| {
-            (
-                j.metadata.creation_timestamp.clone().map(|t| t.0),
-                j.name_any(),
-            )
-        });
-    let Some((job, c)) = latest else {
+    let Some((job, c)) = latest_finished(jobs) else {
         return Cond::unknown(
             conditions::LAST_SWEEP_SUCCEEDED,
             conditions::NO_SWEEP_FINISHED,
@@ -550,16 +632,149 @@ fn last_sweep(jobs: &[Job]) -> Cond {
         Some("FailedIndexes") => "FailedIndexes",
         _ => conditions::JOB_FAILED,
     };
+    // The Job controller's "Job was active longer than specified deadline" does not say which
+    // deadline, nor where it is set.
+    let why = match (
+        reason,
+        job.spec.as_ref().and_then(|s| s.active_deadline_seconds),
+    ) {
+        ("DeadlineExceeded", Some(deadline)) => format!(
+            "it was still running after spec.sweepTimeoutSeconds ({deadline} s), so Kubernetes stopped it; raise spec.sweepTimeoutSeconds if a sweep of this store needs longer"
+        ),
+        _ => c.message.clone().unwrap_or_else(|| "no message".to_owned()),
+    };
     Cond::no(
         conditions::LAST_SWEEP_SUCCEEDED,
         reason,
         format!(
-            "Job {} failed: {}: {}",
+            "Job {} failed: {}: {why}",
             job.name_any(),
             c.reason.as_deref().unwrap_or("no reason"),
-            c.message.as_deref().unwrap_or("no message")
         ),
     )
+}
+
+/// The most recently created Job of `jobs` that finished, with its `Complete` or `Failed`
+/// condition.
+fn latest_finished(jobs: &[Job]) -> Option<(&Job, JobCondition)> {
+    jobs.iter()
+        .filter_map(|j| finished(j).map(|c| (j, c)))
+        .max_by_key(|(j, _)| {
+            (
+                j.metadata.creation_timestamp.clone().map(|t| t.0),
+                j.name_any(),
+            )
+        })
+}
+
+/// The name of the most recently finished Job of `jobs` when it failed for another reason than
+/// its deadline (whose Pods the Job controller deleted, log and all): the Job whose Pods
+/// [`with_pod_cause`] asks why.
+fn failed_job(jobs: &[Job]) -> Option<String> {
+    latest_finished(jobs)
+        .filter(|(_, c)| c.type_ == "Failed" && c.reason.as_deref() != Some("DeadlineExceeded"))
+        .map(|(j, _)| j.name_any())
+}
+
+/// `failed` (a [`last_sweep`] condition) with what the failed Job's Pods said: the sweep writes
+/// its error, one line, as its container's termination message (and the container's
+/// `terminationMessagePolicy: FallbackToLogsOnError` keeps the log's last lines otherwise), so
+/// the store says why a sweep failed (`get CheckpointStore …: forbidden`), not only that the
+/// Job's backoff limit was reached. Looked up once per Job: a condition that already names the
+/// Job is kept as `current` has it. The Pods of a Job stopped at its deadline are deleted with
+/// their log; the Job's own reason is all there is then ([`failed_job`]). `failed` is returned
+/// as it is when no Pod says more, and when the controller may not list Pods.
+///
+/// # Errors
+/// The API read's, other than a refusal (401, 403).
+async fn with_pod_cause(
+    store: &CheckpointStore,
+    ctx: &Context,
+    current: &CheckpointStoreStatus,
+    failed: Cond,
+    job: String,
+) -> Result<Cond, Error> {
+    let said = format!("Job {job} failed: ");
+    if let Some(c) = conditions::find(&current.conditions, conditions::LAST_SWEEP_SUCCEEDED)
+        && c.status == conditions::FALSE
+        && c.reason == failed.reason
+        && c.message.starts_with(&said)
+    {
+        return Ok(Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            failed.reason,
+            c.message.clone(),
+        ));
+    }
+    let ns = store.namespace().unwrap_or_default();
+    let selector = format!("batch.kubernetes.io/job-name={job}");
+    let pods = match Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(pods) => pods.items,
+        Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => {
+            tracing::debug!(%ns, "may not list the sweep Job's Pods: its cause not read");
+            return Ok(failed);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(match pod_failure(&pods) {
+        Some(cause) => Cond::no(
+            conditions::LAST_SWEEP_SUCCEEDED,
+            failed.reason,
+            format!("{said}{cause}"),
+        ),
+        None => failed,
+    })
+}
+
+/// What the failed sweep containers of `pods` said, as a phrase naming the Pod: `its Pod P
+/// exited with code 1: <the sweep's error>` (the termination message's last line, without the
+/// `error: ` the log gives it), `its Pod P was killed for exceeding its memory limit
+/// (OOMKilled)`, or the exit code alone; with how many other Pods failed (an Indexed Job's
+/// shards). `None` when no container terminated with a failure (its Pod was deleted).
+fn pod_failure(pods: &[Pod]) -> Option<String> {
+    let mut failed: Vec<(
+        String,
+        &k8s_openapi::api::core::v1::ContainerStateTerminated,
+    )> = pods
+        .iter()
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+                .filter_map(|c| c.state.as_ref()?.terminated.as_ref())
+                .filter(|t| t.exit_code != 0)
+                .map(|t| (p.name_any(), t))
+        })
+        .collect();
+    failed.sort_by(|a, b| a.0.cmp(&b.0));
+    let (pod, t) = failed.first()?;
+    let said = t
+        .message
+        .as_deref()
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l));
+    let mut cause = match (t.reason.as_deref(), said) {
+        (Some("OOMKilled"), _) => format!(
+            "its Pod {pod} was killed for exceeding its memory limit (OOMKilled, exit code {})",
+            t.exit_code
+        ),
+        (_, Some(said)) => format!("its Pod {pod} exited with code {}: {said}", t.exit_code),
+        (reason, None) => format!(
+            "its Pod {pod} exited with code {}{} and said nothing",
+            t.exit_code,
+            reason.map(|r| format!(" ({r})")).unwrap_or_default()
+        ),
+    };
+    if failed.len() > 1 {
+        cause += &format!(" (and {} other Pod(s) of the Job failed)", failed.len() - 1);
+    }
+    Some(cause)
 }
 
 /// The `Complete` or `Failed` condition of a Job that has finished; `None` while it runs.
@@ -718,14 +933,14 @@ fn cannot_start(
 }
 
 async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), Error> {
-    if let Err(e) = validate::checkpoint_store(&store.spec) {
+    if let Err(e) = validate::checkpoint_store_dsn(&store.spec) {
         return Ok((
             Cond::no(
                 conditions::REACHABLE,
                 conditions::INVALID_SPEC,
                 e.to_string(),
             ),
-            not_checked("the spec is invalid"),
+            not_checked("no DSN"),
         ));
     }
     let ns = store.namespace().unwrap_or_default();
@@ -752,6 +967,7 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
         Store::connect(target.backend, target.dsn.expose_secret())
             .await
             .map(drop),
+        &target.dsn_field,
     ))
 }
 
@@ -764,10 +980,13 @@ fn not_checked(why: &str) -> Cond {
     )
 }
 
-/// `Reachable` and `SchemaCompatible` from connecting to the store. Only
-/// [`StoreError::Schema`] is a schema custody does not read; a lock file that cannot be opened
+/// `Reachable` and `SchemaCompatible` from connecting to the store whose DSN is written at
+/// `dsn_field` ([`crate::plan::Target::dsn_field`]: `spec.dsn`, or `spec.dsnFrom (Secret "db"
+/// key "dsn")`, which the messages of the DSN's failures name). Only [`StoreError::Schema`] is a
+/// schema custody does not read; a DSN that does not parse ([`StoreError::Dsn`]) is
+/// `InvalidDSN`, since nothing was connected; a lock file that cannot be opened
 /// ([`StoreError::Lock`]) has a reason of its own rather than passing for either.
-fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
+fn connected(result: Result<(), StoreError>, dsn_field: &str) -> (Cond, Cond) {
     let answers = || {
         Cond::yes(
             conditions::REACHABLE,
@@ -800,11 +1019,19 @@ fn connected(result: Result<(), StoreError>) -> (Cond, Cond) {
             ),
             not_checked("the act lock cannot be opened"),
         ),
+        Err(e @ StoreError::Dsn { .. }) => (
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::INVALID_DSN,
+                format!("{dsn_field}: {e}"),
+            ),
+            not_checked("the DSN is invalid"),
+        ),
         Err(e) => (
             Cond::no(
                 conditions::REACHABLE,
                 conditions::CONNECT_FAILED,
-                e.to_string(),
+                format!("{dsn_field}: {e}"),
             ),
             not_checked("unreachable"),
         ),
@@ -985,6 +1212,10 @@ fn cron_job(store: &CheckpointStore, pod: &SweepPod<'_>) -> serde_json::Value {
                     "image": pod.image,
                     "args": args,
                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                    // The sweep writes its error to /dev/termination-log; a sweep that could not
+                    // (a panic) leaves its log's last lines there instead. The controller copies
+                    // it into LastSweepSucceeded (`with_pod_cause`).
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                     "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                         "capabilities": {"drop": ["ALL"]}},
                 }],
@@ -1063,7 +1294,7 @@ mod tests {
     #[test]
     fn only_a_schema_error_makes_the_schema_incompatible() {
         let reasons = |r| {
-            let (reachable, schema) = connected(r);
+            let (reachable, schema) = connected(r, "spec.dsn");
             (
                 (reachable.status, reachable.reason),
                 (schema.status, schema.reason),
@@ -1081,7 +1312,7 @@ mod tests {
             path: "/data/orders.db-custody.lock".into(),
             source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         };
-        let (reachable, schema) = connected(Err(lock));
+        let (reachable, schema) = connected(Err(lock), "spec.dsn");
         assert_eq!(
             (
                 reachable.status,
@@ -1101,6 +1332,37 @@ mod tests {
         assert_eq!(
             reasons(Err(StoreError::Query(sqlx::Error::PoolTimedOut))),
             (("False", "ConnectFailed"), ("Unknown", "NotChecked"))
+        );
+    }
+
+    /// A DSN that does not parse connected nothing: `InvalidDSN`, not `ConnectFailed`, and the
+    /// message says where the DSN is written, as the sweep's error does.
+    #[test]
+    fn an_invalid_dsn_is_named_where_it_is_written() {
+        let field = r#"spec.dsnFrom (Secret "orders-db" key "dsn")"#;
+        let invalid = StoreError::Dsn {
+            backend: "postgres",
+            dsn: "postgres://reader:***@db/postgres\\n".into(),
+            reason: "it ends with a newline".into(),
+        };
+        let (reachable, schema) = connected(Err(invalid), field);
+        assert_eq!(
+            (reachable.status, reachable.reason, schema.reason),
+            ("False", "InvalidDSN", "NotChecked")
+        );
+        assert_eq!(
+            reachable.message,
+            r#"spec.dsnFrom (Secret "orders-db" key "dsn"): invalid postgres DSN postgres://reader:***@db/postgres\n: it ends with a newline"#
+        );
+        assert_eq!(schema.message, "not checked: the DSN is invalid");
+        let (unreachable, _) = connected(
+            Err(StoreError::Query(sqlx::Error::PoolTimedOut)),
+            "spec.dsn",
+        );
+        assert!(
+            unreachable.message.starts_with("spec.dsn: "),
+            "{}",
+            unreachable.message
         );
     }
 
@@ -1131,21 +1393,127 @@ mod tests {
             "2026-12-01T10:30:00Z",
             json!({"type": "Suspended", "status": "False"}),
         );
-        let c = last_sweep(&[ok.clone(), late.clone(), running]);
+        let c = last_sweep(&[ok.clone(), late.clone(), running.clone()]);
         assert_eq!((c.status, c.reason), ("False", "DeadlineExceeded"));
         assert_eq!(
             c.message,
             "Job orders-sweep-2 failed: DeadlineExceeded: Job was active longer than specified deadline"
         );
-        let c = last_sweep(&[ok]);
+        // The deadline the Job had is named where it is set.
+        let mut bounded = late.clone();
+        bounded.spec = Some(
+            serde_json::from_value(json!({"activeDeadlineSeconds": 600,
+            "template": {"spec": {"containers": []}}}))
+            .unwrap(),
+        );
+        let c = last_sweep(&[ok.clone(), bounded.clone(), running]);
+        assert_eq!(
+            c.message,
+            "Job orders-sweep-2 failed: DeadlineExceeded: it was still running after spec.sweepTimeoutSeconds (600 s), so Kubernetes stopped it; raise spec.sweepTimeoutSeconds if a sweep of this store needs longer"
+        );
+        // Its Pods are gone with their log: no Pod is asked why.
+        assert_eq!(failed_job(&[ok.clone(), bounded]), None);
+        let c = last_sweep(std::slice::from_ref(&ok));
         assert_eq!((c.status, c.reason), ("True", "JobComplete"));
         let odd = job(
             "orders-sweep-4",
             "2026-12-01T10:45:00Z",
             json!({"type": "Failed", "status": "True", "reason": "SomethingNew"}),
         );
-        assert_eq!(last_sweep(&[late, odd]).reason, "JobFailed");
+        assert_eq!(last_sweep(&[late, odd.clone()]).reason, "JobFailed");
+        assert_eq!(failed_job(&[odd]).as_deref(), Some("orders-sweep-4"));
+        assert_eq!(failed_job(&[ok]), None);
         assert!(finished(&running_job()).is_none());
+    }
+
+    /// What a failed sweep Pod said reaches the store: its termination message's last line (the
+    /// sweep's own, or the log's when it wrote none), an OOM kill, or at least the exit code.
+    #[test]
+    fn a_failed_sweep_pod_says_why() {
+        let ended = |name: &str, terminated: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"phase": "Failed", "containerStatuses": [{
+                    "name": "sweep", "image": "custody", "imageID": "", "ready": false,
+                    "restartCount": 0, "state": {"terminated": terminated}}]}}))
+            .unwrap()
+        };
+        let forbidden = ended(
+            "slow-sweep-1-abcde",
+            json!({"exitCode": 1, "reason": "Error",
+                   "message": "get CheckpointStore slow/slow: checkpointstores.custody.dev \"slow\" is forbidden (HTTP 403 Forbidden)"}),
+        );
+        assert_eq!(
+            pod_failure(std::slice::from_ref(&forbidden)).unwrap(),
+            "its Pod slow-sweep-1-abcde exited with code 1: get CheckpointStore slow/slow: checkpointstores.custody.dev \"slow\" is forbidden (HTTP 403 Forbidden)"
+        );
+        let logged = ended(
+            "slow-sweep-1-fghij",
+            json!({"exitCode": 101, "reason": "Error",
+                   "message": "2026-12-01T10:00:00Z  INFO custody: sweeping\nerror: the last line\n"}),
+        );
+        assert_eq!(
+            pod_failure(std::slice::from_ref(&logged)).unwrap(),
+            "its Pod slow-sweep-1-fghij exited with code 101: the last line"
+        );
+        let oom = ended(
+            "slow-sweep-1-klmno",
+            json!({"exitCode": 137, "reason": "OOMKilled", "message": "error: partial"}),
+        );
+        assert_eq!(
+            pod_failure(&[oom]).unwrap(),
+            "its Pod slow-sweep-1-klmno was killed for exceeding its memory limit (OOMKilled, exit code 137)"
+        );
+        let silent = ended(
+            "slow-sweep-1-pqrst",
+            json!({"exitCode": 2, "reason": "Error"}),
+        );
+        assert_eq!(
+            pod_failure(std::slice::from_ref(&silent)).unwrap(),
+            "its Pod slow-sweep-1-pqrst exited with code 2 (Error) and said nothing"
+        );
+        assert_eq!(
+            pod_failure(&[silent, forbidden.clone(), logged]).unwrap(),
+            "its Pod slow-sweep-1-abcde exited with code 1: get CheckpointStore slow/slow: checkpointstores.custody.dev \"slow\" is forbidden (HTTP 403 Forbidden) (and 2 other Pod(s) of the Job failed)"
+        );
+        let ok = ended(
+            "slow-sweep-1-uvwxy",
+            json!({"exitCode": 0, "reason": "Completed"}),
+        );
+        assert_eq!(pod_failure(&[ok]), None);
+        assert_eq!(pod_failure(&[]), None);
+    }
+
+    /// A sweep whose probes failed could not judge their handles: `ProbesAnswered=False`, which
+    /// makes the store not `Ready`; before any sweep it is `Unknown` and does not count.
+    #[test]
+    fn failed_probes_make_the_store_not_ready() {
+        let unknown = probes_answered(None);
+        assert_eq!(
+            (unknown.status, unknown.reason),
+            ("Unknown", "NoSweepFinished")
+        );
+        assert_eq!(
+            ready(&[&Cond::yes("Reachable", "R", "m"), &unknown]).status,
+            "True"
+        );
+        let mut last = SweepSummary {
+            finished_at: "2026-12-02T12:00:00Z".to_owned(),
+            probes: 8,
+            unknown: 9,
+            ..SweepSummary::default()
+        };
+        let c = probes_answered(Some(&last));
+        assert_eq!((c.status, c.reason), ("True", "AllProbesAnswered"));
+        last.probe_errors = [("timeout".to_owned(), 8)].into();
+        let c = probes_answered(Some(&last));
+        assert_eq!((c.status, c.reason), ("False", "ProbesFailed"));
+        assert_eq!(
+            c.message,
+            "8 of the 8 probe(s) of the sweep finished at 2026-12-02T12:00:00Z failed (8 timeout), so it could not judge 9 handle(s) (unknown); the store's ProbesFailed Events name the servers and why"
+        );
+        let r = ready(&[&Cond::yes("Reachable", "R", "m"), &c]);
+        assert_eq!((r.status, r.reason), ("False", "ProbesFailed"));
     }
 
     fn running_job() -> Job {
@@ -1406,6 +1774,11 @@ mod tests {
         let spec = &plain["spec"]["jobTemplate"]["spec"]["template"]["spec"];
         assert!(spec.get("imagePullSecrets").is_none(), "{spec}");
         assert!(spec["containers"][0].get("imagePullPolicy").is_none());
+        // What a failed sweep said stays on its Pod for the store's LastSweepSucceeded.
+        assert_eq!(
+            spec["containers"][0]["terminationMessagePolicy"],
+            "FallbackToLogsOnError"
+        );
         let secrets = ["registry-a".to_owned(), "registry-b".to_owned()];
         let private = cron_job(
             &store,
@@ -1536,6 +1909,14 @@ mod tests {
             reasons(&status(&[&failed]), &[&other]),
             ["DeadlineExceeded"]
         );
+        // A spec its sweeps would refuse: one Warning, under Scheduled, once.
+        let invalid = Cond::no(
+            conditions::SCHEDULED,
+            conditions::INVALID_SPEC,
+            "spec.schedule",
+        );
+        assert_eq!(reasons(&fresh, &[&invalid]), ["InvalidSpec"]);
+        assert!(reasons(&status(&[&invalid]), &[&invalid]).is_empty());
         let no_tables = Cond::no(
             conditions::SCHEMA_COMPATIBLE,
             conditions::UNSUPPORTED_SCHEMA,
@@ -1552,6 +1933,34 @@ mod tests {
             reasons(&status(&[&no_tables]), &[&old]),
             ["UnsupportedSchema"]
         );
+    }
+
+    /// A database that answers again after `Reachable=False` is a Normal `Reachable` Event,
+    /// once: a store that was never unreachable, or already answers, gets none.
+    #[test]
+    fn a_database_that_answers_again_is_a_normal_event() {
+        let status = |c: &Cond| CheckpointStoreStatus {
+            conditions: merge(&[], vec![c.clone()], Some(1), &time(Utc::now())),
+            ..CheckpointStoreStatus::default()
+        };
+        let down = Cond::no(conditions::REACHABLE, conditions::CONNECT_FAILED, "refused");
+        let up = Cond::yes(
+            conditions::REACHABLE,
+            conditions::CONNECTED,
+            "the database answers",
+        );
+        let got = events(&status(&down), &[&up]);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, EventType::Normal);
+        assert_eq!(
+            (got[0].1, got[0].2.as_str()),
+            (
+                "Reachable",
+                "the database answers again (it was Reachable=False ConnectFailed)"
+            )
+        );
+        assert!(events(&status(&up), &[&up]).is_empty());
+        assert!(events(&CheckpointStoreStatus::default(), &[&up]).is_empty());
     }
 
     /// The reconcile queued by the CronJob's creation gets the store from before the first
@@ -1639,6 +2048,97 @@ mod tests {
         if let Ok(Some((request, _))) = more.await {
             panic!("a request after the status write: {}", request.uri());
         }
+    }
+
+    /// A schedule the API server would refuse is one condition (`Scheduled=False InvalidSpec`,
+    /// naming the field) and one Warning Event; no CronJob is sent for the API server to refuse
+    /// again, and `Reachable` is judged on its own (here: a DSN that does not parse, reason
+    /// `InvalidDSN`, naming `spec.dsn`).
+    #[tokio::test]
+    async fn a_schedule_out_of_range_is_one_invalid_spec_and_no_cron_job() {
+        use crate::controller::fixtures::{context, expect, expect_lease};
+        let (ctx, mut api) = context();
+        let store: CheckpointStore = serde_json::from_value(json!({
+            "apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+            "metadata": {"name": "orders", "namespace": "agents", "uid": "u1", "generation": 1},
+            "spec": {"backend": "postgres", "dsn": "postgres://db:notaport/x",
+                     "schedule": "61 * * * *"},
+        }))
+        .unwrap();
+        let server = tokio::spawn(async move {
+            expect(
+                &mut api,
+                "GET",
+                "/apis/batch/v1/namespaces/agents/jobs",
+                200,
+                json!({"apiVersion": "batch/v1", "kind": "JobList", "metadata": {}, "items": []}),
+            )
+            .await;
+            let fresh = json!({"apiVersion": "custody.dev/v1alpha1", "kind": "CheckpointStore",
+                "metadata": {"name": "orders", "namespace": "agents", "uid": "u1", "generation": 1},
+                "spec": {"backend": "postgres"}});
+            expect(
+                &mut api,
+                "GET",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders",
+                200,
+                fresh.clone(),
+            )
+            .await;
+            expect_lease(&mut api).await;
+            let status = expect(
+                &mut api,
+                "PATCH",
+                "/apis/custody.dev/v1alpha1/namespaces/agents/checkpointstores/orders/status",
+                200,
+                fresh,
+            )
+            .await;
+            let mut reasons = Vec::new();
+            for _ in 0..2 {
+                expect_lease(&mut api).await;
+                let event = expect(
+                    &mut api,
+                    "POST",
+                    "/apis/events.k8s.io/v1/namespaces/agents/events",
+                    201,
+                    json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                           "metadata": {"name": "e"}, "eventTime": "2026-12-01T10:00:00.000000Z"}),
+                )
+                .await;
+                reasons.push(event["reason"].as_str().unwrap().to_owned());
+            }
+            (api, status, reasons)
+        });
+        reconcile(Arc::new(kube::core::DeserializeGuard(Ok(store))), ctx)
+            .await
+            .unwrap();
+        let (mut api, status, reasons) = server.await.unwrap();
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the Events: {}", request.uri());
+        }
+        assert_eq!(reasons, ["InvalidDSN", "InvalidSpec"]);
+        let conds = status["status"]["conditions"].as_array().unwrap();
+        let find = |t: &str| conds.iter().find(|c| c["type"] == t).unwrap().clone();
+        let scheduled = find("Scheduled");
+        assert_eq!(
+            (&scheduled["status"], &scheduled["reason"]),
+            (&json!("False"), &json!("InvalidSpec"))
+        );
+        assert_eq!(
+            scheduled["message"],
+            "spec.schedule: \"61 * * * *\": minute: 61 is out of range: 0 to 59; CronJob orders-sweep is not created or changed until it is fixed"
+        );
+        let reachable = find("Reachable");
+        assert_eq!(reachable["reason"], "InvalidDSN");
+        assert!(
+            reachable["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("spec.dsn: invalid postgres DSN "),
+            "{reachable}"
+        );
     }
 
     #[test]

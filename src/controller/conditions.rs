@@ -253,8 +253,14 @@ pub const ALLOWLIST_NOT_OFFERED: &str = "AllowlistNotOffered";
 /// Reason (`Discovered`): category `config`.
 pub const INVALID_CONFIG: &str = "InvalidConfig";
 
+/// Reason (Normal Event): a CheckpointStore's database answers again after `Reachable=False`.
+pub const REACHABLE_AGAIN: &str = "Reachable";
 /// Reason (`Reachable`): the database answers.
 pub const CONNECTED: &str = "Connected";
+/// Reason (`Reachable`, `Ready`, Event): the DSN does not parse (a final newline, an unknown
+/// `sslmode`, a port that is no number, a keyword-style DSN), so nothing was connected; the
+/// message names where it is written (`spec.dsn`, or `spec.dsnFrom` with the Secret and key).
+pub const INVALID_DSN: &str = "InvalidDSN";
 /// Reason (`Reachable`): a SQLite store's act lock file cannot be opened.
 pub const LOCK_FAILED: &str = "LockFailed";
 /// Reason (`SchemaCompatible`): not checked (the spec is invalid, no DSN, unreachable).
@@ -282,6 +288,15 @@ pub const SQLITE_NOT_SUPPORTED_IN_CLUSTER: &str = "SqliteNotSupportedInCluster";
 pub const JOB_COMPLETE: &str = "JobComplete";
 /// Reason (`LastSweepSucceeded`, `ClassesSwept`): no sweep Job has finished yet.
 pub const NO_SWEEP_FINISHED: &str = "NoSweepFinished";
+/// Condition type of a CheckpointStore: every probe of the most recent sweep was answered (a
+/// probe that failed leaves its handle `unknown`: the sweep could not judge it).
+pub const PROBES_ANSWERED: &str = "ProbesAnswered";
+/// Reason (`ProbesAnswered`): no probe of the most recent sweep failed.
+pub const ALL_PROBES_ANSWERED: &str = "AllProbesAnswered";
+/// Reason (`ProbesAnswered`, `Ready`; the sweep's Warning Event on the store): probes of the
+/// most recent sweep failed (a server that could not be reached or did not answer in time), so
+/// their handles are `unknown`; the condition counts them by cause, the Events name each server.
+pub const PROBES_FAILED: &str = "ProbesFailed";
 /// Reason (`ClassesSwept`): the most recent sweep left no HandleClass out.
 pub const ALL_CLASSES_SWEPT: &str = "AllClassesSwept";
 /// Reason (`ClassesSwept`, `Ready`): the most recent sweep left out HandleClasses it could not

@@ -118,7 +118,26 @@ pub(super) async fn reconcile(
         .as_ref()
         .is_none_or(|p| now >= p.health_at + health_every);
 
-    // 4. discover and check health (MCP)
+    // A new generation of the spec: Ready says at once that it is not judged yet, rather than
+    // keeping the old spec's verdict through a discovery that may take its whole timeout.
+    let mut current = current;
+    if discovery_due && let Some(pending) = pending_generation(server, &current, now) {
+        apply_status(
+            &ctx,
+            &api,
+            server,
+            to_value(&server.status)?,
+            serde_json::to_value(MCPServerStatus {
+                sweep_conformance: Vec::new(),
+                ..pending.clone()
+            })?,
+        )
+        .await?;
+        current = pending;
+    }
+
+    // 4. discover and check health (MCP), cancelled when the spec changes meanwhile: the old
+    //    spec's result would be written over the new spec's Pending, and the new spec waits.
     let mut observed = previous.clone().unwrap_or_else(|| Observed {
         generation: server.metadata.generation,
         fingerprint: fingerprint.clone(),
@@ -129,50 +148,60 @@ pub(super) async fn reconcile(
         health_at: now,
         consecutive_failures: 0,
     });
-    // A health check alone comes first: after a failed discovery, a server that answers it
-    // again, or fails it for another cause (refused, then 401), is rediscovered now, not when
-    // the failure's backoff (up to `--discovery-max-seconds`) runs out, so it is Ready within
-    // one health interval of its recovery and its conditions name the current cause.
-    let mut checked = false;
-    if health_due && !discovery_due {
-        let health = check_health(&cfg, &ctx, &mut observed).await;
-        discovery_due = observed
-            .discovery_error
-            .as_ref()
-            .is_some_and(|(category, _)| health.healthy || health.category != Some(*category));
-        checked = true;
-    }
-    if discovery_due {
-        let started = std::time::Instant::now();
-        match discovery::discover(&cfg, &allowlist, DEFAULT_PAGE_CAP).await {
-            Ok(catalog) => {
-                observed.catalog = Some(catalog);
-                observed.discovery_error = None;
-            }
-            Err(e) => {
-                // Counted like a failed reconcile: the object could not be brought up to date.
-                ctx.metrics
-                    .failures
-                    .get_or_create(&FailureLabels {
-                        kind: "MCPServer",
-                        reason: e.category(),
-                    })
-                    .inc();
-                // The object is the server: its conditions say the cause without its name.
-                let message = e.detail();
-                observed.discovery_error = Some((e.category(), message));
-            }
+    let work = async {
+        // A health check alone comes first: after a failed discovery, a server that answers it
+        // again, or fails it for another cause (refused, then 401), is rediscovered now, not when
+        // the failure's backoff (up to `--discovery-max-seconds`) runs out, so it is Ready within
+        // one health interval of its recovery and its conditions name the current cause.
+        let mut checked = false;
+        if health_due && !discovery_due {
+            let health = check_health(&cfg, &ctx, &mut observed).await;
+            discovery_due = observed
+                .discovery_error
+                .as_ref()
+                .is_some_and(|(category, _)| health.healthy || health.category != Some(*category));
+            checked = true;
         }
-        ctx.metrics
-            .discovery_seconds
-            .observe(started.elapsed().as_secs_f64());
-        observed.generation = server.metadata.generation;
-        observed.fingerprint = fingerprint;
-        observed.discovered_at = Utc::now();
-    }
-    if discovery_due && !checked {
-        check_health(&cfg, &ctx, &mut observed).await;
-    }
+        if discovery_due {
+            let started = std::time::Instant::now();
+            match discovery::discover(&cfg, &allowlist, DEFAULT_PAGE_CAP).await {
+                Ok(catalog) => {
+                    observed.catalog = Some(catalog);
+                    observed.discovery_error = None;
+                }
+                Err(e) => {
+                    // Counted like a failed reconcile: the object could not be brought up to date.
+                    ctx.metrics
+                        .failures
+                        .get_or_create(&FailureLabels {
+                            kind: "MCPServer",
+                            reason: e.category(),
+                        })
+                        .inc();
+                    // The object is the server: its conditions say the cause without its name.
+                    let message = e.detail();
+                    observed.discovery_error = Some((e.category(), message));
+                }
+            }
+            ctx.metrics
+                .discovery_seconds
+                .observe(started.elapsed().as_secs_f64());
+            observed.generation = server.metadata.generation;
+            observed.fingerprint = fingerprint;
+            observed.discovered_at = Utc::now();
+        }
+        if discovery_due && !checked {
+            check_health(&cfg, &ctx, &mut observed).await;
+        }
+        discovery_due
+    };
+    let discovery_due = tokio::select! {
+        due = work => due,
+        () = spec_changed(&ctx, server) => {
+            tracing::info!(server = %key, "spec changed during its discovery or health check: cancelled, the new generation is checked next");
+            return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+        }
+    };
     if discovery_due || health_due {
         let failed = observed.discovery_error.is_some()
             || observed.health.as_ref().is_some_and(|h| !h.healthy);
@@ -195,7 +224,7 @@ pub(super) async fn reconcile(
         &ctx,
         &api,
         server,
-        to_value(&server.status)?,
+        Some(serde_json::to_value(&current)?),
         serde_json::to_value(status)?,
     )
     .await?;
@@ -230,6 +259,71 @@ async fn check_health(
     observed.health_at = Utc::now();
     health
 }
+
+/// The status to write before discovering a new generation of the spec (`observedGeneration`
+/// is another one): `Ready=Unknown` (`Pending`) for the new generation, since the verdict the
+/// status holds is the old spec's; `Discovered` and `Healthy` stay as they are, each with the
+/// generation it was observed at. `None` for a server with no status yet or whose status is of
+/// this generation. The sweeps' `sweepConformance` is kept, for the status computed after it;
+/// [`reconcile`] leaves it out of the write, as every status write of the controller does.
+fn pending_generation(
+    server: &MCPServer,
+    current: &MCPServerStatus,
+    now: DateTime<Utc>,
+) -> Option<MCPServerStatus> {
+    let generation = server.metadata.generation?;
+    let seen = current.observed_generation?;
+    if seen == generation {
+        return None;
+    }
+    let ready = Cond::unknown(
+        conditions::READY,
+        conditions::PENDING,
+        format!(
+            "generation {generation} of the spec is not checked yet (the conditions were of generation {seen}): discovery and a health check are under way"
+        ),
+    );
+    Some(MCPServerStatus {
+        conditions: merge(
+            &current.conditions,
+            vec![ready],
+            server.metadata.generation,
+            &time(now),
+        ),
+        observed_generation: server.metadata.generation,
+        ..current.clone()
+    })
+}
+
+/// Resolves once the controller's cache of MCPServers holds another generation of `server` (or
+/// no longer holds it): its spec changed, so the discovery or health check under way is of a spec
+/// that no longer applies. Checked every [`SPEC_POLL`]; never resolves before the controllers
+/// run (unit tests of [`reconcile`]).
+async fn spec_changed(ctx: &Context, server: &MCPServer) {
+    let cache = ctx
+        .servers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let Some(cache) = cache else {
+        return std::future::pending().await;
+    };
+    let key = kube::runtime::reflector::ObjectRef::new(&server.name_any())
+        .within(&server.namespace().unwrap_or_default());
+    loop {
+        tokio::time::sleep(SPEC_POLL).await;
+        let cached = cache
+            .get(&key)
+            .map(|g| g.0.as_ref().ok().map(|s| s.metadata.generation));
+        if cached != Some(Some(server.metadata.generation)) {
+            return;
+        }
+    }
+}
+
+/// How often [`spec_changed`] looks at the cache: a cancelled check ends this much after the
+/// change at most.
+const SPEC_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 fn to_value(status: &Option<MCPServerStatus>) -> Result<Option<serde_json::Value>, Error> {
     Ok(status.as_ref().map(serde_json::to_value).transpose()?)
@@ -988,5 +1082,81 @@ mod tests {
             ctx.observed.read().await.is_empty(),
             "nothing was discovered"
         );
+    }
+
+    /// Issue 15, item 4: a new generation of the spec makes `Ready` `Unknown` before anything is
+    /// discovered (the status said the old spec's verdict), and a discovery under way is
+    /// cancelled once the controller's cache holds another generation: nothing of it is kept or
+    /// written.
+    #[tokio::test]
+    async fn a_new_generation_is_pending_at_once_and_a_check_in_flight_is_cancelled() {
+        let (ctx, mut api) = context();
+        // A server that accepts the connection and never answers: the discovery hangs.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", silent.local_addr().unwrap());
+        let at = |generation: i64| -> MCPServer {
+            serde_json::from_value(json!({
+                "apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+                "metadata": {"name": "basket", "namespace": "shop", "generation": generation, "uid": "u1"},
+                "spec": {"url": url},
+                "status": {"observedGeneration": 1, "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "DiscoveredAndHealthy",
+                     "message": "catalog listed and server answering", "observedGeneration": 1,
+                     "lastTransitionTime": "2026-12-01T00:00:00Z"}]},
+            }))
+            .unwrap()
+        };
+        let (cache, mut writer) = kube::runtime::reflector::store::<Guard<MCPServer>>();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+            kube::core::DeserializeGuard(Ok(at(2))),
+        ));
+        *ctx.servers.lock().unwrap() = Some(cache);
+        let running = tokio::spawn(reconcile(
+            Arc::new(kube::core::DeserializeGuard(Ok(at(2)))),
+            ctx.clone(),
+        ));
+        expect_lease(&mut api).await;
+        let pending = expect(
+            &mut api,
+            "PATCH",
+            "/apis/custody.dev/v1alpha1/namespaces/shop/mcpservers/basket/status",
+            200,
+            json!({"apiVersion": "custody.dev/v1alpha1", "kind": "MCPServer",
+                   "metadata": {"name": "basket"}, "spec": {"url": "http://x/mcp"}}),
+        )
+        .await;
+        let ready = &pending["status"]["conditions"][0];
+        assert_eq!(
+            (&ready["type"], &ready["status"], &ready["reason"]),
+            (&json!("Ready"), &json!("Unknown"), &json!("Pending"))
+        );
+        assert_eq!(
+            ready["message"],
+            "generation 2 of the spec is not checked yet (the conditions were of generation 1): discovery and a health check are under way"
+        );
+        assert_eq!(pending["status"]["observedGeneration"], 2);
+        // The spec changes while the discovery hangs: it ends within a poll, writing nothing.
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert!(
+            !running.is_finished(),
+            "the discovery hangs until the spec changes"
+        );
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+            kube::core::DeserializeGuard(Ok(at(3))),
+        ));
+        let action = tokio::time::timeout(std::time::Duration::from_secs(2), running)
+            .await
+            .expect("cancelled within a poll")
+            .unwrap()
+            .unwrap();
+        assert_eq!(action, Action::requeue(std::time::Duration::from_secs(1)));
+        assert!(ctx.observed.read().await.is_empty(), "nothing of it kept");
+        let more = tokio::time::timeout(std::time::Duration::from_millis(300), api.next_request());
+        if let Ok(Some((request, _))) = more.await {
+            panic!("a request after the cancel: {}", request.uri());
+        }
+        // A status of this generation, or none yet, has nothing pending to say.
+        assert!(pending_generation(&at(1), &at(1).status.unwrap(), Utc::now()).is_none());
+        assert!(pending_generation(&at(2), &MCPServerStatus::default(), Utc::now()).is_none());
     }
 }

@@ -164,6 +164,9 @@ pub struct Context {
     /// The CheckpointStore controller's cache of the sweep CronJobs, set when the controllers
     /// start: a store's recheck compares its CronJob with it and applies only a difference.
     pub cron_jobs: std::sync::Mutex<Option<Store<CronJob>>>,
+    /// The MCPServer controller's cache, set when the controllers start: a discovery or health
+    /// check in flight is cancelled once it holds another generation of its server.
+    pub servers: std::sync::Mutex<Option<Store<Guard<MCPServer>>>>,
     /// When each object's last `StatusRefused` Event was published ([`StatusRefusals`]).
     pub status_refusals: StatusRefusals,
     /// How long each object's status writes wait after a refusal ([`StatusBackoff`]).
@@ -598,6 +601,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         readiness: Arc::default(),
         assignments: std::sync::Mutex::default(),
         cron_jobs: std::sync::Mutex::default(),
+        servers: std::sync::Mutex::default(),
         status_refusals: StatusRefusals::default(),
         status_backoff: StatusBackoff::default(),
     });
@@ -899,6 +903,9 @@ async fn controllers(ctx: Arc<Context>) {
     let servers = Controller::new(Api::<Guard<MCPServer>>::all(client.clone()), wc.clone())
         .with_config(bounded.clone());
     let server_store = servers.store();
+    *ctx.servers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(server_store.clone());
     let servers = servers
         .watches(
             Api::<Secret>::all(client.clone()),
@@ -1242,14 +1249,19 @@ fn watch_failure(e: &watcher::Error) -> &'static str {
 
 /// What a 404 of a list or watch means for a person: a kind is not served, most likely a custody
 /// CRD that is not (or no longer) installed.
-const NOT_SERVED_HINT: &str = " (a kind this controller watches is not served: are custody's CRDs installed? kubectl apply --server-side --force-conflicts -f crds/crds.yaml)";
+fn not_served_hint() -> String {
+    format!(
+        " (a kind this controller watches is not served: are custody's CRDs installed? {})",
+        crate::crd::crd_remedy()
+    )
+}
 
-/// [`watch_text`], with what a 404 means ([`NOT_SERVED_HINT`]: the API server's own text is
+/// [`watch_text`], with what a 404 means ([`not_served_hint`]: the API server's own text is
 /// "404 page not found").
 fn watch_message(e: &watcher::Error) -> String {
     let mut text = watch_text(e);
     if watch_failure(e) == "watch_not_found" {
-        text.push_str(NOT_SERVED_HINT);
+        text.push_str(&not_served_hint());
     }
     text
 }
@@ -1385,10 +1397,10 @@ async fn status_refused<K: Resource<DynamicType = ()>>(
         EventType::Warning,
         conditions::STATUS_REFUSED,
         format!(
-            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: apply the CRDs of custody {} (kubectl apply --server-side --force-conflicts -f crds/crds.yaml)",
+            "the API server refused this {kind}'s status (HTTP {}): {}; a CRD older than the controller refuses fields it writes: {}",
             refused.code,
             refused.message,
-            env!("CARGO_PKG_VERSION")
+            crate::crd::crd_remedy()
         ),
     )
     .await;
@@ -1529,6 +1541,7 @@ pub(crate) mod fixtures {
             readiness: Arc::default(),
             assignments: std::sync::Mutex::default(),
             cron_jobs: std::sync::Mutex::default(),
+            servers: std::sync::Mutex::default(),
             status_refusals: StatusRefusals::default(),
             status_backoff: StatusBackoff::default(),
         };
@@ -1711,8 +1724,14 @@ mod tests {
             Status::failure("404 page not found", "Failed to parse error data").with_code(404),
         ));
         let failed = watcher::Error::InitialListFailed(unparsed);
-        assert!(watch_message(&failed).ends_with(NOT_SERVED_HINT));
-        assert!(NOT_SERVED_HINT.contains("crds/crds.yaml"));
+        assert!(watch_message(&failed).ends_with(&not_served_hint()));
+        assert!(not_served_hint().contains(
+            "-f crds/crds.yaml from its source tree, or -f charts/custody/crds/ from its chart"
+        ));
+        assert!(
+            not_served_hint().contains(crate::VERSION),
+            "names the build's revision"
+        );
         let text = watch_text(&failed);
         assert_eq!(
             text,

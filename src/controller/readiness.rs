@@ -259,10 +259,7 @@ pub async fn check_crds(client: &Client) -> Vec<String> {
 pub fn crd_problems(
     installed: &[(CustomResourceDefinition, Option<CustomResourceDefinition>)],
 ) -> Vec<String> {
-    let fix = format!(
-        "apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml (or helm upgrade with crds.templated)",
-        env!("CARGO_PKG_VERSION")
-    );
+    let fix = crate::crd::crd_remedy();
     let mut problems = Vec::new();
     for (want, found) in installed {
         let name = want.metadata.name.as_deref().unwrap_or_default();
@@ -380,7 +377,7 @@ mod tests {
         let missing = crd_problems(&[(want.clone(), None)]);
         assert_eq!(missing.len(), 1);
         assert!(
-            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of custody {}: kubectl apply --server-side --force-conflicts -f crds/crds.yaml", env!("CARGO_PKG_VERSION"))),
+            missing[0].starts_with(&format!("CRD {name} is not installed: apply the CRDs of this custody ({}): kubectl apply --server-side --force-conflicts -f crds/crds.yaml", crate::VERSION)),
             "{missing:?}"
         );
 

@@ -34,6 +34,18 @@ pub const VERSION: &str = "v1alpha1";
 /// it stores it, so the installed spec cannot be hashed again; the annotation travels with it.
 pub const SCHEMA_HASH_ANNOTATION: &str = "custody.dev/schema-sha256";
 
+/// What to do about installed CRDs that are not this binary's, in the same words wherever it is
+/// said (the controller's readiness check and `StatusRefused` Events, a sweep's refused status
+/// write): apply the CRDs of this build, named by version and revision (every build of a
+/// version says the same version), from a source tree or from its chart, whose `crds/`
+/// directory `helm upgrade` never applies.
+pub fn crd_remedy() -> String {
+    format!(
+        "apply the CRDs of this custody ({}): kubectl apply --server-side --force-conflicts -f crds/crds.yaml from its source tree, or -f charts/custody/crds/ from its chart (helm upgrade leaves crds/ alone unless crds.templated is set)",
+        crate::VERSION
+    )
+}
+
 /// Hex SHA-256 of a CRD spec's JSON (serde_json's sorted keys, so the order of fields in the
 /// types does not matter): the value of [`SCHEMA_HASH_ANNOTATION`].
 pub fn schema_hash(spec: &CustomResourceDefinitionSpec) -> String {

@@ -439,14 +439,30 @@ pub fn replay_template(spec: &HandleClassSpec) -> Result<Option<Template>, Field
 /// server would refuse for a CronJob (a field out of range, `61 * * * *`); `audit.maxAgeSeconds`
 /// not greater than `audit.graceSeconds`; an `audit.verdictPath` with an empty key.
 pub fn checkpoint_store(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
+    checkpoint_store_dsn(spec)?;
+    checkpoint_store_sweep(spec)
+}
+
+/// The part of [`checkpoint_store`] about where the DSN comes from (`spec.dsn`,
+/// `spec.dsnFrom`): what the controller's reachability check needs.
+///
+/// # Errors
+/// Both or neither of `dsn` and `dsnFrom`; a `dsnFrom.name` that is no Secret name.
+pub fn checkpoint_store_dsn(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     match (&spec.dsn, &spec.dsn_from) {
-        (Some(_), Some(_)) => {
-            return Err(err("spec.dsnFrom", "set exactly one of dsn and dsnFrom"));
-        }
-        (None, None) => return Err(err("spec.dsn", "set exactly one of dsn and dsnFrom")),
-        (None, Some(r)) => secret_name(&r.name).map_err(|m| err("spec.dsnFrom.name", m))?,
-        (Some(_), None) => {}
+        (Some(_), Some(_)) => Err(err("spec.dsnFrom", "set exactly one of dsn and dsnFrom")),
+        (None, None) => Err(err("spec.dsn", "set exactly one of dsn and dsnFrom")),
+        (None, Some(r)) => secret_name(&r.name).map_err(|m| err("spec.dsnFrom.name", m)),
+        (Some(_), None) => Ok(()),
     }
+}
+
+/// The rest of [`checkpoint_store`]: what the sweep CronJob carries and its sweeps read, so the
+/// controller applies no CronJob for a spec that fails it.
+///
+/// # Errors
+/// As [`checkpoint_store`], but for `dsn` and `dsnFrom`.
+pub fn checkpoint_store_sweep(spec: &CheckpointStoreSpec) -> Result<(), FieldError> {
     if spec.principal_key.is_empty() {
         return Err(err("spec.principalKey", "must not be empty"));
     }

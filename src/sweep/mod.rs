@@ -108,6 +108,11 @@ pub struct Report {
     /// The servers this sweep called (probes, audit lookups, mints, replays), with the
     /// protocol version each negotiated or why it could not be reached.
     pub servers: Vec<ServerContact>,
+    /// The probes that failed, by server and cause (the categories of
+    /// [`SweepSummary::probe_errors`]): which servers the store's `ProbesFailed` Events name.
+    /// Not in the JSON report, whose rows say it per handle.
+    #[serde(skip)]
+    pub failed_probes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
     /// Counts by verdict, accumulated batch by batch.
     pub summary: SweepSummary,
     /// Per HandleClass whose handles a probe answered for: the observed lifetime
@@ -432,6 +437,7 @@ pub async fn run_with(
         observed: target.classes.iter().map(|_| Default::default()).collect(),
         refused_probes: vec![None; target.classes.len()],
         batches: 0,
+        failed_probes: Default::default(),
     };
     let batch_threads = options.batch_threads.max(1);
     let mut batch = Batch::default();
@@ -480,6 +486,7 @@ pub async fn run_with(
         classes_seen,
         observed,
         refused_probes,
+        failed_probes,
         ..
     } = sweep;
     let mut lifetime_warnings = Vec::new();
@@ -558,6 +565,7 @@ pub async fn run_with(
         too_recent,
         warnings,
         servers,
+        failed_probes,
         summary,
         lifetimes,
         acting,
@@ -588,6 +596,8 @@ struct Sweep<'t> {
     refused_probes: Vec<Option<String>>,
     /// Batches finished.
     batches: u64,
+    /// [`Report::failed_probes`], counted batch by batch.
+    failed_probes: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
 }
 
 impl Sweep<'_> {
@@ -781,6 +791,12 @@ impl Sweep<'_> {
                 *self
                     .summary
                     .probe_errors
+                    .entry(category.to_owned())
+                    .or_insert(0) += 1;
+                *self
+                    .failed_probes
+                    .entry(target.classes[pending.class].server.name.clone())
+                    .or_default()
                     .entry(category.to_owned())
                     .or_insert(0) += 1;
             }
