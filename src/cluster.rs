@@ -1299,7 +1299,7 @@ mod tests {
                 ),
                 (
                     "ProbesFailed",
-                    "server hangsrv could not be reached: timed out after 3s; every probe and call to it this sweep failed (its handles are unknown)"
+                    "server hangsrv: timed out after 3s; every probe and call to it this sweep failed (its handles are unknown)"
                 ),
             ]
         );
