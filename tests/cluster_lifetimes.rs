@@ -487,13 +487,17 @@ async fn a_sweeps_result_off_schema_reaches_the_server_status_and_is_cleared_by_
         ),
     )
     .await;
-    let server = eventually("the controller's status of generation 2", async || {
-        let o = get(&client, &ns, "MCPServer", "basket").await.unwrap();
-        match o["status"]["observedGeneration"].as_i64() {
-            Some(2) => Ok(o),
-            other => Err(format!("{other:?}: {}", o["status"])),
-        }
-    })
+    // Generation 2 is first written as Ready=Unknown Pending, then as checked.
+    let server = eventually(
+        "the controller's checked status of generation 2",
+        async || {
+            let o = get(&client, &ns, "MCPServer", "basket").await.unwrap();
+            match o["status"]["observedGeneration"].as_i64() {
+                Some(2) if o["status"]["conditions"][0]["reason"] != "Pending" => Ok(o),
+                other => Err(format!("{other:?}: {}", o["status"])),
+            }
+        },
+    )
     .await;
     assert_eq!(server["status"]["sweepConformance"][0], *entry);
     // ... and a sweep's write keeps the controller's: the count grows, nothing else moves.

@@ -1090,9 +1090,9 @@ async fn cluster_secrets_never_surface_and_rbac_is_what_is_used() {
     }
     // The failure paths really happened (the grep above would pass vacuously otherwise).
     assert!(
-        outputs[4]
-            .1
-            .contains("answered HTTP 401 Unauthorized with a WWW-Authenticate challenge"),
+        outputs[4].1.contains(
+            "refused custody's credentials: HTTP 401 Unauthorized with a WWW-Authenticate challenge"
+        ),
         "the wrong token was rejected: {}",
         outputs[4].1
     );

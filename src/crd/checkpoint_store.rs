@@ -214,9 +214,10 @@ pub enum StoreMode {
 pub struct CheckpointStoreStatus {
     /// `Ready` (all of the others `True`), `Reachable`, `SchemaCompatible`, `Scheduled` (the
     /// sweep CronJob was applied), `LastSweepSucceeded` (how the latest finished sweep Job
-    /// ended, with the Job's reason when it failed) and `ClassesSwept` (`False`,
+    /// ended, with the Job's reason when it failed), `ClassesSwept` (`False`,
     /// `HandleClassesLeftOut`, when the most recent sweep left out a HandleClass it could not
-    /// use).
+    /// use) and `ProbesAnswered` (`False`, `ProbesFailed`, when probes of the most recent sweep
+    /// failed, counted by cause: their handles are `unknown`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::schema::conditions")]
     pub conditions: Vec<Condition>,
