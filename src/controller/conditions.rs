@@ -138,8 +138,9 @@ pub const UNKNOWN_SERVER: &str = "UnknownServer";
 /// Reason (HandleClass `Valid`, Event): the referenced MCPServer's own configuration cannot be
 /// used (`Ready=False` with `SecretNotResolved` or `InvalidSpec`), so sweeps leave the class out.
 pub const SERVER_NOT_USABLE: &str = "ServerNotUsable";
-/// Reason (`Valid`, Event): the MCPServer's catalog lacks a tool the spec names.
-pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
+/// Reason (`Valid`, Event): the MCPServer's catalog lacks a tool the spec names. Also read by
+/// sweeps, so it is defined in `crd`.
+pub use crate::crd::TOOL_NOT_OFFERED;
 /// Reason (`Valid`): the referenced MCPServer has not listed its catalog yet.
 pub const WAITING_FOR_DISCOVERY: &str = "WaitingForDiscovery";
 /// Reason (`Valid`, Event): the MCPServer has never been discovered and its last check failed,
@@ -184,8 +185,8 @@ pub const READ_ONLY_HINT: &str = "ReadOnlyHint";
 /// Reason (`ProbeReadOnly`): the probe tool does not declare `readOnlyHint`.
 pub const PROBE_MAY_WRITE: &str = "ProbeMayWrite";
 /// Reason (HandleClass `Valid`, Event): the probe tool declares `destructiveHint: true` and
-/// not `readOnlyHint: true`, so a sweep never calls it and every row would be `unknown`.
-pub const PROBE_TOOL_DESTRUCTIVE: &str = "ProbeToolDestructive";
+/// not `readOnlyHint: true`; defined in `crd` because sweeps read it.
+pub use crate::crd::PROBE_TOOL_DESTRUCTIVE;
 
 /// Reason (`Discovered`, `Healthy`): not checked yet.
 pub const PENDING: &str = "Pending";

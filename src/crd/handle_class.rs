@@ -291,6 +291,13 @@ pub struct StructuredMatch {
     pub equals: Vec<String>,
 }
 
+/// `Valid` reason: the referenced MCPServer's catalog lacks a tool the spec names. Defined here,
+/// beside the status, because sweeps (`plan`) read it as well as the controller writes it.
+pub const TOOL_NOT_OFFERED: &str = "ToolNotOffered";
+/// `Valid` reason: the probe tool declares `destructiveHint: true` and not `readOnlyHint: true`,
+/// so a sweep never calls it and every row would be `unknown`. Read by sweeps, as above.
+pub const PROBE_TOOL_DESTRUCTIVE: &str = "ProbeToolDestructive";
+
 /// Observed state of a HandleClass.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -17,8 +17,8 @@ use secrecy::{ExposeSecret, SecretString};
 use crate::checkpoint::Backend;
 use crate::crd::validate;
 use crate::crd::{
-    CheckpointStore, HandleClass, HandleClassSpec, MCPServer, MintSpec, OnGone, SecretKeyRef,
-    StoreMode,
+    CheckpointStore, HandleClass, HandleClassSpec, MCPServer, MintSpec, OnGone,
+    PROBE_TOOL_DESTRUCTIVE, SecretKeyRef, StoreMode, TOOL_NOT_OFFERED,
 };
 use crate::domain::audit::LookupRule;
 use crate::domain::handle::{AppliesTo, RecordFields};
@@ -683,8 +683,8 @@ pub fn selects(
 
 /// `(field, message)` when the controller found `class` unusable against its server's
 /// discovered tools for the class's current generation: `Valid=False` with reason
-/// `ToolNotOffered` (the probe or mint tool is not in the catalog) or `ProbeToolDestructive`
-/// (the controller's `conditions::TOOL_NOT_OFFERED`, `PROBE_TOOL_DESTRUCTIVE`). Every thread of
+/// [`TOOL_NOT_OFFERED`] (the probe or mint tool is not in the catalog) or
+/// [`PROBE_TOOL_DESTRUCTIVE`]. Every thread of
 /// such a class would be judged `unknown`, so a sweep leaves it out and says so instead of
 /// reporting a clean run. Objects from files carry no status: local mode finds these at probe
 /// time.
@@ -694,7 +694,7 @@ fn unusable_against_catalog(class: &HandleClass) -> Option<(String, String)> {
     let applies = valid.status == "False"
         && matches!(
             valid.reason.as_str(),
-            "ToolNotOffered" | "ProbeToolDestructive"
+            TOOL_NOT_OFFERED | PROBE_TOOL_DESTRUCTIVE
         )
         && valid.observed_generation == class.metadata.generation;
     if !applies {
