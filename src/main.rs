@@ -115,11 +115,15 @@ struct SweepArgs {
 
 /// A count flag's parser: 0 is refused with a message naming the flag (`invalid value '0' for
 /// '--page-cap <PAGE_CAP>': must be at least 1`; clap's own ranged parser prints the type's
-/// whole range, `1..18446744073709551615`).
+/// whole range, `1..18446744073709551615`). A whole number beyond the type says so, not that it
+/// is not a whole number.
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("must be at least 1".to_owned()),
         Ok(n) => Ok(n),
+        Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+            Err(format!("is too large: at most {}", usize::MAX))
+        }
         Err(_) => Err("must be a whole number, at least 1".to_owned()),
     }
 }

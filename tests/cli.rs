@@ -275,6 +275,32 @@ fn a_count_flag_of_zero_is_refused_naming_the_flag() {
             "{command} {flag} 0: {err}"
         );
     }
+    // A whole number too large for the flag is not "not a whole number".
+    let out = support::custody(&[
+        "sweep",
+        "-f",
+        dir.path().to_str().unwrap(),
+        "--batch-threads",
+        "99999999999999999999",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("is too large: at most") && !err.contains("whole number"),
+        "{err}"
+    );
+    // The controller's bound in words, not Rust's range syntax.
+    for value in ["0", "70000", "x"] {
+        let out = support::custody(&["controller", "--concurrency", value]);
+        assert_eq!(out.status.code(), Some(2), "--concurrency {value}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            err.contains(&format!(
+                "invalid value '{value}' for '--concurrency <CONCURRENCY>': must be a whole number from 1 to 65535"
+            )) && !err.contains("..="),
+            "--concurrency {value}: {err}"
+        );
+    }
 }
 
 #[test]

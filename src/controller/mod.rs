@@ -85,7 +85,7 @@ pub struct Options {
     /// or health check bounded by the server's timeout, so without a bound a health round at
     /// 1 000 servers is one burst of 1 000 checks that times out many of them and can starve
     /// the Lease renewal (BENCHMARKS.md, "Controller at scale").
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = 16, value_parser = concurrency)]
     pub concurrency: u16,
     /// Seconds between health checks of each MCPServer.
     #[arg(long, default_value_t = 60)]
@@ -1505,6 +1505,15 @@ fn not_owned_message(
     format!(
         "{kind} {name} exists and {whose}: custody does not write or adopt it; delete or rename that {kind}, or give this {owner_kind} another name"
     )
+}
+
+/// `--concurrency`'s parser: 1 to 65535 said in words (clap's ranged parser prints Rust's range
+/// syntax, `0 is not in 1..=65535`).
+fn concurrency(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be a whole number from 1 to 65535".to_owned()),
+    }
 }
 
 #[cfg(test)]

@@ -222,8 +222,9 @@ fn unparsed(target: &str, parse_error: &str) -> Said {
 }
 
 /// An HTTP error status: a refused credential for 401 and 403, else `host:port answered HTTP
-/// 404 Not Found`, noting `reply body not shown` when the server sent one, and for a 404 what
-/// to check.
+/// 404 Not Found`, noting `reply body not shown` when the server sent one, and what to check
+/// for a status that says no MCP endpoint is there: 404, and 405 or 501 (an HTTP server that
+/// does not take POST; MCP's streamable HTTP transport sends every message as a POST).
 fn status(target: &str, code: u16, with_body: bool) -> Said {
     if code == 401 || code == 403 {
         return credentials(target, code, "");
@@ -231,7 +232,7 @@ fn status(target: &str, code: u16, with_body: bool) -> Said {
     let answered = format!("answered HTTP {code}{}", phrase(code));
     let notes: Vec<&str> = [
         with_body.then_some("reply body not shown"),
-        (code == 404).then_some("check that spec.url is the MCP endpoint"),
+        matches!(code, 404 | 405 | 501).then_some("check that spec.url is the MCP endpoint"),
     ]
     .into_iter()
     .flatten()
@@ -454,6 +455,23 @@ mod tests {
              MCP endpoint)"
         );
         assert_eq!(not_found.brief, "answered HTTP 404 Not Found");
+        // A plain web server (python3 -m http.server) refuses the POST.
+        assert_eq!(
+            describe(
+                &unexpected("HTTP 501 Not Implemented: <html>x</html>"),
+                "h:80"
+            )
+            .unwrap()
+            .full,
+            "h:80 answered HTTP 501 Not Implemented (reply body not shown; check that spec.url \
+             is the MCP endpoint)"
+        );
+        assert_eq!(
+            describe(&unexpected("HTTP 500 Internal Server Error: x"), "h:80")
+                .unwrap()
+                .full,
+            "h:80 answered HTTP 500 Internal Server Error (reply body not shown)"
+        );
         // rmcp's made-up rejection of server/discover reads as the same status.
         assert_eq!(
             discover_rejection(
