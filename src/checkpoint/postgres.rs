@@ -286,8 +286,28 @@ impl ChannelCols {
     }
 }
 
-/// How long connecting to the database may take, the first connection and the pool's alike.
+/// How long connecting to the database may take, the first connection and the pool's alike,
+/// when the DSN sets no positive `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long connecting may take for `dsn`: its `connect_timeout` in seconds when positive, as
+/// libpq reads it (whitespace and a sign allowed; 1 is taken as 2, libpq's minimum), else
+/// [`CONNECT_TIMEOUT`]. sqlx does not read the parameter, so custody applies it. libpq waits
+/// forever for 0 or a negative value; custody keeps its bound, so that a database that never
+/// answers costs its own timeout, not a sweep Job's whole deadline.
+pub(crate) fn connect_timeout(dsn: &str) -> Duration {
+    url::Url::parse(dsn)
+        .ok()
+        .and_then(|url| {
+            url.query_pairs()
+                .find(|(key, _)| key == "connect_timeout")
+                .and_then(|(_, value)| value.trim().parse::<i64>().ok())
+        })
+        .filter(|seconds| *seconds > 0)
+        .map_or(CONNECT_TIMEOUT, |seconds| {
+            Duration::from_secs(seconds.max(2).unsigned_abs())
+        })
+}
 
 /// A read-only pool on a PostgresSaver database.
 pub struct Reader {
@@ -425,12 +445,13 @@ impl Reader {
         // A pool retries a failed connect until its acquire timeout and then says only "pool
         // timed out"; one direct connection first says why (refused at host:port, an unknown
         // host, a rejected password) at once.
-        let first = tokio::time::timeout(CONNECT_TIMEOUT, options.connect())
+        let timeout = connect_timeout(dsn);
+        let first = tokio::time::timeout(timeout, options.connect())
             .await
             .unwrap_or_else(|_| {
                 Err(sqlx::Error::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("no answer within {} s", CONNECT_TIMEOUT.as_secs()),
+                    format!("no answer within {} s", timeout.as_secs()),
                 )))
             })
             .map_err(|source| connect_error(dsn, &options, source))?;
@@ -438,7 +459,7 @@ impl Reader {
         let _ = first.close().await;
         let pool = PgPoolOptions::new()
             .max_connections(2)
-            .acquire_timeout(CONNECT_TIMEOUT)
+            .acquire_timeout(timeout)
             .connect_with(options.clone())
             .await
             .map_err(|source| connect_error(dsn, &options, source))?;
@@ -712,6 +733,51 @@ mod tests {
                 "{query}"
             );
         }
+    }
+
+    /// The DSN's `connect_timeout` bounds the connect (sqlx ignores it: a database that never
+    /// answered took 10 s whatever the DSN said).
+    #[test]
+    fn connect_timeout_is_the_dsns_when_positive() {
+        let of = |query: &str| connect_timeout(&format!("postgres://u@db/lg{query}"));
+        assert_eq!(of("?connect_timeout=3"), Duration::from_secs(3));
+        assert_eq!(
+            of("?sslmode=disable&connect_timeout=%2030%20"),
+            Duration::from_secs(30)
+        );
+        assert_eq!(of("?connect_timeout=1"), Duration::from_secs(2));
+        assert_eq!(of("?connect_timeout=0"), CONNECT_TIMEOUT);
+        assert_eq!(of("?connect_timeout=-1"), CONNECT_TIMEOUT);
+        assert_eq!(of(""), CONNECT_TIMEOUT);
+    }
+
+    /// A server that accepts the connection and never answers costs the DSN's
+    /// `connect_timeout`, not custody's default.
+    #[tokio::test]
+    async fn a_silent_server_costs_the_dsns_connect_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                open.push(socket);
+            }
+        });
+        let started = std::time::Instant::now();
+        let dsn = format!("postgres://u@127.0.0.1:{port}/lg?sslmode=disable&connect_timeout=2");
+        let Err(error) = Reader::connect(&dsn).await else {
+            panic!("connected to a server that never answers");
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            error.to_string().contains("no answer within 2 s"),
+            "{error}"
+        );
+        held.abort();
     }
 
     /// A failed connect names where it went when the DSN does not say it: `postgres://` said

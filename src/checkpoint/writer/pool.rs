@@ -121,7 +121,7 @@ impl WritePool {
                 let options = postgres::connect_options(dsn)?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
-                    .acquire_timeout(Duration::from_secs(10))
+                    .acquire_timeout(postgres::connect_timeout(dsn))
                     .connect_with(options.clone())
                     .await
                     .map_err(|source| postgres::connect_error(dsn, &options, source))?;
