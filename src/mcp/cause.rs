@@ -455,7 +455,14 @@ mod tests {
              MCP endpoint)"
         );
         assert_eq!(not_found.brief, "answered HTTP 404 Not Found");
-        // A plain web server (python3 -m http.server) refuses the POST.
+        // A plain web server refuses the POST: 405, or 501 (python3 -m http.server).
+        assert_eq!(
+            describe(&unexpected("HTTP 405 Method Not Allowed: x"), "h:80")
+                .unwrap()
+                .full,
+            "h:80 answered HTTP 405 Method Not Allowed (reply body not shown; check that \
+             spec.url is the MCP endpoint)"
+        );
         assert_eq!(
             describe(
                 &unexpected("HTTP 501 Not Implemented: <html>x</html>"),
