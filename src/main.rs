@@ -227,10 +227,23 @@ async fn main() -> ExitCode {
     // A sweep of the cluster's store says why it failed in its container's termination message,
     // which the controller copies into the store's LastSweepSucceeded.
     let in_pod = matches!(&cli.command, Command::Sweep(a) if a.store.is_some());
-    if let Command::Sweep(a) = &cli.command {
-        stop_at_sigterm(a.store.as_deref(), in_pod);
-    }
-    match run(cli).await {
+    let terminated = match &cli.command {
+        Command::Sweep(a) => Some(stop_at_sigterm(a.store.as_deref(), in_pod)),
+        _ => None,
+    };
+    let result = match terminated {
+        Some(mut terminated) => tokio::select! {
+            r = run(cli) => r,
+            // The sweep is dropped where it stands, as a crash would leave it; then its SQLite
+            // pools are closed, which a process exit does not do.
+            Ok(stop) = &mut terminated => {
+                custody::checkpoint::close_open_pools(CLOSE_AT_SIGTERM).await;
+                stop.exit()
+            }
+        },
+        None => run(cli).await,
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // `custody discover | head`: the reader is gone, which is not custody's failure. Only a
         // bare write error is one; a database or server connection's wears its own error type.
@@ -251,35 +264,76 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Ends the sweep at SIGTERM, saying so in one line (and in the termination message when
-/// `in_pod`), exit status 143. In its container the sweep is PID 1, which the kernel gives no
-/// default action for SIGTERM: without a handler a Job stopped at its deadline ran on through the
-/// kubelet's 30 s grace period, and under `concurrencyPolicy: Forbid` blocked the next run
-/// meanwhile. Stopping at any point leaves the store as a crash would, which the ledger is made
-/// for: an acting sweep's action in flight is settled by the next one (README "Crash safety").
-/// A task of its own, so a sweep that is busy still stops.
-fn stop_at_sigterm(store: Option<&str>, in_pod: bool) {
-    let started = std::time::Instant::now();
-    let what = store.map_or_else(
-        || "the sweep".to_owned(),
-        |s| format!("the sweep of CheckpointStore {s}"),
-    );
+/// How long a sweep stopped by SIGTERM waits for its SQLite connections to close. The kubelet
+/// allows 30 s before SIGKILL; a connection in a statement is returned when the statement ends,
+/// and SQLite waits at most 5 s for a lock (`busy_timeout`).
+const CLOSE_AT_SIGTERM: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// A sweep stopped by SIGTERM: says so in one line (and in the termination message when
+/// `in_pod`) and exits with status 143, once, whichever of the main task and the signal's own
+/// task gets there first.
+struct Stopped {
+    started: std::time::Instant,
+    what: String,
+    in_pod: bool,
+}
+
+impl Stopped {
+    fn exit(&self) -> ! {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let message = format!(
+                "stopped by SIGTERM after {:.1} s, before {} finished; an action it was taking is settled by the next sweep",
+                self.started.elapsed().as_secs_f64(),
+                self.what
+            );
+            eprintln!("error: {message}");
+            if self.in_pod {
+                custody::cluster::termination_message(&message);
+            }
+            std::process::exit(143);
+        });
+        // Another thread is exiting the process inside `call_once`.
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Ends the sweep at SIGTERM, exit status 143. In its container the sweep is PID 1, which the
+/// kernel gives no default action for SIGTERM: without a handler a Job stopped at its deadline ran
+/// on through the kubelet's 30 s grace period, and under `concurrencyPolicy: Forbid` blocked the
+/// next run meanwhile. Stopping at any point leaves the store as a crash would, which the ledger
+/// is made for: an acting sweep's action in flight is settled by the next one (README "Crash
+/// safety").
+///
+/// The returned receiver tells the main task, which drops the sweep and closes its SQLite pools
+/// (so an acting sweep leaves no `-wal`/`-shm` it created) before exiting. A task of its own, so
+/// a main task that is busy and does not yield is stopped from here after the same bound.
+fn stop_at_sigterm(
+    store: Option<&str>,
+    in_pod: bool,
+) -> tokio::sync::oneshot::Receiver<std::sync::Arc<Stopped>> {
+    let (tell, told) = tokio::sync::oneshot::channel();
+    let stopped = std::sync::Arc::new(Stopped {
+        started: std::time::Instant::now(),
+        what: store.map_or_else(
+            || "the sweep".to_owned(),
+            |s| format!("the sweep of CheckpointStore {s}"),
+        ),
+        in_pod,
+    });
     let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     else {
-        return;
+        return told;
     };
     tokio::spawn(async move {
         term.recv().await;
-        let message = format!(
-            "stopped by SIGTERM after {} s, before {what} finished; an action it was taking is settled by the next sweep",
-            started.elapsed().as_secs()
-        );
-        eprintln!("error: {message}");
-        if in_pod {
-            custody::cluster::termination_message(&message);
-        }
-        std::process::exit(143);
+        let _ = tell.send(stopped.clone());
+        tokio::time::sleep(CLOSE_AT_SIGTERM + std::time::Duration::from_secs(1)).await;
+        stopped.exit()
     });
+    told
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {

@@ -1800,6 +1800,69 @@ async fn an_acting_sweep_leaves_a_wal_database_as_it_found_it() {
     );
 }
 
+/// SIGTERM during an acting sweep on SqliteSaver's file, closed by its writer: the sweep stops
+/// at once (exit 143, saying so) and still closes its SQLite connections, so SQLite folds the
+/// `-wal` back and removes it and the `-shm` (README "Database privileges": an acting sweep
+/// leaves no `-wal` or `-shm` where there was none). Before, the signal's `exit` left both beside
+/// the file. Here the sweep waits on an MCP server that accepts the connection and never answers,
+/// its pools open.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_an_acting_sweep_leaves_no_wal() {
+    let basket = BasketServer::start(&[]);
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().canonicalize().unwrap();
+    let db = dir.join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"], "the writer closed");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let res = tempfile::tempdir().unwrap();
+    support::act_resources(
+        res.path(),
+        &format!("http://{}/mcp", silent.local_addr().unwrap()),
+        "sqlite",
+        &format!("sqlite://{}", db.display()),
+        "escalate",
+    );
+    let child = Command::new(env!("CARGO_BIN_EXE_custody"))
+        .args(["sweep", "--apply", "-f", res.path().to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waited = std::time::Instant::now();
+    while !listing(&dir).contains(&"checkpoints.sqlite-wal".to_owned()) {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(20),
+            "the acting sweep never opened the database: {:?}",
+            listing(&dir)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The probe is in flight (its server never answers).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{stderr}");
+    assert!(
+        stderr.starts_with("error: stopped by SIGTERM after ")
+            && stderr.ends_with(
+                " s, before the sweep finished; an action it was taking is settled by the next sweep\n"
+            ),
+        "{stderr}"
+    );
+    assert_eq!(
+        listing(&dir),
+        ["checkpoints.sqlite", "checkpoints.sqlite-custody.lock"]
+    );
+    drop(silent);
+}
+
 /// A PostgreSQL database whose LangGraph migrations are missing or old is refused with the
 /// migration it holds in words, never Rust's `None`/`Some(1)`.
 #[tokio::test(flavor = "multi_thread")]

@@ -18,7 +18,7 @@ pub mod serde;
 mod shard;
 mod sqlite;
 
-pub use sqlite::Access;
+pub use sqlite::{Access, close_open_pools};
 mod typed;
 pub mod writer;
 

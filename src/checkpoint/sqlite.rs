@@ -142,6 +142,46 @@ fn unreadable(path: &std::path::Path, e: &std::io::Error) -> String {
     format!("cannot read {}: {}", path.display(), super::io_text(e))
 }
 
+/// Every SQLite pool this process opened, for [`close_open_pools`]: readers (`false`) and
+/// writable pools (`true`).
+///
+/// Process-wide because a SIGTERM's handler must close pools owned deep inside a sweep that it
+/// cannot reach otherwise: SQLite folds a `-wal` back into the file and removes it and the `-shm`
+/// only in the last connection's close, and a pool merely dropped closes its connections on
+/// threads the exiting process does not wait for. A closed pool stays listed (sqlx pools have no
+/// identity to remove it by) and is skipped; a process opens one or two per store.
+static OPEN_POOLS: std::sync::Mutex<Vec<(bool, SqlitePool)>> = std::sync::Mutex::new(Vec::new());
+
+/// Lists `pool` for [`close_open_pools`]; `writable` for an acting sweep's writable pool.
+pub(super) fn track(pool: &SqlitePool, writable: bool) {
+    OPEN_POOLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((writable, pool.clone()));
+}
+
+/// Closes every SQLite pool this process opened and has not closed, readers first, so that a
+/// writable pool's connection is the database's last and folds the `-wal` back (README "Crash
+/// safety": what a sweep stopped by SIGTERM leaves). Waits for a connection in use to be
+/// returned, at most `within` in all; a connection still busy then is left as a crash leaves it,
+/// which SQLite recovers at the next open.
+pub async fn close_open_pools(within: Duration) {
+    let pools: Vec<(bool, SqlitePool)> = OPEN_POOLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .drain(..)
+        .filter(|(_, p)| !p.is_closed())
+        .collect();
+    let close = async {
+        for writable in [false, true] {
+            for (_, pool) in pools.iter().filter(|(w, _)| *w == writable) {
+                pool.close().await;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, close).await;
+}
+
 /// A read-only pool on a SqliteSaver file.
 pub struct Reader {
     pool: SqlitePool,
@@ -310,6 +350,7 @@ impl Reader {
                 address: None,
                 source,
             })?;
+        track(&pool, false);
         // SQLite opens the file lazily: this first read is where a damaged file fails, so its
         // error names the DSN as a failed connect does, not as a failed query of nothing.
         let tables: i64 = sqlx::query_scalar(

@@ -149,6 +149,7 @@ impl WritePool {
                         address: None,
                         source,
                     })?;
+                crate::checkpoint::sqlite::track(&pool, true);
                 Ok(Self::Sqlite(pool, path))
             }
         }
