@@ -1130,13 +1130,13 @@ fn write_termination_message(path: &std::path::Path, text: &str) {
 /// Splits `namespace/name`.
 ///
 /// # Errors
-/// The text is not `namespace/name`.
+/// The text is not `namespace/name`: `must be NAMESPACE/NAME, as agents/orders`.
 pub fn parse_ref(text: &str) -> Result<(String, String), String> {
     match text.split_once('/') {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_owned(), name.to_owned()))
         }
-        _ => Err(format!("{text:?} is not namespace/name")),
+        _ => Err("must be NAMESPACE/NAME, as agents/orders".to_owned()),
     }
 }
 

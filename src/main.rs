@@ -74,7 +74,7 @@ struct SweepArgs {
     paths: Vec<PathBuf>,
     /// Sweep one CheckpointStore of the cluster (`namespace/name`), reading its resources from
     /// the Kubernetes API, and write the summary to its status. This is what the CronJob runs.
-    #[arg(long, value_name = "NAMESPACE/NAME")]
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = store_ref)]
     store: Option<String>,
     /// Print verdicts and the planned actions; write nothing to checkpoints, custody's tables or
     /// the cluster. Probes still call each class's read-only probe tool (never one that declares
@@ -126,6 +126,12 @@ fn at_least_one(text: &str) -> Result<usize, String> {
         }
         Err(_) => Err("must be a whole number, at least 1".to_owned()),
     }
+}
+
+/// `--store`'s parser: a usage error naming the flag (exit status 2, as any other bad flag), not
+/// a failed sweep.
+fn store_ref(text: &str) -> Result<String, String> {
+    custody::cluster::parse_ref(text).map(|_| text.to_owned())
 }
 
 /// The log filter without `RUST_LOG`: custody at INFO, its dependencies (kube, hyper, sqlx, …)
@@ -469,14 +475,20 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
     // Rows are written as each batch finishes, never held: memory stays flat with the store.
     let mut out = report::SweepWriter::new(std::io::BufWriter::new(std::io::stdout()), args.output);
     for target in &targets {
+        let mut warnings = custody::sweep::input_warnings(target);
         // `--apply` cannot make an observing store act; a silent no-op would look like a sweep
-        // that found nothing to do.
+        // that found nothing to do. Said on stderr before the table; a JSON reader, who may not
+        // see stderr, finds it in the store's `warnings` too.
         if args.apply && target.mode == custody::crd::StoreMode::Observe {
-            eprintln!(
-                "warning: CheckpointStore {} has spec.mode observe: --apply acts only on stores \
-                 with mode: act, so this sweep only plans",
+            let warning = format!(
+                "CheckpointStore {} has spec.mode observe: --apply acts only on stores with \
+                 mode: act, so this sweep only plans",
                 target.store
             );
+            eprintln!("warning: {warning}");
+            if args.output == Format::Json {
+                warnings.push(warning);
+            }
         }
         let options = custody::sweep::RunOptions {
             apply: !args.dry_run && (args.apply || cluster.is_some()),
@@ -488,7 +500,7 @@ async fn sweep(args: SweepArgs) -> anyhow::Result<()> {
         } else {
             &custody::sweep::act::LogSink
         };
-        out.begin_store(&target.store, custody::sweep::input_warnings(target));
+        out.begin_store(&target.store, warnings);
         match custody::sweep::run_with(target, now, options, sink, &mut out).await {
             Ok(f) => {
                 out.end_store(Ok(&f));

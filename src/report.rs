@@ -246,7 +246,15 @@ impl<W: Write + Send> SweepWriter<W> {
                         field(out, json, "settled", false, &r.settled)?;
                         field(out, json, "audit", false, &r.audit)?;
                         field(out, json, "too_recent", false, &r.too_recent)?;
-                        field(out, json, "warnings", false, &r.warnings)?;
+                        // The early warnings the sweep did not repeat (`--apply` on an
+                        // observing store, known only to the command) come first.
+                        let warnings: Vec<&String> = store
+                            .early_warnings
+                            .iter()
+                            .filter(|w| !r.warnings.contains(w))
+                            .chain(&r.warnings)
+                            .collect();
+                        field(out, json, "warnings", false, &warnings)?;
                         field(out, json, "servers", false, &r.servers)?;
                         field(out, json, "summary", false, &r.summary)?;
                         field(out, json, "lifetimes", false, &r.lifetimes)?;

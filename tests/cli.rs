@@ -223,6 +223,23 @@ fn sigterm_stops_a_sweep_at_once_saying_so() {
     drop(silent);
 }
 
+/// A `--store` that is not `namespace/name` is a usage error naming the flag, exit status 2,
+/// before anything is read (it was exit status 1, `error: "orders" is not namespace/name`).
+#[test]
+fn a_store_that_is_not_namespace_slash_name_is_a_usage_error() {
+    for text in ["orders", "agents/", "/orders", "a/b/c"] {
+        let out = support::custody(&["sweep", "--store", text]);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            err.starts_with(&format!(
+                "error: invalid value '{text}' for '--store <NAMESPACE/NAME>': must be NAMESPACE/NAME, as agents/orders\n"
+            )),
+            "{err}"
+        );
+    }
+}
+
 /// `custody sweep` takes its resources from files (`-f`) or from one store of the cluster
 /// (`--store`): its usage line names both, and neither or both is refused saying so.
 #[test]
@@ -701,16 +718,18 @@ fn a_taken_metrics_addr_stops_the_controller() {
 }
 
 /// `--apply` on a store with `mode: observe` says that it changes nothing, before sweeping.
-#[test]
-fn apply_on_an_observing_store_says_so() {
+#[tokio::test]
+async fn apply_on_an_observing_store_says_so() {
     let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("checkpoints.sqlite");
+    empty_sqlite_saver(&db).await.close().await;
     let port = support::free_port();
     support::basket_resources(
         dir.path(),
         &format!("http://127.0.0.1:{port}/mcp"),
         "auto",
         "sqlite",
-        "sqlite://missing.sqlite",
+        &format!("sqlite://{}", db.display()),
     );
     let out = support::custody(&["sweep", "--apply", "-f", dir.path().to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -719,6 +738,22 @@ fn apply_on_an_observing_store_says_so() {
             == "warning: CheckpointStore default/orders has spec.mode observe: --apply acts only \
                 on stores with mode: act, so this sweep only plans"),
         "{stderr}"
+    );
+    // `-o json`: also in the store's `warnings`, for a reader of stdout alone.
+    let out = support::custody(&[
+        "sweep",
+        "--apply",
+        "-o",
+        "json",
+        "-f",
+        dir.path().to_str().unwrap(),
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["stores"][0]["warnings"][0],
+        "CheckpointStore default/orders has spec.mode observe: --apply acts only on stores with \
+         mode: act, so this sweep only plans",
+        "{report:#}"
     );
 }
 

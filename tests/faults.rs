@@ -387,6 +387,9 @@ async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
     assert!(
         stderr.contains(
             "store default/orders: the checkpoint database refuses writes (permission denied"
+        ) && stderr.contains(
+            ": the role of spec.dsn lacks a grant an acting sweep needs, README \"Database \
+             privileges\"): custody cannot act on it"
         ),
         "{stderr}"
     );

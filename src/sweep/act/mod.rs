@@ -129,8 +129,13 @@ enum ReplayError {
 /// the database error anywhere in `e`'s causes: a refused write ([`ActError::ReadOnly`]: SQLSTATE
 /// 25006 `read_only_sql_transaction` or 42501 `insufficient_privilege`, SQLite's
 /// `SQLITE_READONLY` with the file's path), or a SQLite file another process kept locked
-/// ([`ActError::Locked`]: `SQLITE_BUSY`). `None` for any other failure.
-fn refused_write(e: &(dyn std::error::Error + 'static), pool: &WritePool) -> Option<ActError> {
+/// ([`ActError::Locked`]: `SQLITE_BUSY`). `None` for any other failure. A missing privilege
+/// names `dsn_field` ([`Target::dsn_field`]), where the role to grant it to is written.
+fn refused_write(
+    e: &(dyn std::error::Error + 'static),
+    pool: &WritePool,
+    dsn_field: &str,
+) -> Option<ActError> {
     let mut cause = Some(e);
     while let Some(c) = cause {
         if let Some(db) = c
@@ -152,9 +157,11 @@ fn refused_write(e: &(dyn std::error::Error + 'static), pool: &WritePool) -> Opt
                     path: absolute(path),
                     code: crate::checkpoint::sqlite_code_name(n)?,
                 }),
-                (None, Some("25006" | "42501")) => {
-                    Some(ActError::ReadOnly(db.message().to_owned()))
-                }
+                (None, Some("25006")) => Some(ActError::ReadOnly(db.message().to_owned())),
+                (None, Some("42501")) => Some(ActError::ReadOnly(format!(
+                    "{}: the role of {dsn_field} lacks a grant an acting sweep needs, README \"Database privileges\"",
+                    db.message()
+                ))),
                 _ => None,
             };
         }
@@ -202,7 +209,9 @@ impl<'a> Actor<'a> {
             Ok(ledger) => ledger,
             Err(e) => {
                 pool.close().await;
-                return Err(refused_write(&e, &pool).unwrap_or(ActError::Ledger(e)));
+                return Err(
+                    refused_write(&e, &pool, &target.dsn_field).unwrap_or(ActError::Ledger(e))
+                );
             }
         };
         let lock = match pool.try_lock(shard).await {
@@ -1004,7 +1013,7 @@ mod tests {
             .await
             .unwrap();
         let refusal = |e: sqlx::Error, pool: &WritePool| {
-            refused_write(&LedgerError::Query(e), pool).map(|e| e.to_string())
+            refused_write(&LedgerError::Query(e), pool, "spec.dsn").map(|e| e.to_string())
         };
 
         let reader = open(base.clone().read_only(true)).await.unwrap();
