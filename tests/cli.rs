@@ -68,6 +68,40 @@ fn unreachable_database_is_an_error_without_the_password() {
     );
 }
 
+/// A PostgreSQL DSN at an SSH server's port says that the server there is not PostgreSQL: an
+/// SSH server greets every client with `SSH-2.0-…`, whose `S` is what PostgreSQL answers an SSL
+/// request it accepts, so the client starts TLS on the rest (it said rustls's `received corrupt
+/// message of type InvalidContentType`). The greeting is OpenSSH's, sent as sshd sends it.
+#[test]
+fn a_postgres_dsn_at_an_ssh_server_says_what_answered() {
+    let ssh = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = ssh.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in ssh.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let _ = std::io::Write::write_all(
+                &mut stream,
+                b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u3\r\n",
+            );
+            // sshd waits for the client's greeting; the connection stays open meanwhile.
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_secs(10));
+                drop(stream);
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    let err = sweep_fails(dir.path());
+    let want = format!(
+        "store default/orders: spec.dsn: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
+         server there does not speak PostgreSQL's protocol: it answered the SSL request with 'S' \
+         (0x53), then with bytes that are not TLS, as an SSH server does\n"
+    );
+    assert!(err.contains(&want), "{err}");
+}
+
 /// A PostgreSQL DSN whose port answers HTTP (a real Node.js `http` server, which answers the
 /// SSL request's bytes with `HTTP/1.1 400` at once; Python's `http.server` waits for a line and
 /// times out instead) says that the server there is not PostgreSQL and what it answered, naming

@@ -257,6 +257,18 @@ pub fn db_text(e: &sqlx::Error) -> String {
             None => db.message().to_owned(),
         },
         sqlx::Error::Protocol(text) => protocol_text(text),
+        // The SSL request answered `S`, then bytes that are not TLS: what an SSH server's
+        // greeting (`SSH-2.0-…`) gives a client that asked PostgreSQL for TLS. rustls says only
+        // `received corrupt message of type InvalidContentType`.
+        sqlx::Error::Io(e)
+            if e.get_ref()
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                .is_some_and(|tls| matches!(tls, rustls::Error::InvalidMessage(_))) =>
+        {
+            "the server there does not speak PostgreSQL's protocol: it answered the SSL request \
+             with 'S' (0x53), then with bytes that are not TLS, as an SSH server does"
+                .to_owned()
+        }
         sqlx::Error::Io(e) => format!("error communicating with database: {}", io_text(e)),
         other => other.to_string(),
     }
