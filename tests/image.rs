@@ -243,6 +243,23 @@ fn the_binary_runs_alone_read_only_as_65532() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), committed);
 }
 
+/// The static binary allocates with mimalloc, not musl's own allocator, which cost the sweep
+/// 1.2x the wall time and 1.9x the CPU of the glibc build (BENCHMARKS.md, "The sweep as a Pod").
+/// mimalloc says it started when `MIMALLOC_VERBOSE=1`; musl's allocator reads no such variable.
+#[test]
+fn the_static_binary_allocates_with_mimalloc() {
+    let u = unpack();
+    let out = Command::new(u.rootfs.join("custody"))
+        .arg("--version")
+        .env_clear()
+        .env("MIMALLOC_VERBOSE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("mimalloc: process init"), "{stderr}");
+}
+
 /// The MCP client (reqwest with rustls-platform-verifier) loads the system's CA roots when it is
 /// built, for http:// servers too, and refuses to exist without any: the image's CA bundle is
 /// what lets the controller and the sweep talk to MCP servers at all.
