@@ -482,6 +482,17 @@ async fn sweep_roles_need_only_the_documented_grants() {
         "{observed}"
     );
     assert_eq!(row(&observed, "t-live")["verdict"], "ok", "{observed}");
+    // Its plan of this `mode: act` store says that acting would be refused, and why; it
+    // planned actions that `--apply` then refused for the whole store.
+    let warnings = observed["stores"][0]["warnings"].as_array().unwrap();
+    assert!(
+        warnings.iter().any(|w| w
+            == "an acting sweep of this store would be refused and take none of the planned \
+                actions: the role of spec.dsn lacks INSERT ON checkpoints, INSERT ON \
+                checkpoint_blobs, INSERT ON checkpoint_writes, CREATE ON SCHEMA public (README \
+                \"Database privileges\")"),
+        "{observed}"
+    );
 
     // The observing role cannot act: a clear error, without the password.
     let d = res.path().to_str().unwrap();
@@ -504,6 +515,11 @@ async fn sweep_roles_need_only_the_documented_grants() {
     )
     .await;
     act_as("custody_act", &act_pw);
+    let planned = sweep(res.path(), false);
+    assert!(
+        !planned.to_string().contains("would be refused"),
+        "{planned}"
+    );
     let acted = sweep(res.path(), true);
     let r = row(&acted, "t-live");
     assert_eq!(r["action"]["outcome"], "reminted", "{acted}");

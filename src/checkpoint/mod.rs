@@ -574,6 +574,21 @@ impl Store {
         }
     }
 
+    /// For a sweep that plans actions on a `mode: act` store: what would refuse the acting
+    /// sweep's writes on PostgreSQL (`hot standby`, each missing grant of README "Database
+    /// privileges", as `INSERT ON checkpoints`), so the plan does not promise actions that
+    /// `--apply` then refuses for the whole store. Empty for SQLite, whose acting sweep checks
+    /// the file and its directory before it opens them.
+    ///
+    /// # Errors
+    /// [`StoreError::Query`] when the privilege functions cannot be asked.
+    pub async fn write_refusals(&self) -> Result<Vec<String>, StoreError> {
+        match self {
+            Self::Postgres(r) => Ok(r.write_refusals().await?),
+            Self::Sqlite(_) => Ok(Vec::new()),
+        }
+    }
+
     /// The statement a PostgreSQL scan runs, detected when connecting: [`ScanPlan::Indexed`]
     /// when the DBA added both [`PARKED_INDEXES`], else [`ScanPlan::Full`]. `None` for SQLite.
     pub fn scan_plan(&self) -> Option<ScanPlan> {

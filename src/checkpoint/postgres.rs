@@ -500,6 +500,29 @@ impl Reader {
         }
     }
 
+    /// What an acting sweep's writes would meet that refuses them: `hot standby`, or a grant of
+    /// README "Database privileges" the role lacks (`INSERT ON checkpoints`, …, `CREATE ON
+    /// SCHEMA public` while custody's tables do not exist yet). Empty when none; asked of the
+    /// server's privilege functions, so nothing is written.
+    pub(super) async fn write_refusals(&self) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT array_remove(ARRAY[
+                 CASE WHEN pg_is_in_recovery() THEN 'hot standby' END,
+                 CASE WHEN NOT has_table_privilege('checkpoints', 'INSERT')
+                      THEN 'INSERT ON checkpoints' END,
+                 CASE WHEN NOT has_table_privilege('checkpoint_blobs', 'INSERT')
+                      THEN 'INSERT ON checkpoint_blobs' END,
+                 CASE WHEN NOT has_table_privilege('checkpoint_writes', 'INSERT')
+                      THEN 'INSERT ON checkpoint_writes' END,
+                 CASE WHEN to_regclass('custody_migrations') IS NULL
+                       AND NOT has_schema_privilege(current_schema(), 'CREATE')
+                      THEN 'CREATE ON SCHEMA ' || current_schema() END
+             ], NULL)",
+        )
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// The statement this reader's scans run.
     pub(super) fn plan(&self) -> ScanPlan {
         self.plan

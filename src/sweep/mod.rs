@@ -402,6 +402,20 @@ pub async fn run_with(
         Ok(store) => store,
         Err(e) => return Err(act::close_on_error(actor, store_err(e)).await),
     };
+    // A plan for a store that acts says when acting would be refused: the rows' `planned: …`
+    // would otherwise promise what `--apply` (or the store's CronJob) then refuses for the
+    // whole store.
+    let write_refusals = if actor.is_none() && target.mode == StoreMode::Act {
+        match store.write_refusals().await {
+            Ok(refusals) => refusals,
+            Err(e) => {
+                store.close().await;
+                return Err(store_err(e));
+            }
+        }
+    } else {
+        Vec::new()
+    };
     let channels: Vec<String> = target
         .classes
         .iter()
@@ -530,6 +544,29 @@ pub async fn run_with(
     summary.skipped_classes.sort_unstable();
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut warnings = input_warnings(target);
+    if !write_refusals.is_empty() {
+        let (standby, grants): (Vec<_>, Vec<_>) =
+            write_refusals.iter().partition(|r| *r == "hot standby");
+        let mut why = Vec::new();
+        if !standby.is_empty() {
+            why.push("the database is a hot standby (pg_is_in_recovery)".to_owned());
+        }
+        if !grants.is_empty() {
+            why.push(format!(
+                "the role of {} lacks {} (README \"Database privileges\")",
+                target.dsn_field,
+                grants
+                    .iter()
+                    .map(|g| g.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        warnings.push(format!(
+            "an acting sweep of this store would be refused and take none of the planned actions: {}",
+            why.join("; ")
+        ));
+    }
     if acting == Acting::LockHeldElsewhere {
         warnings.push(format!(
             "another custody process holds the act lock of this store{}: this sweep took no action (each row's action says skipped){}; that process acts on it",
