@@ -244,20 +244,38 @@ fn the_binary_runs_alone_read_only_as_65532() {
 }
 
 /// The static binary allocates with mimalloc, not musl's own allocator, which cost the sweep
-/// 1.2x the wall time and 1.9x the CPU of the glibc build (BENCHMARKS.md, "The sweep as a Pod").
-/// mimalloc says it started when `MIMALLOC_VERBOSE=1`; musl's allocator reads no such variable.
+/// 1.2x the wall time and 1.9x the CPU of the glibc build (BENCHMARKS.md, "The sweep as a Pod"),
+/// and the image's environment tells mimalloc to return memory (deploy/Containerfile). mimalloc
+/// says it started, and its options, when `MIMALLOC_VERBOSE=1`; musl's allocator reads no such
+/// variable.
 #[test]
 fn the_static_binary_allocates_with_mimalloc() {
     let u = unpack();
+    let env: Vec<(String, String)> = u.config["config"]["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     let out = Command::new(u.rootfs.join("custody"))
         .arg("--version")
         .env_clear()
+        .envs(env)
         .env("MIMALLOC_VERBOSE", "1")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("mimalloc: process init"), "{stderr}");
+    for option in ["arena_eager_commit", "purge_delay"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.trim_end() == format!("option '{option}': 0")),
+            "{option}: {stderr}"
+        );
+    }
 }
 
 /// The MCP client (reqwest with rustls-platform-verifier) loads the system's CA roots when it is
