@@ -410,12 +410,15 @@ fn bounds(field: &serde_json::Value) -> (Option<f64>, Option<f64>) {
 /// the schema does not declare `nullable` is pruned, so the field's default applies as if it
 /// were absent (`timeoutSeconds: null` is 10), and a number outside its field's `minimum` or
 /// `maximum` is refused, in the one wording of a bound ([`validate::out_of_range`]) whether it is
-/// negative, 0 or too large for its Rust type. `path` is the document's path to `value`.
+/// negative, 0 or too large for its Rust type. `path` is the document's path to `value`; every
+/// field out of its bounds is added to `errors`, as the API server lists every field that fails
+/// its schema.
 fn conform(
     value: &mut serde_yaml::Value,
     schema: &serde_json::Value,
     path: &str,
-) -> Result<(), String> {
+    errors: &mut Vec<String>,
+) {
     use serde_yaml::Value;
     match value {
         Value::Mapping(map) => {
@@ -426,53 +429,82 @@ fn conform(
                 };
                 !(v.is_null() && field(key).is_some_and(|f| !nullable(f)))
             });
+            // Declared properties only, no map and no preserved unknown fields: any other key
+            // is one the API server would prune (and serde may stop before it reaches it).
+            let closed = schema.get("properties").is_some()
+                && schema.get("additionalProperties").is_none()
+                && schema.get("x-kubernetes-preserve-unknown-fields").is_none();
             for (key, v) in map.iter_mut() {
-                if let Some((name, f)) = key.as_str().zip(field(key)) {
-                    let at = if path.is_empty() {
-                        name.to_owned()
-                    } else {
-                        format!("{path}.{name}")
-                    };
-                    conform(v, f, &at)?;
+                let Some(name) = key.as_str() else { continue };
+                let at = if path.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{path}.{name}")
+                };
+                match field(key) {
+                    Some(f) => conform(v, f, &at, errors),
+                    // The derived kinds' schemas leave out the object's own apiVersion, kind
+                    // and metadata.
+                    None if closed
+                        && !(path.is_empty()
+                            && matches!(name, "apiVersion" | "kind" | "metadata")) =>
+                    {
+                        errors.push(unknown_field(&at));
+                    }
+                    None => {}
                 }
             }
         }
         Value::Sequence(items) => {
             if let Some(item) = schema.get("items") {
                 for (i, v) in items.iter_mut().enumerate() {
-                    conform(v, item, &format!("{path}[{i}]"))?;
+                    conform(v, item, &format!("{path}[{i}]"), errors);
                 }
             }
         }
         Value::Number(n) => {
             let (min, max) = bounds(schema);
             let x = n.as_f64().unwrap_or_default();
-            if min.is_some_and(|min| x < min) || max.is_some_and(|max| x > max) {
-                return Err(format!("{path}: {}", validate::out_of_range(n, min, max)));
+            // A value already noted at `path` (an integer beyond 64 bits) is said once.
+            let noted = errors.iter().any(|e| e.starts_with(&format!("{path}: ")));
+            if !noted && (min.is_some_and(|min| x < min) || max.is_some_and(|max| x > max)) {
+                errors.push(format!("{path}: {}", validate::out_of_range(n, min, max)));
             }
         }
         _ => {}
     }
-    Ok(())
+}
+
+/// `PATH: unknown field (…)`, for a field the kind does not have.
+fn unknown_field(path: &str) -> String {
+    format!("{path}: unknown field (check its spelling against `custody crd`)")
 }
 
 /// Deserializes into the cluster type, `schema` being its CRD's (pruned and bounded as the API
 /// server would, [`conform`]; its bounds named in a type error). What the document's value could
 /// not hold is an error naming the field; so are unknown fields: the API server would prune them,
 /// and a misspelt `goneWhen` or `headersFrom` silently dropped changes what custody does.
+///
+/// # Errors
+/// Every field the document's schema refuses, joined by `; ` (`spec.timeoutSeconds: 0 is out of
+/// range: 1 to 300; spec.healthIntervalSeconds: …`), as the API server lists them; of the type
+/// errors serde finds, the first (it stops there).
 fn typed<T: DeserializeOwned>(
     doc: Document,
     schema: Option<&serde_json::Value>,
 ) -> Result<T, String> {
     let Document { mut value, noted } = doc;
-    if let Some((path, noted)) = noted.first() {
-        return Err(format!(
-            "{path}: {}",
-            noted.message(schema.and_then(|s| schema_at(s, path)))
-        ));
-    }
+    let mut errors: Vec<String> = noted
+        .iter()
+        .map(|(path, noted)| {
+            format!(
+                "{path}: {}",
+                noted.message(schema.and_then(|s| schema_at(s, path)))
+            )
+        })
+        .collect();
     if let Some(schema) = schema {
-        conform(&mut value, schema, "")?;
+        conform(&mut value, schema, "", &mut errors);
     }
     let mut unknown = Vec::new();
     // The derived kinds take apiVersion and kind from their type, not from the document.
@@ -486,16 +518,30 @@ fn typed<T: DeserializeOwned>(
     let typed = serde_path_to_error::deserialize(de);
     // A misspelt field is why a required one is missing (`spek:` for `spec:`): it is said,
     // not the missing one.
-    if let Some(path) = unknown.first() {
-        return Err(format!(
-            "{path}: unknown field (check its spelling against `custody crd`)"
-        ));
+    for path in &unknown {
+        let error = unknown_field(path);
+        if !errors.contains(&error) {
+            errors.push(error);
+        }
     }
-    typed.map_err(|e| {
-        let path = e.path().to_string();
-        let field = schema.and_then(|s| schema_at(s, &path));
-        kubernetes_words(&e.into_inner().to_string(), &path, field)
-    })
+    match typed {
+        Ok(typed) if errors.is_empty() => Ok(typed),
+        Ok(_) => Err(errors.join("; ")),
+        Err(_) if !unknown.is_empty() => Err(errors.join("; ")),
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = schema.and_then(|s| schema_at(s, &path));
+            let message = kubernetes_words(&e.into_inner().to_string(), &path, field);
+            // A value noted or out of bounds may be what serde stumbled on: said once.
+            if !errors
+                .iter()
+                .any(|known| known.starts_with(&format!("{path}: ")))
+            {
+                errors.push(message);
+            }
+            Err(errors.join("; "))
+        }
+    }
 }
 
 /// serde's error `message` about the field at `path` (`.` for the document), whose schema is
@@ -1046,14 +1092,14 @@ mod tests {
             ),
             (
                 "HandleClass",
-                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t, arguments: {}}\n",
                 "probesWithinTtl",
                 "-1",
                 "0 to 1000",
             ),
             (
                 "HandleClass",
-                "  serverRef: b\n  statePath: b\n  probe: {tool: t}\n",
+                "  serverRef: b\n  statePath: b\n  probe: {tool: t, arguments: {}}\n",
                 "probesWithinTtl",
                 "1001",
                 "0 to 1000",
@@ -1085,6 +1131,27 @@ mod tests {
         );
     }
 
+    /// Every field the schema refuses is reported, as the API server lists them: two bounds,
+    /// a misspelt field and a key given twice in one document (it said the first alone, so a
+    /// user fixed one field per run).
+    #[test]
+    fn every_field_the_schema_refuses_is_reported() {
+        let text = "apiVersion: custody.dev/v1alpha1\nkind: CheckpointStore\nmetadata: {name: s}\n\
+                    spec:\n  backend: sqlite\n  dsn: sqlite://x\n  dsn: sqlite://y\n  parallelism: 0\n  \
+                    minParkedSeconds: -1\n  schedul: '* * * * *'\n";
+        let e = Resources::parse(Path::new("r.yaml"), text)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            e,
+            "r.yaml: document 1 (CheckpointStore default/s): spec.dsn: given twice in one mapping \
+             (a YAML key appears once); spec.parallelism: 0 is out of range: 1 to 64; \
+             spec.minParkedSeconds: -1 is out of range: at least 0; spec.schedul: unknown field \
+             (check its spelling against `custody crd`)"
+        );
+    }
+
     /// An integer beyond 64 bits, which a YAML value cannot hold, names the object and the field
     /// and says the field's bounds: it said "document 1 (?): not YAML: … as u128, expected any
     /// YAML value". So does a key given twice, which refused the document the same way.
@@ -1107,7 +1174,7 @@ mod tests {
             ),
             (
                 format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: t}}\nstringData:\n  - {huge}\n"),
-                format!("(Secret default/t): stringData[0]: {huge} is out of range: larger than any 64-bit integer"),
+                format!("(Secret default/t): stringData[0]: {huge} is out of range: larger than any 64-bit integer; stringData: invalid type: array, expected an object"),
             ),
             (
                 "apiVersion: custody.dev/v1alpha1\nkind: MCPServer\nmetadata: {name: b}\nspec:\n  url: http://x/mcp\n  url: http://y/mcp\n".to_owned(),
