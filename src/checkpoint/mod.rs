@@ -532,6 +532,15 @@ pub enum Store {
     Sqlite(sqlite::Reader),
 }
 
+/// What would refuse an acting sweep's writes to a store ([`Store::write_refusals`]).
+#[derive(Debug, Default)]
+pub struct WriteRefusals {
+    /// The server is a hot standby (`pg_is_in_recovery()`), which refuses every write.
+    pub hot_standby: bool,
+    /// The grants of README "Database privileges" the role lacks, as `INSERT ON checkpoints`.
+    pub missing_grants: Vec<String>,
+}
+
 impl Store {
     /// Connects read-only and checks that LangGraph's tables are there.
     ///
@@ -575,17 +584,16 @@ impl Store {
     }
 
     /// For a sweep that plans actions on a `mode: act` store: what would refuse the acting
-    /// sweep's writes on PostgreSQL (`hot standby`, each missing grant of README "Database
-    /// privileges", as `INSERT ON checkpoints`), so the plan does not promise actions that
-    /// `--apply` then refuses for the whole store. Empty for SQLite, whose acting sweep checks
-    /// the file and its directory before it opens them.
+    /// sweep's writes on PostgreSQL, so the plan does not promise actions that `--apply` then
+    /// refuses for the whole store. None for SQLite, whose acting sweep checks the file and its
+    /// directory before it opens them.
     ///
     /// # Errors
     /// [`StoreError::Query`] when the privilege functions cannot be asked.
-    pub async fn write_refusals(&self) -> Result<Vec<String>, StoreError> {
+    pub async fn write_refusals(&self) -> Result<WriteRefusals, StoreError> {
         match self {
             Self::Postgres(r) => Ok(r.write_refusals().await?),
-            Self::Sqlite(_) => Ok(Vec::new()),
+            Self::Sqlite(_) => Ok(WriteRefusals::default()),
         }
     }
 

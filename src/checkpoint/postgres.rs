@@ -500,14 +500,13 @@ impl Reader {
         }
     }
 
-    /// What an acting sweep's writes would meet that refuses them: `hot standby`, or a grant of
-    /// README "Database privileges" the role lacks (`INSERT ON checkpoints`, …, `CREATE ON
-    /// SCHEMA public` while custody's tables do not exist yet). Empty when none; asked of the
-    /// server's privilege functions, so nothing is written.
-    pub(super) async fn write_refusals(&self) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT array_remove(ARRAY[
-                 CASE WHEN pg_is_in_recovery() THEN 'hot standby' END,
+    /// What an acting sweep's writes would meet that refuses them: a hot standby, or the grants
+    /// of README "Database privileges" the role lacks (`INSERT ON checkpoints`, …, `CREATE ON
+    /// SCHEMA public` while custody's tables do not exist yet). Asked of the server's privilege
+    /// functions, so nothing is written.
+    pub(super) async fn write_refusals(&self) -> Result<super::WriteRefusals, sqlx::Error> {
+        let (hot_standby, missing_grants) = sqlx::query_as(
+            "SELECT pg_is_in_recovery(), array_remove(ARRAY[
                  CASE WHEN NOT has_table_privilege('checkpoints', 'INSERT')
                       THEN 'INSERT ON checkpoints' END,
                  CASE WHEN NOT has_table_privilege('checkpoint_blobs', 'INSERT')
@@ -520,7 +519,11 @@ impl Reader {
              ], NULL)",
         )
         .fetch_one(&self.pool)
-        .await
+        .await?;
+        Ok(super::WriteRefusals {
+            hot_standby,
+            missing_grants,
+        })
     }
 
     /// The statement this reader's scans run.

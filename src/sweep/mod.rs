@@ -405,7 +405,7 @@ pub async fn run_with(
     // A plan for a store that acts says when acting would be refused: the rows' `planned: …`
     // would otherwise promise what `--apply` (or the store's CronJob) then refuses for the
     // whole store.
-    let write_refusals = if actor.is_none() && target.mode == StoreMode::Act {
+    let refusals = if actor.is_none() && target.mode == StoreMode::Act {
         match store.write_refusals().await {
             Ok(refusals) => refusals,
             Err(e) => {
@@ -414,7 +414,7 @@ pub async fn run_with(
             }
         }
     } else {
-        Vec::new()
+        crate::checkpoint::WriteRefusals::default()
     };
     let channels: Vec<String> = target
         .classes
@@ -544,24 +544,18 @@ pub async fn run_with(
     summary.skipped_classes.sort_unstable();
     summary.finished_at = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut warnings = input_warnings(target);
-    if !write_refusals.is_empty() {
-        let (standby, grants): (Vec<_>, Vec<_>) =
-            write_refusals.iter().partition(|r| *r == "hot standby");
-        let mut why = Vec::new();
-        if !standby.is_empty() {
-            why.push("the database is a hot standby (pg_is_in_recovery)".to_owned());
-        }
-        if !grants.is_empty() {
-            why.push(format!(
-                "the role of {} lacks {} (README \"Database privileges\")",
-                target.dsn_field,
-                grants
-                    .iter()
-                    .map(|g| g.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
+    let mut why = Vec::new();
+    if refusals.hot_standby {
+        why.push("the database is a hot standby (pg_is_in_recovery)".to_owned());
+    }
+    if !refusals.missing_grants.is_empty() {
+        why.push(format!(
+            "the role of {} lacks {} (README \"Database privileges\")",
+            target.dsn_field,
+            refusals.missing_grants.join(", ")
+        ));
+    }
+    if !why.is_empty() {
         warnings.push(format!(
             "an acting sweep of this store would be refused and take none of the planned actions: {}",
             why.join("; ")
