@@ -1436,6 +1436,20 @@ fn threads_without_the_channel_are_counted_or_absent() {
     );
 }
 
+/// SqliteSaver's file `checkpoints.sqlite`, written by real LangGraph (threads `t-live` and
+/// `t-expired`, their handles minted by `basket`) and closed, alone in a directory of its own:
+/// the directory's guard, its canonical path and the file's.
+fn closed_sqlite_checkpoints(
+    basket: &BasketServer,
+) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().canonicalize().unwrap();
+    let db = dir.join("checkpoints.sqlite");
+    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
+    assert_eq!(listing(&dir), ["checkpoints.sqlite"], "the writer closed");
+    (data, dir, db)
+}
+
 /// The names of the files in `dir`, sorted.
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -1650,11 +1664,7 @@ async fn custody_tables(db: &Path) -> i64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_acting_sweep_leaves_a_wal_database_as_it_found_it() {
     let basket = BasketServer::start(&[]);
-    let data = tempfile::tempdir().unwrap();
-    let dir = data.path().canonicalize().unwrap();
-    let db = dir.join("checkpoints.sqlite");
-    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
-    assert_eq!(listing(&dir), ["checkpoints.sqlite"], "the writer closed");
+    let (_data, dir, db) = closed_sqlite_checkpoints(&basket);
     let res = tempfile::tempdir().unwrap();
     support::act_resources(
         res.path(),
@@ -1809,11 +1819,7 @@ async fn an_acting_sweep_leaves_a_wal_database_as_it_found_it() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_an_acting_sweep_leaves_no_wal() {
     let basket = BasketServer::start(&[]);
-    let data = tempfile::tempdir().unwrap();
-    let dir = data.path().canonicalize().unwrap();
-    let db = dir.join("checkpoints.sqlite");
-    support::write_some_fixtures(&basket.url(), Db::Sqlite(&db), Some("t-live,t-expired"), "");
-    assert_eq!(listing(&dir), ["checkpoints.sqlite"], "the writer closed");
+    let (_data, dir, db) = closed_sqlite_checkpoints(&basket);
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let res = tempfile::tempdir().unwrap();
     support::act_resources(

@@ -10,6 +10,15 @@ fn sweep_fails(dir: &Path) -> String {
     sweep_fails_with(&["-f", dir.to_str().unwrap()])
 }
 
+/// The stderr of a failing dry run of a PostgreSQL store whose DSN, with a password, names
+/// `127.0.0.1:port`.
+fn sweep_fails_at(port: u16) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
+    support::offline_basket_resources(dir.path(), "postgres", &dsn);
+    sweep_fails(dir.path())
+}
+
 /// The stderr of `custody sweep --dry-run` with these `-f` arguments, asserting it fails.
 fn sweep_fails_with(files: &[&str]) -> String {
     let out = support::custody(&[&["sweep", "--dry-run"], files].concat());
@@ -90,10 +99,7 @@ fn a_postgres_dsn_at_an_ssh_server_says_what_answered() {
             });
         }
     });
-    let dir = tempfile::tempdir().unwrap();
-    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
-    support::offline_basket_resources(dir.path(), "postgres", &dsn);
-    let err = sweep_fails(dir.path());
+    let err = sweep_fails_at(port);
     let want = format!(
         "store default/orders: spec.dsn: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
          server there does not speak PostgreSQL's protocol: it answered the SSL request with 'S' \
@@ -131,10 +137,7 @@ fn a_postgres_dsn_at_an_http_server_says_what_answered() {
             .unwrap(),
     );
     support::wait_for_port(port, std::time::Duration::from_secs(30));
-    let dir = tempfile::tempdir().unwrap();
-    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg");
-    support::offline_basket_resources(dir.path(), "postgres", &dsn);
-    let err = sweep_fails(dir.path());
+    let err = sweep_fails_at(port);
     let want = format!(
         "store default/orders: spec.dsn: cannot connect to postgres://custody:***@127.0.0.1:{port}/lg: the \
          server there does not speak PostgreSQL's protocol: it answered the SSL request with 'H' \
