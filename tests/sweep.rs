@@ -139,9 +139,17 @@ fn server_down_is_unknown_never_gone() {
             ),
         "{said:?}"
     );
-    // What needs no round trip is still decided.
+    // What needs no round trip is still decided (README, "Running it on your own checkpoints").
     assert_eq!(got["t-other-principal"].0, "gone");
     assert_eq!(got["t-ttl"].0, "ok");
+    assert!(
+        got["t-ttl"].1.starts_with("within its declared lifetime (")
+            && got["t-ttl"]
+                .1
+                .contains("); a sample probe did not decide ("),
+        "{:?}",
+        got["t-ttl"]
+    );
     assert_eq!(got["t-absent"].0, "absent");
     assert_eq!(expected(&manifest).len(), got.len());
     assert!(report["stores"][0]["servers"][0]["error"].is_string());
