@@ -14,6 +14,7 @@
 //! | 1a | PostgreSQL restarted while the sweep scans | the sweep exits 1 naming the store and the lost connection, writes nothing; the next run acts | `postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts` |
 //! | 1b | PostgreSQL restarted while the sweep acts (between mint and replay) | the act lock went with the connection: the action stops with an error saying so, the ledger keeps the minted handle; the next run replays and appends, one basket | `postgres_restarted_mid_act_stops_acting_and_the_next_run_finishes_once` |
 //! | 2 | checkpoint database read-only (`default_transaction_read_only`), or a role with SELECT only (PostgreSQL) | observing works; acting exits 1 with "the checkpoint database refuses writes (<the database's reason>)", writes nothing, not even custody's tables; writable again, the next run acts | `a_read_only_database_is_observed_refused_for_acting_then_acted_on` |
+//! | 2b | checkpoint database a hot standby (a streaming replica) | the plan warns that acting would be refused, naming the standby; acting exits 1 with "the checkpoint database refuses writes (… a hot standby …)", writes nothing | `a_hot_standby_is_observed_and_refused_for_acting` |
 //! | 3a | probe: server hangs, answers 5xx, drops the SSE stream (on each resume too), or is slower than its timeout | `unknown` (never `gone`) with the cause (a dropped stream: `stream dropped`, not a timeout); one bad server costs only its own timeout | `probes_of_misbehaving_servers_are_unknown_and_cost_their_own_timeout` |
 //! | 3b | probe: server slow byte by byte, within the timeout | the right verdict | same test (`slow-ok`) |
 //! | 3c | mint hangs (after creating), answers 5xx, or drops the stream (after creating) | the action fails cleanly and is retried next run; the idempotency key returns the same basket: one basket | `a_mint_that_hangs_5xx_or_drops_is_retried_next_run_and_mints_once` |
@@ -460,6 +461,68 @@ async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
         "{acted:#}"
     );
     assert_eq!(db.unsettled().await, 0);
+}
+
+/// A hot standby (a streaming replica, `pg_is_in_recovery()`) refuses every write whatever the
+/// role's grants: the plan of a `mode: act` store on it says acting would be refused and why,
+/// and `--apply` is refused with that cause and writes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hot_standby_is_observed_and_refused_for_acting() {
+    use sqlx::Connection as _;
+    let pg = OwnPg::start().await;
+    let basket = BasketServer::start(&[]);
+    support::write_some_fixtures(
+        &basket.url(),
+        support::Db::Postgres(&pg.url),
+        Some("t-expired,t-live"),
+        "",
+    );
+    let standby = pg.server.standby();
+    let (base, _) = standby.admin.rsplit_once('/').unwrap();
+    let res = tempfile::tempdir().unwrap();
+    support::act_resources(
+        res.path(),
+        &basket.url(),
+        "postgres",
+        &format!("{base}/checkpoints"),
+        "escalate",
+    );
+
+    let planned = report(&run(&sweep_args(res.path(), &[])));
+    assert_eq!(row(&planned, "t-expired", "basket")["verdict"], "gone");
+    assert_eq!(
+        row(&planned, "t-expired", "basket")["action"]["outcome"],
+        "planned"
+    );
+    assert!(
+        planned["warnings"].as_array().unwrap().iter().any(|w| w
+            == "an acting sweep of this store would be refused and take none of the planned \
+                actions: the database is a hot standby (pg_is_in_recovery)"),
+        "{planned:#}"
+    );
+
+    let out = run(&sweep_args(res.path(), &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("");
+    assert!(
+        error.contains("store default/orders: the checkpoint database refuses writes (")
+            && error.contains("hot standby"),
+        "the error names the store and the standby: {error:?}\n{stderr}"
+    );
+    let mut primary = sqlx::PgConnection::connect(&pg.url).await.unwrap();
+    let custody_tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'custody_%'")
+            .fetch_one(&mut primary)
+            .await
+            .unwrap();
+    assert_eq!(
+        custody_tables, 0,
+        "nothing written, not even custody's tables"
+    );
 }
 
 // ------------------------------------------------------------------ 3: misbehaving MCP servers

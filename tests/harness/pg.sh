@@ -8,6 +8,10 @@
 #   tests/harness/pg.sh restart DIR stop it (fast: open sessions are terminated) and start it
 #                                   again on the same port, printing the same URL (for tests
 #                                   of a database that restarts under a running client)
+#   tests/harness/pg.sh standby DIR URL
+#                                   a streaming replica of the server at URL (a base backup
+#                                   with pg_basebackup -R into DIR/data, if new), started and
+#                                   printed as start does: a hot standby, which refuses writes
 #
 # Trust auth, no Unix socket, fsync/synchronous_commit/full_page_writes off: test data only.
 # PostgreSQL refuses to run as root, so as root the server runs as the OS user
@@ -21,9 +25,9 @@ PG_OS_USER="${CUSTODY_PG_USER:-custody-pg}"
 
 die() { echo "pg.sh: $*" >&2; exit 1; }
 
-usage() { die "usage: pg.sh start DIR | pg.sh stop DIR | pg.sh restart DIR"; }
+usage() { die "usage: pg.sh start DIR | pg.sh stop DIR | pg.sh restart DIR | pg.sh standby DIR URL"; }
 
-[[ $# -eq 2 ]] || usage
+[[ $# -eq 2 || ( $# -eq 3 && "$1" == standby ) ]] || usage
 command="$1"
 [[ -n "$2" ]] || usage
 mkdir -p "$2"
@@ -112,8 +116,22 @@ restart() {
     start "$port"
 }
 
+# standby URL: a base backup of the primary at URL (its initdb's pg_hba.conf trusts replication
+# connections from 127.0.0.1), written with the standby.signal and primary_conninfo of -R.
+standby() {
+    local primary="$1"
+    ensure_os_user
+    if [[ ! -f "$data/PG_VERSION" ]]; then
+        echo "pg.sh: base backup of $primary into $data" >&2
+        as_pg "$PG_BIN/pg_basebackup" -d "$primary" -D "$data" -R -X stream --no-sync \
+            >"$dir/basebackup.log" 2>&1 || { cat "$dir/basebackup.log" >&2; die "pg_basebackup failed"; }
+    fi
+    start
+}
+
 case "$command" in
     start) start ;;
+    standby) standby "$3" ;;
     stop) stop ;;
     restart) restart ;;
     *) usage ;;

@@ -519,12 +519,13 @@ impl Drop for TicketServer {
 }
 
 /// Runs `tests/harness/pg.sh COMMAND DIR`, asserting success; its stdout, trimmed.
-fn pg_sh(command: &str, dir: &Path) -> String {
+fn pg_sh(command: &str, dir: &Path, extra: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness/pg.sh");
     let out = Command::new("bash")
         .arg(script)
         .arg(command)
         .arg(dir)
+        .args(extra)
         .output()
         .expect("run pg.sh");
     assert!(
@@ -547,7 +548,15 @@ impl OwnPostgres {
     /// Starts it in a new temporary directory.
     pub fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let admin = pg_sh("start", dir.path());
+        let admin = pg_sh("start", dir.path(), &[]);
+        Self { dir, admin }
+    }
+
+    /// A hot standby of this server: a streaming replica (pg.sh `standby`) in a directory of its
+    /// own, which has every database this one had and refuses writes (`pg_is_in_recovery()`).
+    pub fn standby(&self) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let admin = pg_sh("standby", dir.path(), &[&self.admin]);
         Self { dir, admin }
     }
 
@@ -559,12 +568,12 @@ impl OwnPostgres {
     /// Stops it (fast: open sessions are terminated); [`Self::restart`] starts it again on the
     /// same port.
     pub fn stop(&self) {
-        pg_sh("stop", self.dir.path());
+        pg_sh("stop", self.dir.path(), &[]);
     }
 
     /// A fast restart on the same port: every open session is terminated.
     pub fn restart(&self) {
-        pg_sh("restart", self.dir.path());
+        pg_sh("restart", self.dir.path(), &[]);
     }
 }
 

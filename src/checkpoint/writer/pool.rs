@@ -163,6 +163,19 @@ impl WritePool {
         }
     }
 
+    /// Whether the database is a PostgreSQL hot standby (`pg_is_in_recovery()`), which refuses
+    /// every write whatever the role's grants; `false` for SQLite, and when the question itself
+    /// fails (it only adds to an error already being reported).
+    pub async fn in_recovery(&self) -> bool {
+        match self {
+            Self::Postgres(pool) => sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(pool)
+                .await
+                .unwrap_or(false),
+            Self::Sqlite(..) => false,
+        }
+    }
+
     /// Closes the pool's connections and waits until they are closed. On SQLite this is what
     /// folds the `-wal` back into the file and removes it and the `-shm` when no other
     /// connection has the database open: SQLite does that in the last connection's close, and a

@@ -208,10 +208,18 @@ impl<'a> Actor<'a> {
         let ledger = match Ledger::open(pool.clone()).await {
             Ok(ledger) => ledger,
             Err(e) => {
+                // A standby's refusal reads "cannot execute CREATE TABLE in a read-only
+                // transaction", as a read-only default does: say which it is.
+                let refused = match refused_write(&e, &pool, &target.dsn_field) {
+                    Some(ActError::ReadOnly(why)) if pool.in_recovery().await => {
+                        Some(ActError::ReadOnly(format!(
+                            "{why}: the database is a hot standby, which refuses every write"
+                        )))
+                    }
+                    refused => refused,
+                };
                 pool.close().await;
-                return Err(
-                    refused_write(&e, &pool, &target.dsn_field).unwrap_or(ActError::Ledger(e))
-                );
+                return Err(refused.unwrap_or(ActError::Ledger(e)));
             }
         };
         let lock = match pool.try_lock(shard).await {
