@@ -117,13 +117,14 @@ restart() {
 }
 
 # standby URL: a base backup of the primary at URL (its initdb's pg_hba.conf trusts replication
-# connections from 127.0.0.1), written with the standby.signal and primary_conninfo of -R.
+# connections from 127.0.0.1), written with the standby.signal and primary_conninfo of -R;
+# `-c fast` checkpoints at once (the default spreads it over checkpoint_timeout: ~100 s here).
 standby() {
     local primary="$1"
     ensure_os_user
     if [[ ! -f "$data/PG_VERSION" ]]; then
         echo "pg.sh: base backup of $primary into $data" >&2
-        as_pg "$PG_BIN/pg_basebackup" -d "$primary" -D "$data" -R -X stream --no-sync \
+        as_pg "$PG_BIN/pg_basebackup" -d "$primary" -D "$data" -R -X stream -c fast --no-sync \
             >"$dir/basebackup.log" 2>&1 || { cat "$dir/basebackup.log" >&2; die "pg_basebackup failed"; }
     fi
     start
