@@ -16,6 +16,7 @@
 //! | F7 | [`a_reconcile_refused_by_rbac_is_an_event_on_the_object`] | RBAC refuses an API call a reconcile makes (the ClusterRole loses `list` on Jobs) | a Warning Event `ReconcileForbidden` on the CheckpointStore naming the 403 and the resource, and `Ready=False ReconcileForbidden` with the same message; counted as `reason="forbidden"`; Ready once RBAC allows it |
 //! | F8 | [`a_refused_status_write_backs_off`] | an installed CRD older than the controller refuses every status write of an object (HTTP 422) | the object's status writes back off (15 s, 30 s, 60 s, … 5 min) instead of retrying at each reconcile; one WARN line per back-off step; every refusal counted; written at the next step once the CRD is right |
 //! | F9 | [`a_sweep_pod_no_scheduler_looks_at_shows_on_the_store`] | a sweep Job's Pod names a `schedulerName` no scheduler serves (the test cluster runs none), so it stays Pending with no node and no `PodScheduled` condition | after the grace period the store is `LastSweepSucceeded=False`, `Ready=False`, reason `SweepPodPending` naming the Pod and the schedulerName, long before `sweepTimeoutSeconds` |
+//! | F11 | [`a_silent_database_holds_back_no_store_condition`] | a store's DSN allows 300 s to connect (`connect_timeout=300`) to a port that never answers | the controller's check gives up after its own 15 s: `Reachable=False ConnectFailed` saying so, and `Scheduled`, within a minute |
 //! | F10 | [`a_watch_whose_rbac_is_revoked_makes_the_controller_not_ready`] | the controller's ClusterRole loses `watch` on Jobs while its watch of them streams | within a minute `/readyz` answers 503 naming the verb and `jobs.batch`, counted as `watch_forbidden`; 200 again once the verb is restored |
 //! | B1–B52 | [`bad_resources_are_rejected_or_named_in_conditions`] ([`bad_input_rows`]) | every kind with missing, wrong-typed, out-of-range, contradictory or dangling fields | the API server rejects it with a message naming the field, or (cross-object references, Secrets, tools) the controller sets a condition whose message names the field path; the good objects of the namespace still reconcile; each failure is counted |
 //!
@@ -2064,6 +2065,69 @@ async fn a_sweep_pod_no_scheduler_looks_at_shows_on_the_store() {
         (&json!("False"), &json!("SweepPodPending")),
         "{ready}"
     );
+}
+
+/// F11: a store whose DSN allows 300 s to connect (`connect_timeout=300`) to a port where the
+/// kernel accepts and nothing ever answers. The controller's check waits its own 15 s, so the
+/// store's conditions (`Reachable=False` naming that, `Scheduled`) are written within seconds,
+/// not after the DSN's 300 s, and the Warning Event is an events.k8s.io Event with `eventTime`
+/// (README, "The controller").
+#[tokio::test]
+async fn a_silent_database_holds_back_no_store_condition() {
+    let _shared = ISOLATION.read().await;
+    let _infra = infra();
+    let client = client().await;
+    let ns = TestNs::new(&client, "faults-silentdb").await;
+    // Never accepted: the kernel completes the handshake and the client's first bytes wait.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg?connect_timeout=300");
+    apply(
+        &client,
+        &ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
+        ),
+    )
+    .await;
+    let obj = eventually_within(
+        Duration::from_secs(60),
+        "the store's conditions, before the DSN's 300 s",
+        async || {
+            let obj = get(&client, &ns, "CheckpointStore", "orders")
+                .await
+                .unwrap();
+            match (condition(&obj, "Reachable"), condition(&obj, "Scheduled")) {
+                (Some(r), Some(s)) if r["status"] == "False" && s["status"] == "True" => Ok(obj),
+                _ => Err(format!("{}", obj["status"])),
+            }
+        },
+    )
+    .await;
+    let reachable = condition(&obj, "Reachable").unwrap();
+    assert_eq!(reachable["reason"], "ConnectFailed", "{reachable}");
+    let message = reachable["message"].as_str().unwrap();
+    assert_eq!(
+        message,
+        format!(
+            "spec.dsn: no answer from postgres://custody:***@127.0.0.1:{port}/lg?connect_timeout=300 within the controller's 15 s check (the DSN's connect_timeout bounds the sweeps' connects, not this check)"
+        ),
+        "{message}"
+    );
+    let event = wait_event(
+        &client,
+        &ns,
+        "CheckpointStore",
+        "orders",
+        "ConnectFailed",
+        "Warning",
+    )
+    .await;
+    assert!(event.event_time.is_some(), "{event:?}");
+    assert!(event.deprecated_last_timestamp.is_none(), "{event:?}");
+    drop(silent);
 }
 
 /// F10: the controller's ClusterRole loses `watch` on Jobs while its watch of them streams (the

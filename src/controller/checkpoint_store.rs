@@ -963,13 +963,32 @@ async fn check(store: &CheckpointStore, ctx: &Context) -> Result<(Cond, Cond), E
             ));
         }
     };
-    Ok(connected(
-        Store::connect(target.backend, target.dsn.expose_secret())
-            .await
-            .map(drop),
-        &target.dsn_field,
-    ))
+    let dsn = target.dsn.expose_secret();
+    match tokio::time::timeout(CHECK_TIMEOUT, Store::connect(target.backend, dsn)).await {
+        Ok(result) => Ok(connected(result.map(drop), &target.dsn_field)),
+        Err(_) => Ok((
+            Cond::no(
+                conditions::REACHABLE,
+                conditions::CONNECT_FAILED,
+                format!(
+                    "{}: no answer from {} within the controller's {} s check (the DSN's connect_timeout bounds the sweeps' connects, not this check)",
+                    target.dsn_field,
+                    crate::checkpoint::redact_dsn(dsn),
+                    CHECK_TIMEOUT.as_secs()
+                ),
+            ),
+            not_checked("unreachable"),
+        )),
+    }
 }
+
+/// How long the controller's check of a store ([`check`]) may take, whatever the DSN's
+/// `connect_timeout` allows (libpq's parameter, which the sweeps honour): every other condition
+/// of the store, a failed or missed sweep among them, is written after it, and a reconcile of
+/// one object runs alone, so a DSN asking for 300 s held the whole status back that long. More
+/// than custody's default connect bound (10 s), so that a database silent for that long is
+/// reported by the connect's own error.
+const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// `SchemaCompatible` when the schema could not be looked at.
 fn not_checked(why: &str) -> Cond {
