@@ -178,6 +178,65 @@ fn the_root_filesystem_is_the_binary_and_the_ca_bundle() {
     );
 }
 
+/// README's four sizes of the image ("Install in a cluster": unpacked, the binary, the gzip
+/// layer, the `--archive` tar, in MB of 10^6 bytes) are this image's, within 3%: a figure
+/// nothing checked was 22% off once the binary had grown.
+#[test]
+fn the_readme_gives_the_image_sizes() {
+    let u = unpack();
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let said = regex::Regex::new(
+        r"The image is ([0-9.]+) MB unpacked \(the stripped binary is ([0-9.]+) MB of it\), ([0-9.]+) MB compressed .* the `--archive` tar \(docker-archive, uncompressed\) is ([0-9.]+) MB",
+    )
+    .unwrap()
+    .captures(&readme)
+    .expect("README gives the image's sizes");
+    let mb = |i: usize| said[i].parse::<f64>().unwrap() * 1e6;
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len() as f64;
+    let layers: Vec<PathBuf> = u.manifest["Layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| u.archive.join(l.as_str().unwrap()))
+        .collect();
+    let unpacked = ["custody", "etc/ssl/certs/ca-certificates.crt"]
+        .iter()
+        .map(|f| size(&u.rootfs.join(f)))
+        .sum::<f64>();
+    let compressed = layers
+        .iter()
+        .map(|l| {
+            let gz = run_ok(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("gzip -6 -c -n < '{}' | wc -c", l.display())),
+            );
+            String::from_utf8_lossy(&gz.stdout)
+                .trim()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .sum::<f64>();
+    let archive = size(Path::new(&support::var("CUSTODY_TEST_IMAGE_ARCHIVE")));
+    for (what, readme, actual) in [
+        ("unpacked", mb(1), unpacked),
+        ("binary", mb(2), size(&u.rootfs.join("custody"))),
+        ("compressed", mb(3), compressed),
+        ("archive", mb(4), archive),
+    ] {
+        assert!(
+            (readme - actual).abs() <= 0.03 * actual,
+            "README says the image's {what} size is {:.1} MB; it is {:.1} MB",
+            readme / 1e6,
+            actual / 1e6
+        );
+    }
+}
+
 /// Runs `/custody ARGS` from `rootfs` as uid/gid 65532 with an empty environment, `rootfs` bound
 /// read-only as `/`, and `resources` (if any) bound read-only at `/resources`. The mount
 /// namespace is private to the child, so nothing stays mounted.
