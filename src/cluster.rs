@@ -850,7 +850,10 @@ impl CollectingSink {
         self.run_level(
             true,
             "HandleClassSkipped",
-            format!("HandleClass {class} left out of this sweep: {why}"),
+            format!(
+                "HandleClass {class} left out of this sweep: {}",
+                why.detail()
+            ),
         );
     }
 

@@ -71,6 +71,24 @@ pub enum LoadError {
     },
 }
 
+impl LoadError {
+    /// The error without the resource it is about, for a sentence that already names it
+    /// (`HandleClass typo left out: spec.probe.tool: …`, not `… left out: HandleClass ns/typo:
+    /// spec.probe.tool: …`): the field and message of a [`LoadError::Reference`] read from the
+    /// API server, else the whole error, whose file and document say where.
+    pub fn detail(&self) -> String {
+        match self {
+            Self::Reference {
+                origin: None,
+                field,
+                message,
+                ..
+            } => format!("{field}: {message}"),
+            e => e.to_string(),
+        }
+    }
+}
+
 /// Where local mode read a resource: file, document and, in a List, item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Origin {
@@ -267,7 +285,7 @@ impl Resources {
             left_out: left_out
                 .map(|out| {
                     out.iter()
-                        .map(|(class, why)| (class.clone(), why.to_string()))
+                        .map(|(class, why)| (class.clone(), why.detail()))
                         .collect()
                 })
                 .unwrap_or_default(),
