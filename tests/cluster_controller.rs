@@ -1346,20 +1346,19 @@ async fn a_bad_handle_class_is_left_out_and_the_others_are_swept() {
         "custody {args:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let misnamed_warning = format!("HandleClass misnamed left out: spec.probe.tool: ");
+    let misnamed_warning = "HandleClass misnamed left out: spec.probe.tool: ";
     assert!(
-        stdout.contains(&misnamed_warning) && stdout.contains("(Valid=False ToolNotOffered)"),
+        stdout.contains(misnamed_warning) && stdout.contains("(Valid=False ToolNotOffered)"),
         "want {misnamed_warning:?} in:\n{stdout}"
     );
-    let typo_warning = format!("HandleClass typo left out: spec.probe.arguments.basket_id: ");
+    let typo_warning = "HandleClass typo left out: spec.probe.arguments.basket_id: ";
     assert!(
-        stdout.contains(&typo_warning),
+        stdout.contains(typo_warning),
         "want {typo_warning:?} in:\n{stdout}"
     );
-    let orphan_warning =
-        format!("HandleClass orphan left out: spec.serverRef: no MCPServer \"nowhere\"");
+    let orphan_warning = "HandleClass orphan left out: spec.serverRef: no MCPServer \"nowhere\"";
     assert!(
-        stdout.contains(&orphan_warning),
+        stdout.contains(orphan_warning),
         "want {orphan_warning:?} in:\n{stdout}"
     );
 
@@ -1517,9 +1516,8 @@ async fn a_sweep_whose_only_class_is_left_out_says_so() {
         .filter(|l| l.starts_with("warning: "))
         .collect();
     assert!(
-        warnings.first().is_some_and(|w| w.starts_with(&format!(
-            "warning: HandleClass basket left out: spec.probe.arguments.basket_id: "
-        ))),
+        warnings.first().is_some_and(|w| w
+            .starts_with("warning: HandleClass basket left out: spec.probe.arguments.basket_id: ")),
         "{stdout}"
     );
     assert!(
