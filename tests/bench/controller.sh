@@ -93,6 +93,9 @@ with PostgresSaver.from_conn_string(sys.argv[2]) as s:
 
 kubectl apply -f crds/crds.yaml >&2
 kubectl create namespace bench >&2
+# The sweep Jobs' ServiceAccount (the chart's sweep.namespaces makes it): without it every store
+# is Scheduled=False SweepServiceAccountMissing and never Ready.
+kubectl create serviceaccount custody-sweep -n bench >&2
 kubectl create serviceaccount custody-bench -n default >&2
 kubectl create clusterrolebinding custody-bench --clusterrole=cluster-admin \
   --serviceaccount=default:custody-bench >&2
