@@ -544,7 +544,8 @@ pub struct WriteRefusals {
 impl Store {
     /// Connects read-only and checks that LangGraph's tables are there.
     ///
-    /// `dsn` is `postgres://…` or `sqlite://path` (a bare path works for SQLite too).
+    /// `dsn` is `postgres://…` (or libpq's keyword/value form, `host=db dbname=lg …`) or
+    /// `sqlite://path` (a bare path works for SQLite too).
     ///
     /// # Errors
     /// [`StoreError::Dsn`], [`StoreError::Connect`] or [`StoreError::Schema`].
@@ -565,10 +566,10 @@ impl Store {
         dsn: &str,
         access: Access,
     ) -> Result<Self, StoreError> {
-        check_dsn(backend, dsn)?;
+        let dsn = check_dsn(backend, dsn)?;
         Ok(match backend {
-            Backend::Postgres => Self::Postgres(postgres::Reader::connect(dsn).await?),
-            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(dsn, access).await?),
+            Backend::Postgres => Self::Postgres(postgres::Reader::connect(&dsn).await?),
+            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(&dsn, access).await?),
         })
     }
 
@@ -640,16 +641,36 @@ impl Store {
 
 /// What custody checks of a DSN before a driver reads it: that it is not empty (an empty SQLite
 /// path is the directory custody runs in, an empty PostgreSQL DSN has no scheme), its
-/// characters ([`check_characters`]) and its scheme ([`check_scheme`]).
+/// characters ([`check_characters`]) and its scheme ([`check_scheme`]); the DSN the driver
+/// reads, which for PostgreSQL's keyword/value form is its URL
+/// ([`postgres::keyword_value_url`]).
 ///
 /// # Errors
 /// [`StoreError::EmptyDsn`]; [`StoreError::Dsn`], saying what is wrong.
-pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<(), StoreError> {
+pub(crate) fn check_dsn(
+    backend: Backend,
+    dsn: &str,
+) -> Result<std::borrow::Cow<'_, str>, StoreError> {
     if dsn.is_empty() {
         return Err(StoreError::EmptyDsn);
     }
     check_characters(backend, dsn)?;
-    check_scheme(backend, dsn)
+    let dsn = match backend {
+        Backend::Postgres => match postgres::keyword_value_url(dsn) {
+            Ok(Some(url)) => std::borrow::Cow::Owned(url),
+            Ok(None) => std::borrow::Cow::Borrowed(dsn),
+            Err(reason) => {
+                return Err(StoreError::Dsn {
+                    backend: "postgres",
+                    dsn: redact_dsn(dsn),
+                    reason,
+                });
+            }
+        },
+        Backend::Sqlite => std::borrow::Cow::Borrowed(dsn),
+    };
+    check_scheme(backend, &dsn)?;
+    Ok(dsn)
 }
 
 /// A DSN with whitespace at either end or a control character anywhere is refused, saying which.

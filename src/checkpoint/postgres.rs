@@ -309,6 +309,80 @@ pub(crate) fn connect_timeout(dsn: &str) -> Duration {
         })
 }
 
+/// libpq's keyword/value connection string (`host=db port=5432 dbname=lg user=app
+/// password='a b'`, PostgreSQL docs §34.1.1.1), which LangGraph's PostgresSaver (psycopg, so
+/// libpq) takes as readily as a URL, rewritten as the URL sqlx reads: every keyword as a query
+/// parameter of `postgres://?…` (sqlx reads `host`, `port`, `dbname`, `user`, `password`,
+/// `sslmode`, … there as in the URL's own parts), percent-encoded. `Ok(None)` for a DSN that is
+/// a URL (`postgres://`, `postgresql://`, as libpq tells them apart) or holds no `=`.
+///
+/// Our own parser: sqlx parses URLs only, and tokio-postgres, whose `Config` reads this form,
+/// would be a second PostgreSQL driver kept for one parse.
+///
+/// # Errors
+/// What is wrong, as libpq says it: a keyword without `=` after it, a quoted value not closed;
+/// and `service`/`servicefile`, which look the connection up in `pg_service.conf`: sqlx does
+/// not read that file, so custody would connect elsewhere than the agent.
+pub(crate) fn keyword_value_url(dsn: &str) -> Result<Option<String>, String> {
+    let lower = dsn.to_ascii_lowercase();
+    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") || !dsn.contains('=')
+    {
+        return Ok(None);
+    }
+    let mut url = url::Url::parse("postgres://").expect("a valid URL");
+    {
+        let mut query = url.query_pairs_mut();
+        let mut rest = dsn.chars().peekable();
+        loop {
+            while rest.next_if(|c| c.is_whitespace()).is_some() {}
+            if rest.peek().is_none() {
+                break;
+            }
+            let mut keyword = String::new();
+            while let Some(c) = rest.next_if(|c| !c.is_whitespace() && *c != '=') {
+                keyword.push(c);
+            }
+            while rest.next_if(|c| c.is_whitespace()).is_some() {}
+            if rest.next() != Some('=') {
+                return Err(format!(
+                    "missing \"=\" after \"{keyword}\" in the keyword/value connection string"
+                ));
+            }
+            while rest.next_if(|c| c.is_whitespace()).is_some() {}
+            let mut value = String::new();
+            if rest.next_if_eq(&'\'').is_some() {
+                loop {
+                    match rest.next() {
+                        Some('\\') => value.extend(rest.next()),
+                        Some('\'') => break,
+                        Some(c) => value.push(c),
+                        None => {
+                            return Err(format!(
+                                "the quoted value of {keyword} is not closed (a final ' is missing)"
+                            ));
+                        }
+                    }
+                }
+            } else {
+                while let Some(c) = rest.next_if(|c| !c.is_whitespace()) {
+                    if c == '\\' {
+                        value.extend(rest.next());
+                    } else {
+                        value.push(c);
+                    }
+                }
+            }
+            if matches!(&*keyword, "service" | "servicefile") {
+                return Err(format!(
+                    "{keyword} names a pg_service.conf entry, which custody does not read: write its host, port, dbname and user in the DSN"
+                ));
+            }
+            query.append_pair(&keyword, &value);
+        }
+    }
+    Ok(Some(url.to_string()))
+}
+
 /// A read-only pool on a PostgresSaver database.
 pub struct Reader {
     pool: PgPool,
@@ -759,6 +833,69 @@ mod tests {
                 "{query}"
             );
         }
+    }
+
+    /// libpq's keyword/value form reads as its URL: spaces around `=`, quoted values with
+    /// `\'` and `\\`, an empty `''`, a backslash outside quotes; its parts reach sqlx's
+    /// options, its `connect_timeout` custody's bound; what libpq refuses, and a
+    /// `pg_service.conf` lookup, is refused, never with the password.
+    #[test]
+    fn keyword_value_dsns_read_as_their_urls() {
+        let url = |dsn: &str| keyword_value_url(dsn).unwrap().unwrap();
+        let kv = url(
+            "host=db.example port = 6543 dbname=lg user=app password='s3 cr\\'e\\\\t' \
+             sslmode=disable application_name='' connect_timeout=3 options=-c\\ x=1",
+        );
+        let options = connect_options(&kv).unwrap();
+        assert_eq!(options.get_host(), "db.example");
+        assert_eq!(options.get_port(), 6543);
+        assert_eq!(options.get_database(), Some("lg"));
+        assert_eq!(options.get_username(), "app");
+        assert_eq!(connect_timeout(&kv), Duration::from_secs(3));
+        let pairs: Vec<(String, String)> = url::Url::parse(&kv)
+            .unwrap()
+            .query_pairs()
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        assert!(
+            pairs.contains(&("password".into(), "s3 cr'e\\t".into())),
+            "{pairs:?}"
+        );
+        assert!(pairs.contains(&("application_name".into(), String::new())));
+        assert!(
+            pairs.contains(&("options".into(), "-c x=1".into())),
+            "{pairs:?}"
+        );
+        assert!(!redact_dsn(&kv).contains("s3"), "{}", redact_dsn(&kv));
+        // URLs, and what is no keyword/value string, are left as they are.
+        for dsn in [
+            "postgres://u@db/lg?sslmode=disable",
+            "POSTGRESQL://db",
+            "db",
+        ] {
+            assert_eq!(keyword_value_url(dsn), Ok(None), "{dsn}");
+        }
+        assert_eq!(
+            keyword_value_url("host=db dbname").unwrap_err(),
+            "missing \"=\" after \"dbname\" in the keyword/value connection string"
+        );
+        assert!(
+            keyword_value_url("host=db password='hunter2")
+                .unwrap_err()
+                .starts_with("the quoted value of password is not closed")
+        );
+        assert!(
+            keyword_value_url("service=orders")
+                .unwrap_err()
+                .starts_with("service names a pg_service.conf entry")
+        );
+        // A value libpq refuses is named as for a URL.
+        assert!(
+            connect_options(&url("host=db port=abc"))
+                .unwrap_err()
+                .to_string()
+                .contains("port is \"abc\", not a port number")
+        );
     }
 
     /// The DSN's `connect_timeout` bounds the connect (sqlx ignores it: a database that never

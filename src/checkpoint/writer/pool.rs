@@ -114,7 +114,7 @@ impl WritePool {
     /// [`StoreError`] as for the reader; [`StoreError::Schema`] for a PostgresSaver schema older
     /// than v9.
     pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
-        crate::checkpoint::check_dsn(backend, dsn)?;
+        let dsn = &*crate::checkpoint::check_dsn(backend, dsn)?;
         let shown = redact_dsn(dsn);
         match backend {
             Backend::Postgres => {
