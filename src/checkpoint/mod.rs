@@ -569,7 +569,7 @@ impl Store {
         let dsn = check_dsn(backend, dsn)?;
         Ok(match backend {
             Backend::Postgres => Self::Postgres(postgres::Reader::connect(&dsn).await?),
-            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(&dsn, access).await?),
+            Backend::Sqlite => Self::Sqlite(sqlite::Reader::connect(&dsn.driver, access).await?),
         })
     }
 
@@ -639,38 +639,45 @@ impl Store {
     }
 }
 
+/// A DSN that passed [`check_dsn`]: what the driver reads, and how messages show the DSN.
+pub(crate) struct CheckedDsn<'a> {
+    /// What sqlx parses: the DSN as written, or for PostgreSQL's keyword/value form the URL of
+    /// the same parameters ([`postgres::keyword_value_url`]).
+    pub(crate) driver: std::borrow::Cow<'a, str>,
+    /// The DSN as the user wrote it, password masked ([`redact_dsn`]): a message about a
+    /// keyword/value DSN quotes it, not the URL custody made of it.
+    pub(crate) shown: String,
+}
+
 /// What custody checks of a DSN before a driver reads it: that it is not empty (an empty SQLite
 /// path is the directory custody runs in, an empty PostgreSQL DSN has no scheme), its
-/// characters ([`check_characters`]) and its scheme ([`check_scheme`]); the DSN the driver
-/// reads, which for PostgreSQL's keyword/value form is its URL
-/// ([`postgres::keyword_value_url`]).
+/// characters ([`check_characters`]), for PostgreSQL libpq's keyword/value form
+/// ([`postgres::keyword_value_url`]), and its scheme ([`check_scheme`]).
 ///
 /// # Errors
 /// [`StoreError::EmptyDsn`]; [`StoreError::Dsn`], saying what is wrong.
-pub(crate) fn check_dsn(
-    backend: Backend,
-    dsn: &str,
-) -> Result<std::borrow::Cow<'_, str>, StoreError> {
+pub(crate) fn check_dsn(backend: Backend, dsn: &str) -> Result<CheckedDsn<'_>, StoreError> {
     if dsn.is_empty() {
         return Err(StoreError::EmptyDsn);
     }
     check_characters(backend, dsn)?;
-    let dsn = match backend {
+    let shown = redact_dsn(dsn);
+    let driver = match backend {
         Backend::Postgres => match postgres::keyword_value_url(dsn) {
             Ok(Some(url)) => std::borrow::Cow::Owned(url),
             Ok(None) => std::borrow::Cow::Borrowed(dsn),
             Err(reason) => {
                 return Err(StoreError::Dsn {
                     backend: "postgres",
-                    dsn: redact_dsn(dsn),
+                    dsn: shown,
                     reason,
                 });
             }
         },
         Backend::Sqlite => std::borrow::Cow::Borrowed(dsn),
     };
-    check_scheme(backend, &dsn)?;
-    Ok(dsn)
+    check_scheme(backend, &driver)?;
+    Ok(CheckedDsn { driver, shown })
 }
 
 /// A DSN with whitespace at either end or a control character anywhere is refused, saying which.
@@ -745,7 +752,10 @@ fn check_scheme(backend: Backend, dsn: &str) -> Result<(), StoreError> {
         return Ok(());
     }
     let (name, want) = match backend {
-        Backend::Postgres => ("postgres", "postgres://user@host/db"),
+        Backend::Postgres => (
+            "postgres",
+            "postgres://user@host/db or, in libpq's keyword/value form, host=HOST dbname=DB user=USER",
+        ),
         Backend::Sqlite => ("sqlite", "sqlite://path or a file path"),
     };
     Err(StoreError::Dsn {
@@ -766,8 +776,8 @@ pub fn postgres_scan_statement(channels: usize, plan: ScanPlan) -> String {
 
 /// Replaces the password of a DSN with `***`, for messages, in every shape a DSN is written or
 /// mistyped in, since a DSN that does not parse is exactly what an error message quotes:
-/// `password=` and `sslpassword=` values in libpq's `key=value` form (quoted or not) and in a
-/// URL's query, and a URL's userinfo, taken as everything between the scheme and the **last**
+/// `password=`, `sslpassword=`, `oauth_client_secret=` and `scram_*_key=` values in libpq's
+/// keyword/value form (quoted or not, to the first unescaped space) and in a URL's query, and a URL's userinfo, taken as everything between the scheme and the **last**
 /// `@` (a password may hold `/`, `?` or `@`, unescaped, when a person typed it). A URL whose
 /// path or query holds an `@` loses more than its password in the message, never less. A
 /// control character is shown escaped (`\n`), so that the message stays one line and shows it.
@@ -790,13 +800,21 @@ pub fn redact_dsn(dsn: &str) -> String {
 
 /// [`redact_dsn`] without the escaping.
 fn redact_password(dsn: &str) -> String {
-    static VALUES: LazyLock<regex::Regex> = LazyLock::new(|| {
-        regex::Regex::new(r"(?i)(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&]*)")
-            .expect("a valid regex")
-    });
+    // The secrets among libpq's keywords; a value ends at whitespace in libpq's keyword/value
+    // form (`\ ` escapes a space, `&` is part of it), at whitespace or `&` in a URL's query.
+    const SECRET: &str = r"(?i)(\b(?:(?:ssl)?password|oauth_client_secret|scram_client_key|scram_server_key)\s*=\s*)('(?:[^'\\]|\\[\s\S])*'?|(?:\\[\s\S]|[^\s";
+    static VALUES: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new(&format!(r"{SECRET}&\\])*)")).expect("a valid regex"));
+    static KEYWORD_VALUES: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new(&format!(r"{SECRET}\\])*)")).expect("a valid regex"));
     static SCHEME: LazyLock<regex::Regex> =
         LazyLock::new(|| regex::Regex::new(r"^[A-Za-z][A-Za-z0-9+.-]*:/*").expect("a valid regex"));
-    let out = VALUES.replace_all(dsn, "${1}***");
+    let values = if postgres::is_keyword_value(dsn) {
+        &KEYWORD_VALUES
+    } else {
+        &VALUES
+    };
+    let out = values.replace_all(dsn, "${1}***");
     // Where the userinfo would start: after `scheme://` (or a mistyped `scheme:/`), else after a
     // `//` (a missing colon), else at the start.
     let start = SCHEME
@@ -996,7 +1014,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("c.sqlite");
         std::fs::write(&file, b"").unwrap();
-        let pg = postgres::connect_options("postgres://u@db/lg").unwrap();
+        let pg =
+            postgres::connect_options(&check_dsn(Backend::Postgres, "postgres://u@db/lg").unwrap())
+                .unwrap();
         let sqlite = sqlite::connect_options(file.to_str().unwrap()).unwrap();
         for settings in [format!("{pg:?}"), format!("{sqlite:?}")] {
             assert!(
@@ -1149,6 +1169,28 @@ mod tests {
             redact_dsn("host=db password=s3cret dbname=lg"),
             "host=db password=*** dbname=lg"
         );
+        // libpq's keyword/value form: a value ends at unescaped whitespace only, quoted or not
+        for (dsn, shown) in [
+            (
+                r"host=db password=s3c\ ret&x dbname=lg",
+                "host=db password=*** dbname=lg",
+            ),
+            (
+                r"host=db password = 's3 cr\'et' dbname=lg",
+                "host=db password = *** dbname=lg",
+            ),
+            (r"password='s3\\' dbname=lg", "password=*** dbname=lg"),
+            (
+                "host=db password='' dbname=lg",
+                "host=db password=*** dbname=lg",
+            ),
+            (
+                "host=db oauth_client_secret=s3cret scram_client_key=c2VjcmV0",
+                "host=db oauth_client_secret=*** scram_client_key=***",
+            ),
+        ] {
+            assert_eq!(redact_dsn(dsn), shown, "{dsn}");
+        }
         // control characters are shown escaped, on one line
         assert_eq!(
             redact_dsn("postgres://u:hun\tter2@db/lg\n"),
@@ -1160,7 +1202,8 @@ mod tests {
     /// (an `echo`-written Secret) is not dropped, since libpq would not drop it.
     #[test]
     fn dsns_with_whitespace_at_an_end_or_control_characters_are_refused() {
-        let refused = |backend, dsn: &str| check_dsn(backend, dsn).unwrap_err().to_string();
+        // `err()`: a CheckedDsn has no Debug, which would print the password.
+        let refused = |backend, dsn: &str| check_dsn(backend, dsn).err().unwrap().to_string();
         let libpq = "libpq (LangGraph's PostgresSaver connects through it) would read it as part \
                      of the DSN and fail, so custody does not drop it either";
         let echo = "store the DSN without it (echo writes one; echo -n and printf '%s' do not)";

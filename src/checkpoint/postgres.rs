@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::stream::{BoxStream, StreamExt};
@@ -11,8 +12,8 @@ use sqlx::{ConnectOptions, Connection, Row, ValueRef};
 
 use super::doc::{LATEST_FORMAT, parse_ts};
 use super::{
-    Channel, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread, StoreError,
-    classify_head, config_text, parse_metadata, redact_dsn, typed,
+    Channel, CheckedDsn, DecodeError, Head, MAX_VALUE_BYTES, Scanned, Shard, SkippedThread,
+    StoreError, classify_head, config_text, parse_metadata, typed,
 };
 
 /// Highest `checkpoint_migrations.v` this reader was verified against; newer is read with a
@@ -309,78 +310,204 @@ pub(crate) fn connect_timeout(dsn: &str) -> Duration {
         })
 }
 
+/// libpq's connection parameter keywords (libpq docs, "Parameter Key Words", §34.1.2 in
+/// PostgreSQL 16; PostgreSQL 18's included, those it removed not): libpq refuses any other
+/// keyword in a keyword/value DSN (`invalid connection option`), so custody does too, where sqlx
+/// would ignore it.
+const LIBPQ_KEYWORDS: [&str; 51] = [
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslkeylogfile",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "min_protocol_version",
+    "max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "scram_client_key",
+    "scram_server_key",
+    "service",
+    "servicefile",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "oauth_issuer",
+    "oauth_client_id",
+    "oauth_client_secret",
+    "oauth_scope",
+];
+
+/// Whether `dsn` is in libpq's keyword/value form rather than a URL: it starts with a word and
+/// `=` (`host=db …`, `dbname = lg`). libpq takes everything but a `postgresql://` or
+/// `postgres://` URL for this form; custody asks for the word first, so that a mistyped URL
+/// (`postgres//u:pw@db/lg?sslmode=require`, `mysql://…`) is refused as a URL of the wrong
+/// kind, without its text quoted in the reason as a keyword.
+pub(crate) fn is_keyword_value(dsn: &str) -> bool {
+    static FORM: LazyLock<regex::Regex> =
+        LazyLock::new(|| regex::Regex::new(r"^\s*[A-Za-z_]+\s*=").expect("a valid regex"));
+    FORM.is_match(dsn)
+}
+
 /// libpq's keyword/value connection string (`host=db port=5432 dbname=lg user=app
-/// password='a b'`, PostgreSQL docs §34.1.1.1), which LangGraph's PostgresSaver (psycopg, so
-/// libpq) takes as readily as a URL, rewritten as the URL sqlx reads: every keyword as a query
-/// parameter of `postgres://?…` (sqlx reads `host`, `port`, `dbname`, `user`, `password`,
-/// `sslmode`, … there as in the URL's own parts), percent-encoded. `Ok(None)` for a DSN that is
-/// a URL (`postgres://`, `postgresql://`, as libpq tells them apart) or holds no `=`.
+/// password='a b'`; libpq docs, "Keyword/Value Connection Strings", §34.1.1.1 in PostgreSQL
+/// 16), which LangGraph's PostgresSaver (psycopg, so libpq) takes as readily as a URL,
+/// rewritten once as the URL sqlx reads: every keyword a query parameter of `postgres://?…`, percent-encoded
+/// (sqlx reads `host`, `port`, `dbname`, `user`, `password`, `sslmode`, `sslrootcert`,
+/// `sslcert`, `sslkey`, `application_name` and `options` there as from the URL's own parts;
+/// custody reads `connect_timeout` and checks libpq's integers, [`check_parameters`]). As in
+/// libpq, `keyword = value` pairs are separated by whitespace, a value may be single-quoted
+/// (`''` is empty), `\'` and `\\` escape inside quotes and out, and a keyword given twice
+/// takes its last value. `Ok(None)` for a DSN that is not in this form ([`is_keyword_value`]).
 ///
 /// Our own parser: sqlx parses URLs only, and tokio-postgres, whose `Config` reads this form,
-/// would be a second PostgreSQL driver kept for one parse.
+/// would be a second PostgreSQL driver kept for one parse; no small crate parses it as libpq
+/// does.
 ///
 /// # Errors
-/// What is wrong, as libpq says it: a keyword without `=` after it, a quoted value not closed;
-/// and `service`/`servicefile`, which look the connection up in `pg_service.conf`: sqlx does
-/// not read that file, so custody would connect elsewhere than the agent.
+/// What is wrong, naming the keyword, never a value: a keyword without `=` after it, a quoted
+/// value not closed, a keyword libpq does not know ([`LIBPQ_KEYWORDS`]); and what custody
+/// cannot do as libpq would, so it would connect elsewhere or as another role than the agent:
+/// `service`/`servicefile` (a `pg_service.conf` entry), `passfile`, `hostaddr`, and more than
+/// one host or port (`host=a,b`).
 pub(crate) fn keyword_value_url(dsn: &str) -> Result<Option<String>, String> {
-    let lower = dsn.to_ascii_lowercase();
-    if lower.starts_with("postgres://") || lower.starts_with("postgresql://") || !dsn.contains('=')
-    {
+    if !is_keyword_value(dsn) {
         return Ok(None);
     }
-    let mut url = url::Url::parse("postgres://").expect("a valid URL");
-    {
-        let mut query = url.query_pairs_mut();
-        let mut rest = dsn.chars().peekable();
-        loop {
-            while rest.next_if(|c| c.is_whitespace()).is_some() {}
-            if rest.peek().is_none() {
-                break;
-            }
-            let mut keyword = String::new();
-            while let Some(c) = rest.next_if(|c| !c.is_whitespace() && *c != '=') {
-                keyword.push(c);
-            }
-            while rest.next_if(|c| c.is_whitespace()).is_some() {}
-            if rest.next() != Some('=') {
-                return Err(format!(
-                    "missing \"=\" after \"{keyword}\" in the keyword/value connection string"
-                ));
-            }
-            while rest.next_if(|c| c.is_whitespace()).is_some() {}
-            let mut value = String::new();
-            if rest.next_if_eq(&'\'').is_some() {
-                loop {
-                    match rest.next() {
-                        Some('\\') => value.extend(rest.next()),
-                        Some('\'') => break,
-                        Some(c) => value.push(c),
-                        None => {
-                            return Err(format!(
-                                "the quoted value of {keyword} is not closed (a final ' is missing)"
-                            ));
-                        }
-                    }
-                }
-            } else {
-                while let Some(c) = rest.next_if(|c| !c.is_whitespace()) {
-                    if c == '\\' {
-                        value.extend(rest.next());
-                    } else {
-                        value.push(c);
-                    }
-                }
-            }
-            if matches!(&*keyword, "service" | "servicefile") {
-                return Err(format!(
-                    "{keyword} names a pg_service.conf entry, which custody does not read: write its host, port, dbname and user in the DSN"
-                ));
-            }
-            query.append_pair(&keyword, &value);
-        }
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for (keyword, value) in keyword_values(dsn)? {
+        refuse_unsupported(&keyword, &value)?;
+        // libpq keeps a keyword's last value; sqlx would join two `options`.
+        pairs.retain(|(k, _)| *k != keyword);
+        pairs.push((keyword, value));
     }
+    let mut url = url::Url::parse("postgres://").expect("a valid URL");
+    url.query_pairs_mut().extend_pairs(&pairs);
     Ok(Some(url.to_string()))
+}
+
+/// libpq's `isspace`, which separates keyword/value pairs (ASCII only: a no-break space is part
+/// of a value).
+fn libpq_space(c: &char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r')
+}
+
+/// The keyword/value pairs of `dsn`, unquoted and unescaped, as libpq's `conninfo_parse` reads
+/// them, each keyword one libpq knows.
+///
+/// # Errors
+/// As [`keyword_value_url`]'s first three.
+fn keyword_values(dsn: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    let mut rest = dsn.char_indices().peekable();
+    loop {
+        while rest.next_if(|(_, c)| libpq_space(c)).is_some() {}
+        let Some(&(at, _)) = rest.peek() else {
+            return Ok(pairs);
+        };
+        let mut keyword = String::new();
+        while let Some((_, c)) = rest.next_if(|(_, c)| !libpq_space(c) && *c != '=') {
+            keyword.push(c);
+        }
+        // Only a word is quoted back: other text (a URL pasted after a keyword) may hold the
+        // password.
+        let word =
+            !keyword.is_empty() && keyword.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
+        let named = if word {
+            format!("\"{keyword}\"")
+        } else {
+            format!("the text at byte {at}")
+        };
+        while rest.next_if(|(_, c)| libpq_space(c)).is_some() {}
+        if rest.next().map(|(_, c)| c) != Some('=') {
+            return Err(format!(
+                "missing \"=\" after {named} (libpq's keyword/value form is keyword=value pairs separated by spaces)"
+            ));
+        }
+        if !LIBPQ_KEYWORDS.contains(&keyword.as_str()) {
+            let lower = keyword.to_ascii_lowercase();
+            let hint = if word && LIBPQ_KEYWORDS.contains(&lower.as_str()) {
+                format!(": libpq's keywords are lowercase, {lower}")
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "{named} is no libpq connection keyword, which libpq refuses (invalid connection option){hint}"
+            ));
+        }
+        while rest.next_if(|(_, c)| libpq_space(c)).is_some() {}
+        let mut value = String::new();
+        if rest.next_if(|(_, c)| *c == '\'').is_some() {
+            loop {
+                match rest.next().map(|(_, c)| c) {
+                    Some('\\') => value.extend(rest.next().map(|(_, c)| c)),
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                    None => {
+                        return Err(format!(
+                            "the quoted value of {keyword} is not closed (a final ' is missing)"
+                        ));
+                    }
+                }
+            }
+        } else {
+            while let Some((_, c)) = rest.next_if(|(_, c)| !libpq_space(c)) {
+                if c == '\\' {
+                    value.extend(rest.next().map(|(_, c)| c));
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        pairs.push((keyword, value));
+    }
+}
+
+/// A keyword/value entry custody cannot honour as libpq does, said with what to write instead.
+fn refuse_unsupported(keyword: &str, value: &str) -> Result<(), String> {
+    let reason = match keyword {
+        "service" | "servicefile" => format!(
+            "{keyword} names a pg_service.conf entry, which custody does not read: write its host, port, dbname and user in the DSN"
+        ),
+        "passfile" => "passfile names a password file, which custody does not read (it reads PGPASSFILE, else ~/.pgpass): write the password in the DSN".to_owned(),
+        "hostaddr" => "hostaddr is not supported: custody's driver would take the address for the host name, also for the server certificate and ~/.pgpass, where libpq uses host; write the address as host".to_owned(),
+        "host" | "port" if value.contains(',') => format!(
+            "{keyword} lists {} values ({value}): libpq tries several hosts in turn, custody connects to one; write the one the agent's checkpoints are on",
+            value.split(',').count()
+        ),
+        _ => return Ok(()),
+    };
+    Err(reason)
 }
 
 /// A read-only pool on a PostgresSaver database.
@@ -397,15 +524,16 @@ pub struct Reader {
 ///
 /// # Errors
 /// [`StoreError::Dsn`], saying what is wrong, never with the password.
-pub(crate) fn connect_options(dsn: &str) -> Result<PgConnectOptions, StoreError> {
+pub(crate) fn connect_options(dsn: &CheckedDsn<'_>) -> Result<PgConnectOptions, StoreError> {
     let invalid = |reason: String| StoreError::Dsn {
         backend: "postgres",
-        dsn: redact_dsn(dsn),
+        dsn: dsn.shown.clone(),
         reason,
     };
-    check_parameters(dsn).map_err(invalid)?;
-    let options =
-        PgConnectOptions::from_str(dsn).map_err(|e| invalid(strip_dsn(&config_text(&e), dsn)))?;
+    let url = &*dsn.driver;
+    check_parameters(url).map_err(invalid)?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| invalid(strip_dsn(&config_text(&e), url, &dsn.shown)))?;
     Ok(options
         .application_name("custody")
         .disable_statement_logging())
@@ -500,26 +628,26 @@ fn address(dsn: &str, options: &PgConnectOptions) -> Option<String> {
 /// [`StoreError::Connect`] for a failed connect with `options`, naming where it connected when
 /// the DSN does not ([`address`]).
 pub(crate) fn connect_error(
-    dsn: &str,
+    dsn: &CheckedDsn<'_>,
     options: &PgConnectOptions,
     source: sqlx::Error,
 ) -> StoreError {
     StoreError::Connect {
-        dsn: redact_dsn(dsn),
-        address: address(dsn, options),
+        dsn: dsn.shown.clone(),
+        address: address(&dsn.driver, options),
         source,
     }
 }
 
 impl Reader {
-    pub(super) async fn connect(dsn: &str) -> Result<Self, StoreError> {
-        let shown = redact_dsn(dsn);
+    pub(super) async fn connect(dsn: &CheckedDsn<'_>) -> Result<Self, StoreError> {
+        let shown = &dsn.shown;
         // The reader must never write: the server enforces it for every statement.
         let options = connect_options(dsn)?.options([("default_transaction_read_only", "on")]);
         // A pool retries a failed connect until its acquire timeout and then says only "pool
         // timed out"; one direct connection first says why (refused at host:port, an unknown
         // host, a rejected password) at once.
-        let timeout = connect_timeout(dsn);
+        let timeout = connect_timeout(&dsn.driver);
         let first = tokio::time::timeout(timeout, options.connect())
             .await
             .unwrap_or_else(|_| {
@@ -632,9 +760,10 @@ impl Reader {
     }
 }
 
-/// sqlx echoes the offending DSN in some parse errors; never let the password through.
-fn strip_dsn(message: &str, dsn: &str) -> String {
-    message.replace(dsn, &redact_dsn(dsn))
+/// sqlx echoes the offending DSN, `url`, in some parse errors; never let the password through,
+/// and show the DSN as written (`shown`, redacted), not the URL made of a keyword/value DSN.
+fn strip_dsn(message: &str, url: &str, shown: &str) -> String {
+    message.replace(url, shown)
 }
 
 /// The text of a `json`/`jsonb` column at `column`, borrowed from the row: binary `jsonb` is a
@@ -786,13 +915,19 @@ fn decode_row(row: &PgRow, requested: &[String]) -> Result<Option<Scanned>, Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::{Backend, check_dsn};
+
+    /// `dsn` as [`check_dsn`] passes it on.
+    fn checked(dsn: &str) -> CheckedDsn<'_> {
+        check_dsn(Backend::Postgres, dsn).unwrap()
+    }
 
     /// A value libpq or sqlx refuses is refused naming the parameter as the DSN spells it:
     /// `connect_timeout=abc` was taken silently (sqlx does not read it), `port=abc` said only
     /// "invalid digit found in string".
     #[test]
     fn parameter_values_libpq_refuses_are_named() {
-        let refused = |dsn: &str| connect_options(dsn).unwrap_err().to_string();
+        let refused = |dsn: &str| connect_options(&checked(dsn)).unwrap_err().to_string();
         assert_eq!(
             refused("postgres://u:secret@db/lg?connect_timeout=abc"),
             "invalid postgres DSN postgres://u:***@db/lg?connect_timeout=abc: connect_timeout is \"abc\", \
@@ -829,73 +964,174 @@ mod tests {
             "application_name=x",
         ] {
             assert!(
-                connect_options(&format!("postgres://u@db/lg?{query}")).is_ok(),
+                connect_options(&checked(&format!("postgres://u@db/lg?{query}"))).is_ok(),
                 "{query}"
             );
         }
     }
 
-    /// libpq's keyword/value form reads as its URL: spaces around `=`, quoted values with
-    /// `\'` and `\\`, an empty `''`, a backslash outside quotes; its parts reach sqlx's
-    /// options, its `connect_timeout` custody's bound; what libpq refuses, and a
-    /// `pg_service.conf` lookup, is refused, never with the password.
-    #[test]
-    fn keyword_value_dsns_read_as_their_urls() {
-        let url = |dsn: &str| keyword_value_url(dsn).unwrap().unwrap();
-        let kv = url(
-            "host=db.example port = 6543 dbname=lg user=app password='s3 cr\\'e\\\\t' \
-             sslmode=disable application_name='' connect_timeout=3 options=-c\\ x=1",
-        );
-        let options = connect_options(&kv).unwrap();
-        assert_eq!(options.get_host(), "db.example");
-        assert_eq!(options.get_port(), 6543);
-        assert_eq!(options.get_database(), Some("lg"));
-        assert_eq!(options.get_username(), "app");
-        assert_eq!(connect_timeout(&kv), Duration::from_secs(3));
-        let pairs: Vec<(String, String)> = url::Url::parse(&kv)
+    /// The pairs libpq's `conninfo_parse` reads from a keyword/value DSN.
+    fn pairs(dsn: &str) -> Vec<(String, String)> {
+        let url = keyword_value_url(dsn).unwrap().expect("keyword/value");
+        url::Url::parse(&url)
             .unwrap()
             .query_pairs()
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        assert!(
-            pairs.contains(&("password".into(), "s3 cr'e\\t".into())),
-            "{pairs:?}"
+            .collect()
+    }
+
+    /// libpq's keyword/value grammar: spaces around `=`, single-quoted values with `\'` and
+    /// `\\`, an empty `''`, a backslash escape outside quotes, a pair right after a closing
+    /// quote, the last value of a keyword given twice.
+    #[test]
+    fn keyword_value_dsns_are_read_as_libpq_reads_them() {
+        let own = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            pairs(
+                r"host=db.example port = 6543 dbname =lg user= app password='s3 cr\'e\\t' application_name=''"
+            ),
+            own(&[
+                ("host", "db.example"),
+                ("port", "6543"),
+                ("dbname", "lg"),
+                ("user", "app"),
+                ("password", r"s3 cr'e\t"),
+                ("application_name", ""),
+            ])
         );
-        assert!(pairs.contains(&("application_name".into(), String::new())));
-        assert!(
-            pairs.contains(&("options".into(), "-c x=1".into())),
-            "{pairs:?}"
+        assert_eq!(
+            pairs(r"options=-c\ x=1 password=a\'b&c=d% dbname='my db'user=u"),
+            own(&[
+                ("options", "-c x=1"),
+                ("password", "a'b&c=d%"),
+                ("dbname", "my db"),
+                ("user", "u"),
+            ])
         );
-        assert!(!redact_dsn(&kv).contains("s3"), "{}", redact_dsn(&kv));
-        // URLs, and what is no keyword/value string, are left as they are.
+        // libpq keeps the last; sqlx would have joined two `options`.
+        assert_eq!(
+            pairs("options='-c a=1' dbname=lg options='-c b=2'"),
+            own(&[("dbname", "lg"), ("options", "-c b=2")])
+        );
+        // URLs, and what does not start as keyword=value, are left to the URL checks.
         for dsn in [
             "postgres://u@db/lg?sslmode=disable",
             "POSTGRESQL://db",
             "db",
+            "postgres//u:hunter2@db/lg?sslmode=disable",
+            "mysql://u@db/lg?x=1",
         ] {
             assert_eq!(keyword_value_url(dsn), Ok(None), "{dsn}");
         }
+    }
+
+    /// A keyword/value DSN reaches sqlx's options and custody's bound as its URL would: host
+    /// (or a socket directory), port, database, user, password, sslmode, connect_timeout.
+    #[test]
+    fn keyword_value_dsns_connect_as_their_urls() {
+        let dsn = checked(
+            "host=db.example port=6543 dbname=lg user=app password='s3 cr\\'et' \
+             sslmode=require connect_timeout=3",
+        );
         assert_eq!(
-            keyword_value_url("host=db dbname").unwrap_err(),
-            "missing \"=\" after \"dbname\" in the keyword/value connection string"
+            dsn.shown,
+            "host=db.example port=6543 dbname=lg user=app password=*** sslmode=require \
+             connect_timeout=3"
         );
+        let options = connect_options(&dsn).unwrap();
+        assert_eq!(options.get_host(), "db.example");
+        assert_eq!(options.get_port(), 6543);
+        assert_eq!(options.get_database(), Some("lg"));
+        assert_eq!(options.get_username(), "app");
+        assert!(matches!(
+            options.get_ssl_mode(),
+            sqlx::postgres::PgSslMode::Require
+        ));
+        assert_eq!(connect_timeout(&dsn.driver), Duration::from_secs(3));
+        let socket = connect_options(&checked("host=/run/postgresql dbname=lg")).unwrap();
+        assert_eq!(
+            socket.get_socket(),
+            Some(&std::path::PathBuf::from("/run/postgresql"))
+        );
+    }
+
+    /// What libpq refuses in a keyword/value DSN, and what custody cannot do as libpq does, is
+    /// refused naming the keyword, with the DSN as written and never the password; a value
+    /// libpq or sqlx refuses is said as for the URL of the same parameters.
+    #[test]
+    fn keyword_value_dsns_are_refused_naming_the_keyword() {
+        let refused = |dsn: &str| match check_dsn(Backend::Postgres, dsn) {
+            Ok(dsn) => connect_options(&dsn).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        };
+        for (dsn, said) in [
+            (
+                "host=db password=hunter2 dbname",
+                "invalid postgres DSN host=db password=*** dbname: missing \"=\" after \"dbname\"",
+            ),
+            (
+                "host=db password='hunter2",
+                "invalid postgres DSN host=db password=***: the quoted value of password is not closed",
+            ),
+            (
+                "hots=db password=hunter2",
+                "invalid postgres DSN hots=db password=***: \"hots\" is no libpq connection keyword",
+            ),
+            ("Host=db", ": libpq's keywords are lowercase, host"),
+            (
+                "service=orders",
+                "service names a pg_service.conf entry, which custody does not read",
+            ),
+            (
+                "servicefile=/etc/pg_service.conf",
+                "servicefile names a pg_service.conf entry",
+            ),
+            ("passfile=/secrets/pgpass", "passfile names a password file"),
+            ("host=db hostaddr=10.0.0.5", "hostaddr is not supported"),
+            ("host=a,b dbname=lg", "host lists 2 values (a,b)"),
+            ("host=a port=5432,5433", "port lists 2 values (5432,5433)"),
+        ] {
+            let text = refused(dsn);
+            assert!(text.contains(said), "{dsn}: {text}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+        // Text that is no keyword, say a URL pasted after one, is not quoted (it may hold the
+        // password); the redacted DSN still shows it.
+        let text = refused("user=u postgres//u:hunter2@db/lg");
         assert!(
-            keyword_value_url("host=db password='hunter2")
-                .unwrap_err()
-                .starts_with("the quoted value of password is not closed")
+            text.ends_with("missing \"=\" after the text at byte 7 (libpq's keyword/value form is keyword=value pairs separated by spaces)"),
+            "{text}"
         );
-        assert!(
-            keyword_value_url("service=orders")
-                .unwrap_err()
-                .starts_with("service names a pg_service.conf entry")
-        );
-        // A value libpq refuses is named as for a URL.
-        assert!(
-            connect_options(&url("host=db port=abc"))
-                .unwrap_err()
-                .to_string()
-                .contains("port is \"abc\", not a port number")
-        );
+        assert!(!text.contains("hunter2"), "{text}");
+        // A mistyped URL is not taken for keyword/value: the URL's message, password hidden.
+        let text = refused("postgres//u:hunter2@db/lg?sslmode=disable");
+        assert!(text.contains("needs a DSN like postgres://"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+        // Values: the same reason as the URL's.
+        for (kv, url) in [
+            ("host=db port=abc", "postgres://db?port=abc"),
+            ("host=db sslmode=bogus", "postgres://db?sslmode=bogus"),
+            (
+                "host=db connect_timeout=abc",
+                "postgres://db?connect_timeout=abc",
+            ),
+            (
+                "host=db keepalives_idle=1.5",
+                "postgres://db?keepalives_idle=1.5",
+            ),
+        ] {
+            let (kv_text, url_text) = (refused(kv), refused(url));
+            assert_eq!(
+                kv_text.strip_prefix(&format!("invalid postgres DSN {kv}: ")),
+                url_text.strip_prefix(&format!("invalid postgres DSN {url}: ")),
+                "{kv_text} / {url_text}"
+            );
+        }
     }
 
     /// The DSN's `connect_timeout` bounds the connect (sqlx ignores it: a database that never
@@ -926,20 +1162,26 @@ mod tests {
                 open.push(socket);
             }
         });
-        let started = std::time::Instant::now();
-        let dsn = format!("postgres://u@127.0.0.1:{port}/lg?sslmode=disable&connect_timeout=2");
-        let Err(error) = Reader::connect(&dsn).await else {
-            panic!("connected to a server that never answers");
-        };
-        assert!(
-            started.elapsed() < Duration::from_secs(6),
-            "{:?}",
-            started.elapsed()
-        );
-        assert!(
-            error.to_string().contains("no answer within 2 s"),
-            "{error}"
-        );
+        for dsn in [
+            format!("postgres://u@127.0.0.1:{port}/lg?sslmode=disable&connect_timeout=2"),
+            format!(
+                "host=127.0.0.1 port={port} user=u dbname=lg sslmode=disable connect_timeout=2"
+            ),
+        ] {
+            let started = std::time::Instant::now();
+            let Err(error) = Reader::connect(&checked(&dsn)).await else {
+                panic!("connected to a server that never answers");
+            };
+            assert!(
+                started.elapsed() < Duration::from_secs(6),
+                "{dsn}: {:?}",
+                started.elapsed()
+            );
+            assert!(
+                error.to_string().contains("no answer within 2 s"),
+                "{error}"
+            );
+        }
         held.abort();
     }
 
@@ -947,7 +1189,7 @@ mod tests {
     /// only "cannot connect to postgres://: … Connection refused".
     #[test]
     fn a_connect_names_the_address_the_dsn_does_not_spell() {
-        let at = |dsn: &str| address(dsn, &connect_options(dsn).unwrap());
+        let at = |dsn: &str| address(dsn, &connect_options(&checked(dsn)).unwrap());
         assert_eq!(at("postgres://u@127.0.0.1:1/lg"), None);
         assert_eq!(at("postgres://u@[::1]:1/lg"), None);
         assert_eq!(at("postgres://u@db/lg").as_deref(), Some("db:5432"));
@@ -956,7 +1198,7 @@ mod tests {
             Some("the socket /run/pg/.s.PGSQL.5432")
         );
         // No host: the environment's or libpq's default, whichever sqlx took.
-        let options = connect_options("postgres://").unwrap();
+        let options = connect_options(&checked("postgres://")).unwrap();
         let default = address("postgres://", &options).unwrap();
         assert!(
             default.contains(options.get_host())
@@ -967,7 +1209,7 @@ mod tests {
             "{default}"
         );
         let refused = connect_error(
-            "postgres://",
+            &checked("postgres://"),
             &options,
             sqlx::Error::Io(std::io::Error::from_raw_os_error(111)),
         );

@@ -1385,6 +1385,51 @@ mod tests {
         );
     }
 
+    /// The check gives a DSN in libpq's keyword/value form the conditions of its URL:
+    /// `InvalidDSN` for what does not parse, `ConnectFailed` for a database that does not
+    /// answer, each message quoting the DSN as written, never its password.
+    #[tokio::test]
+    async fn a_keyword_value_dsn_gets_the_conditions_of_its_url() {
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let field = r#"spec.dsnFrom (Secret "orders-db" key "dsn")"#;
+        for (dsn, url, reason, shown) in [
+            (
+                "host=db password='hunter 2' port=abc".to_owned(),
+                "postgres://:hunter2@db?port=abc".to_owned(),
+                "InvalidDSN",
+                "host=db password=*** port=abc: port is \"abc\"",
+            ),
+            (
+                format!(
+                    "host=127.0.0.1 port={closed} user=u password=hunter2 dbname=lg sslmode=disable"
+                ),
+                format!("postgres://u:hunter2@127.0.0.1:{closed}/lg?sslmode=disable"),
+                "ConnectFailed",
+                "cannot connect to host=127.0.0.1 port=",
+            ),
+        ] {
+            let (kv, _) = connected(
+                Store::connect(Backend::Postgres, &dsn).await.map(drop),
+                field,
+            );
+            let (as_url, _) = connected(
+                Store::connect(Backend::Postgres, &url).await.map(drop),
+                field,
+            );
+            assert_eq!((kv.status, kv.reason), ("False", reason), "{}", kv.message);
+            assert_eq!(as_url.reason, reason, "{}", as_url.message);
+            assert!(
+                kv.message.starts_with(&format!("{field}: ")) && kv.message.contains(shown),
+                "{}",
+                kv.message
+            );
+            assert!(!kv.message.contains("hunter"), "{}", kv.message);
+        }
+    }
+
     fn job(name: &str, created: &str, condition: serde_json::Value) -> Job {
         serde_json::from_value(json!({
             "metadata": {"name": name, "creationTimestamp": created},

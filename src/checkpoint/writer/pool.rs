@@ -10,7 +10,7 @@ use sqlx::sqlite::{SqlitePool, SqlitePoolOptions};
 use sqlx::{Connection, Postgres, Sqlite, Transaction};
 
 use super::PG_WRITE_MIGRATION;
-use crate::checkpoint::{Backend, Shard, StoreError, postgres, redact_dsn};
+use crate::checkpoint::{Backend, Shard, StoreError, postgres};
 
 /// Session advisory lock key held while one custody process acts on a PostgreSQL store
 /// (`'custody'` as ASCII bytes). A lock, not `FOR UPDATE SKIP LOCKED` on ledger rows: ledger
@@ -114,17 +114,17 @@ impl WritePool {
     /// [`StoreError`] as for the reader; [`StoreError::Schema`] for a PostgresSaver schema older
     /// than v9.
     pub async fn connect(backend: Backend, dsn: &str) -> Result<Self, StoreError> {
-        let dsn = &*crate::checkpoint::check_dsn(backend, dsn)?;
-        let shown = redact_dsn(dsn);
+        let dsn = crate::checkpoint::check_dsn(backend, dsn)?;
+        let shown = &dsn.shown;
         match backend {
             Backend::Postgres => {
-                let options = postgres::connect_options(dsn)?;
+                let options = postgres::connect_options(&dsn)?;
                 let pool = PgPoolOptions::new()
                     .max_connections(3)
-                    .acquire_timeout(postgres::connect_timeout(dsn))
+                    .acquire_timeout(postgres::connect_timeout(&dsn.driver))
                     .connect_with(options.clone())
                     .await
-                    .map_err(|source| postgres::connect_error(dsn, &options, source))?;
+                    .map_err(|source| postgres::connect_error(&dsn, &options, source))?;
                 let v: Option<i32> = sqlx::query_scalar("SELECT max(v) FROM checkpoint_migrations")
                     .fetch_one(&pool)
                     .await?;
@@ -136,8 +136,8 @@ impl WritePool {
                 Ok(Self::Postgres(pool))
             }
             Backend::Sqlite => {
-                let options =
-                    crate::checkpoint::sqlite::connect_options(dsn)?.busy_timeout(SQLITE_BUSY_WAIT);
+                let options = crate::checkpoint::sqlite::connect_options(&dsn.driver)?
+                    .busy_timeout(SQLITE_BUSY_WAIT);
                 let path = options.get_filename().to_owned();
                 check_writable(&path)?;
                 let pool = SqlitePoolOptions::new()
@@ -145,7 +145,7 @@ impl WritePool {
                     .connect_with(options)
                     .await
                     .map_err(|source| StoreError::Connect {
-                        dsn: dsn.to_owned(),
+                        dsn: dsn.driver.to_string(),
                         address: None,
                         source,
                     })?;
