@@ -164,6 +164,24 @@ async fn remint_replays_and_the_graph_continues_postgres() {
     remint_case(Kind::Postgres).await;
 }
 
+/// An acting sweep through a DSN in libpq's keyword/value form writes as through its URL: the
+/// writable pool reads the DSN as the reader does.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acting_sweep_through_a_keyword_value_dsn_reminds() {
+    let w = World::new(Kind::Postgres, "act_keyword_value", "remint", SERVER).await;
+    let (backend, url) = w.checkpoints.backend_dsn();
+    let dsn = support::keyword_value_dsn(&url);
+    support::act_resources(w.res.path(), &w.server.url(), backend, &dsn, "remint");
+    let (thread, old) = w.filled_and_gone("").await;
+    let report = w.sweep(true);
+    let r = row(&report, &thread);
+    assert_eq!(r["action"]["outcome"], "reminted", "{r}");
+    let new = r["action"]["handle"].as_str().unwrap();
+    assert_ne!(new, old);
+    assert_eq!(w.state(&thread)["values"]["basket"]["value"], new);
+    assert_eq!(w.outcomes(&thread).await, vec!["reminted"]);
+}
+
 async fn escalate_case(kind: Kind) {
     let w = World::new(kind, "act_escalate", "escalate", SERVER).await;
     w.write("t-expired,t-absent,t-other-principal,t-live", "");

@@ -1218,7 +1218,7 @@ fn config_types_never_print_a_secret() {
 
 /// A DSN that does not parse is what an error message quotes: its password stays hidden
 /// whatever the shape (a URL missing a colon or a slash, a password holding `/` or `?`, libpq's
-/// key=value form quoted or not, a `password` or `sslpassword` query parameter), in the CLI's
+/// keyword/value form quoted or not, a `password` or `sslpassword` query parameter), in the CLI's
 /// output, the error's text and every log line, at debug level too.
 #[test]
 fn a_malformed_dsn_never_prints_its_password() {
@@ -1233,6 +1233,13 @@ fn a_malformed_dsn_never_prints_its_password() {
         format!("postgres://bob:x?{password}@127.0.0.1:notaport/x"),
         format!("host=127.0.0.1 port=notaport password='{password} x'"),
         format!("postgres://bob@127.0.0.1:1/x?sslpassword={password}"),
+        // libpq's keyword/value form: a value runs to an unescaped space (YAML's `\\` is one
+        // backslash), `&` is part of it; a URL pasted after a keyword; a refused connect.
+        format!(r"host=127.0.0.1 port=notaport password=x\\ {password}"),
+        format!("host=127.0.0.1 port=notaport password=x&{password}"),
+        format!("host=127.0.0.1 port=notaport oauth_client_secret={password}"),
+        format!("user=bob postgres//bob:{password}@127.0.0.1/x"),
+        format!("host=127.0.0.1 port=1 user=bob password='{password}' sslmode=disable"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         write_file(

@@ -101,25 +101,17 @@ async fn postgres_checkpoints_in_both_protocol_eras() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_keyword_value_dsn_sweeps_as_its_url() {
     let server = BasketServer::start(&[]);
-    let dsn = support::fresh_pg_database("sweep_keyword_value").await;
-    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&dsn));
-    let url = url::Url::parse(&dsn).unwrap();
-    let keyword_value = format!(
-        "host={} port = {} dbname='{}' user={} application_name='the agent'",
-        url.host_str().unwrap(),
-        url.port().unwrap(),
-        url.path().trim_start_matches('/'),
-        url.username()
-    );
-    let res = tempfile::tempdir().unwrap();
-    support::basket_resources(
-        res.path(),
-        &server.url(),
-        "auto",
-        "postgres",
-        &keyword_value,
-    );
-    assert_verdicts(&support::sweep_json(res.path()), &manifest);
+    let url = support::fresh_pg_database("sweep_keyword_value").await;
+    let manifest = support::write_fixtures(&server.url(), Db::Postgres(&url));
+    let mut verdicts = Vec::new();
+    for dsn in [url.clone(), support::keyword_value_dsn(&url)] {
+        let res = tempfile::tempdir().unwrap();
+        support::basket_resources(res.path(), &server.url(), "auto", "postgres", &dsn);
+        let report = support::sweep_json(res.path());
+        assert_verdicts(&report, &manifest);
+        verdicts.push(support::verdicts(&report));
+    }
+    assert_eq!(verdicts[0], verdicts[1]);
 }
 
 /// A probe that could not be completed is `unknown`, never `gone`: stop the server after the

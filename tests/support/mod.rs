@@ -171,6 +171,21 @@ pub async fn fresh_pg_database(name: &str) -> String {
     format!("{base}/{db}")
 }
 
+/// A test database's URL (`postgres://user@host:port/db`, as [`fresh_pg_database`] returns it)
+/// in libpq's keyword/value form, as LangGraph's PostgresSaver also takes a DSN: spaces around
+/// an `=`, quoted values, one with a space and an escaped quote.
+pub fn keyword_value_dsn(url: &str) -> String {
+    let url = url::Url::parse(url).unwrap();
+    assert!(url.password().is_none() && url.query().is_none(), "{url}");
+    format!(
+        r"host={} port = {} dbname='{}' user={} application_name='the agent\'s'",
+        url.host_str().unwrap(),
+        url.port().unwrap(),
+        url.path().trim_start_matches('/'),
+        url.username()
+    )
+}
+
 /// Writes resource YAML into `dir/name`.
 pub fn write_file(dir: &Path, name: &str, yaml: &str) -> PathBuf {
     let path = dir.join(name);
