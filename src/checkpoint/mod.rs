@@ -800,9 +800,11 @@ pub fn redact_dsn(dsn: &str) -> String {
 
 /// [`redact_dsn`] without the escaping.
 fn redact_password(dsn: &str) -> String {
-    // The secrets among libpq's keywords; a value ends at whitespace in libpq's keyword/value
-    // form (`\ ` escapes a space, `&` is part of it), at whitespace or `&` in a URL's query.
-    const SECRET: &str = r"(?i)(\b(?:(?:ssl)?password|oauth_client_secret|scram_client_key|scram_server_key)\s*=\s*)('(?:[^'\\]|\\[\s\S])*'?|(?:\\[\s\S]|[^\s";
+    // The secrets among libpq's keywords, and any keyword that reads like one (`passwd`,
+    // `pwd`, `pasword`: a mistyped keyword is quoted back in the error that refuses it); a
+    // value ends at whitespace in libpq's keyword/value form (`\ ` escapes a space, `&` is part
+    // of it), at whitespace or `&` in a URL's query.
+    const SECRET: &str = r"(?i)(\b(?:[a-z_]*(?:pas|pwd|secret|token)[a-z_]*|scram_client_key|scram_server_key)\s*=\s*)('(?:[^'\\]|\\[\s\S])*'?|(?:\\[\s\S]|[^\s";
     static VALUES: LazyLock<regex::Regex> =
         LazyLock::new(|| regex::Regex::new(&format!(r"{SECRET}&\\])*)")).expect("a valid regex"));
     static KEYWORD_VALUES: LazyLock<regex::Regex> =
@@ -1168,6 +1170,15 @@ mod tests {
         assert_eq!(
             redact_dsn("host=db password=s3cret dbname=lg"),
             "host=db password=*** dbname=lg"
+        );
+        // a mistyped password keyword is masked too: the error refusing it quotes the DSN
+        assert_eq!(
+            redact_dsn("host=db passwd=s3cret pwd=s3cret dbname=lg"),
+            "host=db passwd=*** pwd=*** dbname=lg"
+        );
+        assert_eq!(
+            redact_dsn("postgres://u@db/lg?pasword=s3cret&pass=s3cret&sslmode=disable"),
+            "postgres://u@db/lg?pasword=***&pass=***&sslmode=disable"
         );
         // libpq's keyword/value form: a value ends at unescaped whitespace only, quoted or not
         for (dsn, shown) in [
