@@ -88,6 +88,22 @@ fn act(dir: &Path) -> Value {
     report(&run(&sweep_args(dir, &["--apply"])))
 }
 
+/// The `error: …` line of a run's stderr (empty when there is none).
+fn error_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or("")
+}
+
+/// `custody sweep --apply` of `dir`, asserting that it fails: its stderr.
+fn failed_apply(dir: &Path) -> String {
+    let out = run(&sweep_args(dir, &["--apply"]));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    stderr
+}
+
 /// The rows of one thread in a store report.
 fn rows<'a>(report: &'a Value, thread: &str) -> Vec<&'a Value> {
     report["rows"]
@@ -201,10 +217,7 @@ async fn postgres_restarted_mid_scan_fails_clearly_and_the_next_run_acts() {
         !status.success(),
         "a scan cut off by the restart must fail the sweep:\n{stdout}\n{stderr}"
     );
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or("");
+    let error = error_line(&stderr);
     // The cause's text depends on timing: the server's "terminating connection due to
     // administrator command" when it reaches the client, otherwise the cut-off read.
     assert!(
@@ -253,10 +266,7 @@ async fn postgres_restarted_after_a_batch_keeps_its_actions_and_the_next_run_goe
     pg.restart();
     let (status, stdout, stderr) = stopped.go();
     assert!(!status.success(), "{stdout}\n{stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or("");
+    let error = error_line(&stderr);
     assert!(
         error.starts_with("error: store default/orders: the scan stopped after ")
             && error.contains(
@@ -382,9 +392,7 @@ async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
     support::act_resources(res.path(), &basket.url(), backend, &as_reader, "escalate");
     let observed = report(&run(&sweep_args(res.path(), &[])));
     assert_eq!(row(&observed, "t-expired", "basket")["verdict"], "gone");
-    let out = run(&sweep_args(res.path(), &["--apply"]));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let stderr = failed_apply(res.path());
     assert!(
         stderr.contains(
             "store default/orders: the checkpoint database refuses writes (permission denied"
@@ -425,13 +433,8 @@ async fn a_read_only_database_is_observed_refused_for_acting_then_acted_on() {
     assert_eq!(row(&observed, "t-live", "basket")["verdict"], "ok");
 
     // Acting is refused with the cause, and nothing is written.
-    let out = run(&sweep_args(res.path(), &["--apply"]));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or("");
+    let stderr = failed_apply(res.path());
+    let error = error_line(&stderr);
     assert!(
         error.contains("store default/orders: the checkpoint database refuses writes")
             && error.contains("read-only transaction"),
@@ -501,13 +504,8 @@ async fn a_hot_standby_is_observed_and_refused_for_acting() {
         "{planned:#}"
     );
 
-    let out = run(&sweep_args(res.path(), &["--apply"]));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    let error = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or("");
+    let stderr = failed_apply(res.path());
+    let error = error_line(&stderr);
     assert!(
         error.contains("store default/orders: the checkpoint database refuses writes (")
             && error.contains("hot standby"),
