@@ -113,6 +113,21 @@ async fn langgraph_database(tag: &str) -> String {
     dsn
 }
 
+/// Applies CheckpointStore `orders` on `dsn`, swept once a year: its CronJob exists and starts
+/// nothing during a test.
+async fn apply_yearly_store(client: &Client, ns: &str, dsn: &str) {
+    apply(
+        client,
+        ns,
+        &object(
+            "CheckpointStore",
+            "orders",
+            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
+        ),
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // F1: the leader lease taken over in the middle of a reconcile.
 
@@ -2000,17 +2015,7 @@ async fn a_sweep_pod_no_scheduler_looks_at_shows_on_the_store() {
     let client = client().await;
     let ns = TestNs::new(&client, "faults-unscheduled").await;
     let dsn = langgraph_database("faults_unscheduled").await;
-    // Once a year: the CronJob exists and starts nothing during the test.
-    apply(
-        &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
-        ),
-    )
-    .await;
+    apply_yearly_store(&client, &ns, &dsn).await;
     let cron_jobs: Api<k8s_openapi::api::batch::v1::CronJob> = Api::namespaced(client.clone(), &ns);
     let cron = eventually("the sweep CronJob", async || {
         cron_jobs
@@ -2082,16 +2087,7 @@ async fn a_silent_database_holds_back_no_store_condition() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let dsn = format!("postgres://custody:hunter2@127.0.0.1:{port}/lg?connect_timeout=300");
-    apply(
-        &client,
-        &ns,
-        &object(
-            "CheckpointStore",
-            "orders",
-            json!({"backend": "postgres", "dsn": dsn, "schedule": "0 0 1 1 *"}),
-        ),
-    )
-    .await;
+    apply_yearly_store(&client, &ns, &dsn).await;
     let obj = eventually_within(
         Duration::from_secs(60),
         "the store's conditions, before the DSN's 300 s",
